@@ -1,0 +1,36 @@
+"""vLLM plugin entry point (`vllm.general_plugins` -> `clover`).
+
+vLLM calls `register()` in every process it starts (API server, engine core, workers) before
+configs are validated, possibly more than once per process. It must therefore be cheap (no
+torch or model imports here, and never numba: importing it before engine start breaks vLLM on
+CPU) and idempotent.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+
+from vllm.logger import init_logger
+
+from vllm_clover import __version__
+from vllm_clover.compat import check_vllm_version
+
+# A child of vLLM's "vllm" logger, so our lines carry vLLM's format and process prefix.
+logger = init_logger("vllm.clover")
+
+
+def register() -> None:
+    """Activate vllm-clover in this vLLM process.
+
+    Raises UnsupportedVLLMError (vLLM then stops) on a vLLM release other than the pinned one:
+    running our patches against other internals would fail later, far from the cause.
+    """
+    vllm_version = check_vllm_version()
+    logger.info(
+        "vllm-clover %s active (vLLM %s, process %s, pid %d)",
+        __version__,
+        vllm_version,
+        multiprocessing.current_process().name,
+        os.getpid(),
+    )
