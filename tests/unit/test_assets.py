@@ -6,6 +6,7 @@ import zipfile
 
 import pytest
 
+from vllm_clover import fsutil
 from vllm_clover.assets import cache, data, target, wheels
 
 pytestmark = pytest.mark.unit
@@ -31,11 +32,29 @@ def test_sharegpt_roles_are_mapped_and_unusable_records_dropped():
 def test_atomic_directory_leaves_nothing_when_the_block_fails(tmp_path):
     final = tmp_path / "models" / "m"
     with pytest.raises(OSError, match="disk full"):
-        with cache.atomic_directory(final) as work:
+        with fsutil.atomic_directory(final) as work:
             (work / "config.json").write_text("{}")
             raise OSError("disk full")
     assert not final.exists()
     assert list(final.parent.iterdir()) == []
+
+
+def test_atomic_directory_replaces_only_on_success(tmp_path):
+    final = tmp_path / "m"
+    with fsutil.atomic_directory(final) as work:
+        (work / "v").write_text("1")
+    with pytest.raises(RuntimeError):
+        with fsutil.atomic_directory(final) as work:
+            (work / "v").write_text("2")
+            raise RuntimeError("conversion failed")
+    assert (final / "v").read_text() == "1"  # the previous complete folder survives
+    with fsutil.atomic_directory(final) as work:
+        (work / "v").write_text("3")
+    assert (final / "v").read_text() == "3"
+    assert [p.name for p in tmp_path.iterdir()] == ["m"]
+    with pytest.raises(FileExistsError):
+        with fsutil.atomic_directory(final, overwrite=False):
+            pass
 
 
 def test_cache_root_precedence(monkeypatch, tmp_path):

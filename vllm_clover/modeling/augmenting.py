@@ -1,0 +1,216 @@
+"""Augmenting Block: a small Llama-style decoder stack over the target's hidden states.
+
+Written from scratch (nanoGPT/gpt-fast style), with parameter names that match
+vLLM's ``LlamaDecoderLayer`` so the vLLM wrapper can load the same weights:
+
+    layers.{j}.input_layernorm.weight            (D,)
+    layers.{j}.self_attn.{q,k,v,o}_proj.weight   (H*hd, D) / (KV*hd, D) / (D, H*hd)
+    layers.{j}.post_attention_layernorm.weight   (D,)
+    layers.{j}.mlp.{gate,up,down}_proj.weight    (I, D) / (I, D) / (D, I)
+    norm.weight                                  (D,)
+
+Training uses causal SDPA over a whole (right-padded) sequence; there is no KV
+cache here (vLLM runs its own paged cache in the wrapper).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from vllm_clover.modeling.config import CloverConfig
+
+
+class RMSNorm(nn.Module):
+    """x / RMS(x) * weight, computed in float32 and cast back (Llama convention)."""
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope_cos_sin(
+    positions: torch.Tensor, head_dim: int, theta: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables for neox-style RoPE (the half-split layout used by Llama).
+
+    positions: (B, T) int. Returns cos, sin: (B, T, head_dim) float32, where
+    column c and c + head_dim/2 share the frequency theta^(-2c/head_dim).
+    """
+    exponents = torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32)
+    inv_freq = theta ** (-exponents / head_dim)  # (hd/2,)
+    freqs = positions.float().unsqueeze(-1) * inv_freq  # (B, T, hd/2)
+    emb = torch.cat((freqs, freqs), dim=-1)  # (B, T, hd)
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (x[c], x[c + hd/2]) by the position angle.
+
+    x: (B, nH, T, hd); cos, sin: (B, T, hd). Returns (B, nH, T, hd) in x's dtype.
+    """
+    x1, x2 = x.float().chunk(2, dim=-1)
+    rotated = torch.cat((-x2, x1), dim=-1)  # rotate_half(x)
+    out = x.float() * cos.unsqueeze(1) + rotated * sin.unsqueeze(1)
+    return out.to(x.dtype)
+
+
+class Attention(nn.Module):
+    """Causal grouped-query self-attention with RoPE."""
+
+    def __init__(self, config: CloverConfig) -> None:
+        super().__init__()
+        d, hd = config.hidden_size, config.head_dim
+        self.n_head = config.num_attention_heads
+        self.n_kv_head = config.num_key_value_heads
+        self.head_dim = hd
+        self.rope_theta = config.rope_theta
+        self.q_proj = nn.Linear(d, self.n_head * hd, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(d, self.n_kv_head * hd, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(d, self.n_kv_head * hd, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(self.n_head * hd, d, bias=config.attention_bias)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        # x: (B, T, D); positions: (B, T)
+        b, t, _ = x.shape
+        hd = self.head_dim
+        q = self.q_proj(x).view(b, t, self.n_head, hd).transpose(1, 2)  # (B, nH, T, hd)
+        k = self.k_proj(x).view(b, t, self.n_kv_head, hd).transpose(1, 2)  # (B, nKV, T, hd)
+        v = self.v_proj(x).view(b, t, self.n_kv_head, hd).transpose(1, 2)  # (B, nKV, T, hd)
+        cos, sin = rope_cos_sin(positions, self.head_dim, self.rope_theta)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        group = self.n_head // self.n_kv_head
+        k = k.repeat_interleave(group, dim=1)  # (B, nH, T, hd)
+        v = v.repeat_interleave(group, dim=1)  # (B, nH, T, hd)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nH, T, hd)
+        y = y.transpose(1, 2).reshape(b, t, self.n_head * hd)  # (B, T, nH*hd)
+        return self.o_proj(y)  # (B, T, D)
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config: CloverConfig) -> None:
+        super().__init__()
+        d, i = config.hidden_size, config.intermediate_size
+        self.gate_proj = nn.Linear(d, i, bias=False)
+        self.up_proj = nn.Linear(d, i, bias=False)
+        self.down_proj = nn.Linear(i, d, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm Llama decoder layer: x + attn(norm(x)), then + mlp(norm(.))."""
+
+    def __init__(self, config: CloverConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        # x: (B, T, D); positions: (B, T)
+        h = x + self.self_attn(self.input_layernorm(x), positions)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+def normalize_positions(
+    positions: torch.Tensor | None, batch: int, seq: int, device: torch.device
+) -> torch.Tensor:
+    """None -> arange(T); (T,) -> broadcast to (B, T); (B, T) -> as is. Returns (B, T) int64."""
+    if positions is None:
+        positions = torch.arange(seq, device=device)
+    if positions.dim() == 1:
+        positions = positions.unsqueeze(0).expand(batch, seq)
+    if positions.shape != (batch, seq):
+        raise ValueError(
+            f"positions must be (T,) or (B, T) = ({batch}, {seq}), got {tuple(positions.shape)}"
+        )
+    return positions.long()
+
+
+# ---------------------------------------------------------------- init from the target
+def _strip_layer_prefix(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """'model.layers.31.self_attn.q_proj.weight' -> 'self_attn.q_proj.weight'.
+
+    Keys that are not decoder-layer parameters (e.g. a stale rotary inv_freq) are dropped.
+    """
+    out = {}
+    for key, value in state.items():
+        match = re.search(
+            r"(?:^|\.)((?:self_attn|mlp|input_layernorm|post_attention_layernorm)\..+)$", key
+        )
+        if match and not key.endswith("inv_freq"):
+            out[match.group(1)] = value
+    return out
+
+
+def select_last_layers(
+    state_dict: Mapping[str, torch.Tensor], num_layers: int
+) -> list[dict[str, torch.Tensor]]:
+    """The last ``num_layers`` decoder layers of a full target state dict, in order.
+
+    Example: a 32-layer Llama and num_layers=2 -> [state of layers.30, state of layers.31],
+    each with keys relative to the layer ('self_attn.q_proj.weight', ...).
+    """
+    by_index: dict[int, dict[str, torch.Tensor]] = {}
+    for key, value in state_dict.items():
+        match = re.search(r"(?:^|\.)layers\.(\d+)\.(.+)$", key)
+        if match:
+            by_index.setdefault(int(match.group(1)), {})[match.group(2)] = value
+    if len(by_index) < num_layers:
+        raise ValueError(f"target state dict has {len(by_index)} decoder layers, need {num_layers}")
+    return [by_index[i] for i in sorted(by_index)[-num_layers:]]
+
+
+@torch.no_grad()
+def init_augmenting_from_target(
+    model: nn.Module,
+    layer_states: Mapping[str, torch.Tensor] | Sequence[Mapping[str, torch.Tensor]],
+    norm_weight: torch.Tensor,
+) -> None:
+    """Copy the target's last decoder layer(s) and final norm into ``model.layers``/``model.norm``.
+
+    ``layer_states[j]`` initialises ``layers.{j}`` (pass the target's last L layers in
+    order, e.g. from ``select_last_layers``); a single mapping is accepted when L == 1.
+    Keys may carry any prefix ('model.layers.31.'). Raises ValueError on a missing key
+    or a shape mismatch; values are cast to the parameter dtype.
+    """
+    layers = getattr(model, "layers", None)
+    if not layers:
+        raise ValueError("model has no Augmenting Block (use_augmenting_block is off)")
+    if isinstance(layer_states, Mapping):
+        layer_states = [layer_states]
+    if len(layer_states) != len(layers):
+        raise ValueError(
+            f"got {len(layer_states)} target layer states for {len(layers)} augmenting layers"
+        )
+    for j, (layer, raw) in enumerate(zip(layers, layer_states, strict=True)):
+        state = _strip_layer_prefix(raw)
+        for name, param in layer.named_parameters():
+            if name not in state:
+                raise ValueError(f"target layer state for layers.{j} is missing '{name}'")
+            _copy_checked(param, state[name], f"layers.{j}.{name}")
+    _copy_checked(model.norm.weight, norm_weight, "norm.weight")
+
+
+def _copy_checked(param: torch.Tensor, value: torch.Tensor, name: str) -> None:
+    if tuple(value.shape) != tuple(param.shape):
+        raise ValueError(
+            f"{name}: target shape {tuple(value.shape)} != expected {tuple(param.shape)}"
+        )
+    param.copy_(value.to(device=param.device, dtype=param.dtype))

@@ -1,0 +1,352 @@
+"""Clover checkpoint folder: save, load with validation, LM-head fingerprint, Medusa export.
+
+A checkpoint is a Hugging Face-style folder (see docs/checkpoint-format.md)::
+
+    config.json          CloverConfig (model_type "clover"), incl. target identity
+    model.safetensors    trainable weights + draft_vocab_ids; never the target LM head
+    README.md            optional model card
+
+Folders are written to a temporary sibling and renamed into place, so a folder
+named ``out_dir`` is always complete.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import warnings
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+from vllm_clover.modeling.clover import CloverHeads, check_draft_vocab
+from vllm_clover.modeling.config import CloverConfig
+from vllm_clover.fsutil import atomic_directory
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+MODEL_CARD_NAME = "README.md"
+FORMAT_VERSION = "1"
+
+
+class CloverCheckpointError(ValueError):
+    """A Clover checkpoint is missing, corrupt, or does not fit the given target."""
+
+
+# ---------------------------------------------------------------------- fingerprint
+def lm_head_fingerprint(weight: torch.Tensor, num_rows: int = 64) -> str:
+    """Cheap, dtype-robust fingerprint of a target LM head weight (V, D).
+
+    Recipe (version "v1"): take ``num_rows`` rows at a fixed stride
+    (rows 0, s, 2s, ... with s = max(1, V // num_rows)), cast to float32, round to
+    bfloat16 precision (round-to-nearest-even), flush |x| < 2**-14 to +0.0 (fp16's
+    smallest normal; also turns -0.0 into +0.0), and sha256 the float32 bytes
+    together with the shape. The same weights therefore give the same string
+    whether held in float32, bfloat16 or (for bf16-representable weights, i.e. any
+    bf16 checkpoint) float16, on any device. Example: ``"v1:32000x4096:3fa1...``.
+    Pass the unpadded (V, D) weight (slice off vLLM's vocab padding first).
+    """
+    if weight.dim() != 2:
+        raise ValueError(
+            f"lm_head weight must be 2-D (vocab, hidden), got shape {tuple(weight.shape)}"
+        )
+    vocab, hidden = weight.shape
+    stride = max(1, vocab // num_rows)
+    rows = torch.arange(0, vocab, stride, device=weight.device)[:num_rows]
+    sample = weight.detach().index_select(0, rows).cpu().float()  # (num_rows, D)
+    sample = sample.to(torch.bfloat16).float()
+    sample = torch.where(sample.abs() < 2.0**-14, torch.zeros_like(sample), sample)
+    digest = hashlib.sha256(f"{vocab}x{hidden}:".encode())
+    digest.update(sample.contiguous().numpy().tobytes())
+    return f"v1:{vocab}x{hidden}:{digest.hexdigest()[:32]}"
+
+
+# ---------------------------------------------------------------------- save
+def save_clover(
+    model: CloverHeads,
+    config: CloverConfig,
+    out_dir: str | os.PathLike,
+    model_card: str | None = None,
+    *,
+    overwrite: bool = False,
+) -> Path:
+    """Write ``config.json`` + ``model.safetensors`` (+ ``README.md``) atomically to out_dir.
+
+    ``config`` must describe the same architecture as ``model`` (checked by weight
+    names/shapes). If the model has an attached LM head, its fingerprint is recorded
+    (and must equal a fingerprint already set in ``config``). Returns the folder path.
+    """
+    config = copy.deepcopy(config)
+    _check_same_architecture(model, config)
+    if model.lm_head_weight is not None:
+        fingerprint = lm_head_fingerprint(model.lm_head_weight)
+        recorded = config.target_lm_head_fingerprint
+        if recorded and recorded != fingerprint:
+            raise CloverCheckpointError(
+                f"refusing to save to {out_dir}: config.target_lm_head_fingerprint={recorded} "
+                f"but the attached LM head has fingerprint {fingerprint}"
+            )
+        config.target_lm_head_fingerprint = fingerprint
+    state = {name: t.detach().cpu().contiguous() for name, t in model.state_dict().items()}
+
+    with atomic_directory(Path(out_dir), overwrite=overwrite) as tmp:
+        config.to_json_file(tmp / CONFIG_NAME, use_diff=False)
+        metadata = {"format": "pt", "clover_format_version": FORMAT_VERSION}
+        save_file(state, tmp / WEIGHTS_NAME, metadata=metadata)
+        if model_card is not None:
+            (tmp / MODEL_CARD_NAME).write_text(model_card, encoding="utf-8")
+    return Path(out_dir)
+
+
+def _check_same_architecture(model: CloverHeads, config: CloverConfig) -> None:
+    """``config`` must equal ``model.config`` except for the target-identity fields."""
+
+    def architecture(cfg: CloverConfig) -> dict[str, object]:
+        skip = (
+            "target_name",
+            "target_lm_head_fingerprint",
+            "_name_or_path",
+            "transformers_version",
+        )
+        return {k: v for k, v in cfg.to_dict().items() if k not in skip}
+
+    ours, theirs = architecture(config), architecture(model.config)
+    if ours != theirs:
+        diff = sorted(k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k))
+        raise ValueError(f"config does not describe this model; fields differ: {diff}")
+
+
+def _expected_shapes(config: CloverConfig) -> dict[str, tuple[int, ...]]:
+    """Weight names -> shapes a model built from ``config`` has (built on the meta device)."""
+    with torch.device("meta"):
+        reference = CloverHeads(config)
+    return {name: tuple(t.shape) for name, t in reference.state_dict().items()}
+
+
+# ---------------------------------------------------------------------- load
+def load_clover_config(path: str | os.PathLike) -> CloverConfig:
+    """Read and validate ``path/config.json``; CloverCheckpointError on any problem."""
+    config_file = Path(path) / CONFIG_NAME
+    if not Path(path).is_dir():
+        raise CloverCheckpointError(f"Clover checkpoint folder not found: {path}")
+    if not config_file.is_file():
+        raise CloverCheckpointError(f"missing {CONFIG_NAME} in Clover checkpoint {path}")
+    try:
+        raw = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CloverCheckpointError(f"unreadable {config_file}: {err}") from err
+    if not isinstance(raw, dict) or raw.get("model_type") != CloverConfig.model_type:
+        found = raw.get("model_type") if isinstance(raw, dict) else type(raw).__name__
+        raise CloverCheckpointError(f"{config_file}: model_type must be 'clover', got {found!r}")
+    try:
+        return CloverConfig.from_dict(raw)
+    except (TypeError, ValueError) as err:
+        raise CloverCheckpointError(f"invalid Clover config {config_file}: {err}") from err
+
+
+def load_clover(
+    path: str | os.PathLike,
+    lm_head_weight: torch.Tensor,
+    input_embedding: torch.Tensor | None = None,
+    target_name: str | None = None,
+    *,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str | None = None,
+) -> CloverHeads:
+    """Load a Clover checkpoint for the target whose LM head weight (V, D) is given.
+
+    Validates the folder, the weights file, names and shapes, and that the target
+    fits (hidden size, vocab size, LM-head fingerprint); every failure raises
+    CloverCheckpointError naming the problem and the path. ``dtype`` defaults to the
+    stored dtype, ``device`` to the LM head's device. A differing ``target_name``
+    only warns (names and local paths of one model differ; the fingerprint decides).
+    """
+    config = load_clover_config(path)
+    _check_target_shapes(config, path, lm_head_weight, input_embedding)
+    _check_target_identity(config, path, lm_head_weight, target_name)
+    state = _read_weights(Path(path) / WEIGHTS_NAME)
+    _check_weight_names(config, state, path)
+    with torch.device("meta"):
+        model = CloverHeads(config)
+    model.load_state_dict(state, strict=True, assign=True)
+    if model.draft_vocab_ids is not None:
+        try:
+            check_draft_vocab(model.draft_vocab_ids, config.draft_vocab_size, config.vocab_size)
+        except ValueError as err:
+            raise CloverCheckpointError(f"{path}: {err}") from err
+    stored = next((t.dtype for t in state.values() if t.is_floating_point()), torch.float32)
+    model.to(device=device or lm_head_weight.device, dtype=dtype or stored)
+    model.attach_target(lm_head_weight, input_embedding)
+    return model
+
+
+def _check_target_shapes(
+    config: CloverConfig,
+    path: str | os.PathLike,
+    lm_head_weight: torch.Tensor,
+    input_embedding: torch.Tensor | None,
+) -> None:
+    """Hidden size and vocab of the given target tensors against the checkpoint config."""
+    if lm_head_weight.dim() != 2:
+        raise CloverCheckpointError(
+            f"{path}: lm_head_weight must be (vocab, hidden), got {tuple(lm_head_weight.shape)}"
+        )
+    vocab, hidden = lm_head_weight.shape
+    if hidden != config.hidden_size:
+        raise CloverCheckpointError(
+            f"hidden size mismatch: checkpoint {path} was trained for "
+            f"hidden_size={config.hidden_size} (target {config.target_name!r}) but the target "
+            f"LM head has hidden size {hidden}"
+        )
+    if vocab != config.vocab_size:
+        raise CloverCheckpointError(
+            f"vocab size mismatch: checkpoint {path} was trained for "
+            f"vocab_size={config.vocab_size} (target {config.target_name!r}) but the target "
+            f"LM head has {vocab} rows "
+            "(slice off any vocab padding before loading)"
+        )
+    if input_embedding is not None and tuple(input_embedding.shape) != (vocab, hidden):
+        raise CloverCheckpointError(
+            f"{path}: input_embedding shape {tuple(input_embedding.shape)} != {(vocab, hidden)}"
+        )
+    needs_embedding = (
+        config.use_regressive_connection and config.regressive_embedding == "input_embedding"
+    )
+    if needs_embedding and input_embedding is None:
+        raise CloverCheckpointError(
+            f"{path}: regressive_embedding='input_embedding' needs the target input embedding"
+        )
+
+
+def _check_target_identity(
+    config: CloverConfig,
+    path: str | os.PathLike,
+    lm_head_weight: torch.Tensor,
+    target_name: str | None,
+) -> None:
+    """LM-head fingerprint must match (error); a different target name only warns."""
+    recorded = config.target_lm_head_fingerprint
+    if recorded and recorded != (actual := lm_head_fingerprint(lm_head_weight)):
+        raise CloverCheckpointError(
+            f"LM-head fingerprint mismatch: checkpoint {path} was trained for target "
+            f"{config.target_name!r} with fingerprint {recorded}, the given LM head has {actual}"
+        )
+    if not recorded:
+        warnings.warn(
+            f"{path}: no target_lm_head_fingerprint recorded; target identity not checked",
+            stacklevel=3,
+        )
+    if target_name and config.target_name and target_name != config.target_name:
+        warnings.warn(
+            f"{path}: trained for target {config.target_name!r}, loading for {target_name!r}",
+            stacklevel=3,
+        )
+
+
+def _read_weights(weights_file: Path) -> dict[str, torch.Tensor]:
+    if not weights_file.is_file():
+        raise CloverCheckpointError(
+            f"missing {WEIGHTS_NAME} in Clover checkpoint {weights_file.parent}"
+        )
+    try:
+        with safe_open(weights_file, framework="pt") as f:
+            version = (f.metadata() or {}).get("clover_format_version", FORMAT_VERSION)
+            state = {name: f.get_tensor(name) for name in f.keys()}
+    except (SafetensorError, OSError, RuntimeError, ValueError) as err:
+        raise CloverCheckpointError(
+            f"corrupt or truncated safetensors file {weights_file}: {err}"
+        ) from err
+    if version != FORMAT_VERSION:
+        raise CloverCheckpointError(
+            f"{weights_file}: unsupported clover_format_version {version!r}"
+        )
+    return state
+
+
+def _check_weight_names(
+    config: CloverConfig, state: dict[str, torch.Tensor], path: str | os.PathLike
+) -> None:
+    expected = _expected_shapes(config)
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing:
+        raise CloverCheckpointError(f"{path}: missing weights {missing} (config expects them)")
+    if unexpected:
+        raise CloverCheckpointError(f"{path}: unexpected weights {unexpected} (not in this config)")
+    bad = [
+        f"{n}: stored {tuple(state[n].shape)} != expected {s}"
+        for n, s in expected.items()
+        if tuple(state[n].shape) != s
+    ]
+    if bad:
+        raise CloverCheckpointError(f"{path}: weight shape mismatch: {'; '.join(bad)}")
+
+
+# ---------------------------------------------------------------------- Medusa export
+def export_medusa(
+    model: CloverHeads,
+    config: CloverConfig,
+    out_dir: str | os.PathLike,
+    lm_head_weight: torch.Tensor,
+    *,
+    overwrite: bool = False,
+) -> Path:
+    """Write a vLLM-native Medusa folder (vLLM 0.32 ``MedusaModel``) from Medusa-configured heads.
+
+    Only allowed when all Clover components are off (``config.is_medusa``). Full
+    vocabulary: ``blocks.{i}.layers.0.{weight,bias}`` + one ``lm_heads.{i}.weight``
+    (V, D) copy per head. Draft vocabulary: vLLM's ``original_lm_head`` path with one
+    ``lm_heads.0.weight`` (N, D) = W_lm[draft_vocab_ids], ``token_map`` (N,) and
+    ``truncated_vocab_size`` = N; vLLM scatters the N logits back to V ids.
+    """
+    if not config.is_medusa:
+        raise ValueError(
+            "export_medusa needs a Medusa-configured model (use_augmenting_block, "
+            "use_attention_decoder and use_regressive_connection all off); this config has a "
+            "Clover component on"
+        )
+    _check_same_architecture(model, config)
+    expected = (config.vocab_size, config.hidden_size)
+    if tuple(lm_head_weight.shape) != expected:
+        raise CloverCheckpointError(
+            f"lm_head_weight shape {tuple(lm_head_weight.shape)} != {expected}"
+        )
+    medusa_config, state = _medusa_state(model, config, lm_head_weight.detach().cpu().contiguous())
+
+    with atomic_directory(Path(out_dir), overwrite=overwrite) as tmp:
+        (tmp / CONFIG_NAME).write_text(json.dumps(medusa_config, indent=2) + "\n", encoding="utf-8")
+        save_file(state, tmp / WEIGHTS_NAME, metadata={"format": "pt"})
+    return Path(out_dir)
+
+
+def _medusa_state(
+    model: CloverHeads, config: CloverConfig, lm_head: torch.Tensor
+) -> tuple[dict[str, object], dict[str, torch.Tensor]]:
+    """config.json dict and tensors of a vLLM Medusa checkpoint (lm_head: (V, D) on CPU)."""
+    medusa_config: dict[str, object] = {
+        "architectures": ["MedusaModel"],
+        "model_type": "medusa",
+        "hidden_size": config.hidden_size,
+        "vocab_size": config.vocab_size,
+        "num_heads": config.num_heads,
+        "num_hidden_layers": 1,
+        "medusa_fc_bias": True,
+        "torch_dtype": str(lm_head.dtype).removeprefix("torch."),
+    }
+    state: dict[str, torch.Tensor] = {}
+    for i, block in enumerate(model.blocks):
+        state[f"blocks.{i}.layers.0.weight"] = block.layers[0].weight.detach().cpu().contiguous()
+        state[f"blocks.{i}.layers.0.bias"] = block.layers[0].bias.detach().cpu().contiguous()
+    if model.draft_vocab_ids is None:
+        for i in range(config.num_heads):
+            state[f"lm_heads.{i}.weight"] = lm_head.clone()  # safetensors refuses shared storage
+    else:
+        token_map = model.draft_vocab_ids.detach().cpu().long().contiguous()
+        state["lm_heads.0.weight"] = lm_head.index_select(0, token_map).contiguous()
+        state["token_map"] = token_map
+        medusa_config.update(truncated_vocab_size=int(token_map.numel()), original_lm_head=True)
+    return medusa_config, state

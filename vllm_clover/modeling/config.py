@@ -1,0 +1,248 @@
+"""Typed configuration of a Clover draft network (``model_type = "clover"``).
+
+One ``CloverConfig`` describes everything needed to rebuild the draft network
+from its checkpoint: which Clover components are on, the shape of the
+Augmenting Block (copied from the target's decoder layers) and the identity of
+the target the heads were trained for. See docs/checkpoint-format.md.
+
+Example::
+
+    cfg = CloverConfig(hidden_size=4096, vocab_size=32000, num_heads=3)   # full Clover
+    med = CloverConfig.medusa(hidden_size=4096, vocab_size=32000, num_heads=5)
+    assert med.is_medusa and not cfg.is_medusa
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import PretrainedConfig
+
+REGRESSIVE_EMBEDDINGS = ("lm_head", "input_embedding")
+
+
+class CloverConfig(PretrainedConfig):
+    """Configuration of the Clover heads (Augmenting Block + Attention Decoder + heads).
+
+    Args:
+        hidden_size: D, hidden size of the target (and of every Clover tensor).
+        vocab_size: V, vocabulary size of the target LM head.
+        num_heads: K, number of trained heads = max number of drafted tokens.
+        use_augmenting_block: run ``num_augmenting_layers`` decoder layers over H.
+        num_augmenting_layers: depth of the Augmenting Block (>= 1 when it is on).
+        use_attention_decoder: recurrent cosine-gated attention decoder.
+        decoder_num_heads: attention-decoder heads (must divide hidden_size);
+            None = num_attention_heads.
+        use_regressive_connection: feed the embedding of the previous token.
+        regressive_embedding: "lm_head" (RMS-normalised rows of the target LM
+            head, default, as in the paper) or "input_embedding".
+        draft_vocab_size: N, size of the draft vocabulary; None = full vocab.
+        intermediate_size, num_attention_heads, num_key_value_heads, head_dim,
+        rms_norm_eps, rope_theta, max_position_embeddings, hidden_act,
+        attention_bias, qkv_bias: shape of the augmenting decoder layers, copied
+            from the target (Llama semantics: ``attention_bias`` puts a bias on
+            q/k/v/o, ``qkv_bias`` overrides it for q/k/v only, as in vLLM's
+            LlamaDecoderLayer; Qwen2 = attention_bias False, qkv_bias True).
+        target_name: name or path of the target model the heads were trained for.
+        target_hidden_size, target_vocab_size: recorded target shape (default:
+            hidden_size, vocab_size; must agree with them).
+        target_lm_head_fingerprint: ``lm_head_fingerprint(W_lm)`` of the target
+            ("" = unknown, not checked at load time).
+    """
+
+    model_type = "clover"
+
+    def __init__(
+        self,
+        hidden_size: int = 4096,
+        vocab_size: int = 32000,
+        num_heads: int = 3,
+        use_augmenting_block: bool = True,
+        num_augmenting_layers: int = 1,
+        use_attention_decoder: bool = True,
+        decoder_num_heads: int | None = None,
+        use_regressive_connection: bool = True,
+        regressive_embedding: str = "lm_head",
+        draft_vocab_size: int | None = None,
+        intermediate_size: int = 11008,
+        num_attention_heads: int = 32,
+        num_key_value_heads: int | None = None,
+        head_dim: int | None = None,
+        rms_norm_eps: float = 1e-6,
+        rope_theta: float = 10000.0,
+        max_position_embeddings: int = 4096,
+        hidden_act: str = "silu",
+        attention_bias: bool = False,
+        qkv_bias: bool | None = None,
+        target_name: str = "",
+        target_hidden_size: int | None = None,
+        target_vocab_size: int | None = None,
+        target_lm_head_fingerprint: str = "",
+        **kwargs: Any,
+    ) -> None:
+        self.hidden_size = hidden_size
+        self.vocab_size = vocab_size
+        self.num_heads = num_heads
+        self.use_augmenting_block = use_augmenting_block
+        self.num_augmenting_layers = num_augmenting_layers
+        self.use_attention_decoder = use_attention_decoder
+        self.decoder_num_heads = _default(decoder_num_heads, num_attention_heads)
+        self.use_regressive_connection = use_regressive_connection
+        self.regressive_embedding = regressive_embedding
+        self.draft_vocab_size = draft_vocab_size
+        self.intermediate_size = intermediate_size
+        self.num_attention_heads = num_attention_heads
+        self.num_key_value_heads = _default(num_key_value_heads, num_attention_heads)
+        self.head_dim = _default(head_dim, hidden_size // max(num_attention_heads, 1))
+        self.rms_norm_eps = rms_norm_eps
+        self.rope_theta = rope_theta
+        self.max_position_embeddings = max_position_embeddings
+        self.hidden_act = hidden_act
+        self.attention_bias = attention_bias
+        self.qkv_bias = attention_bias if qkv_bias is None else qkv_bias
+        self.target_name = target_name
+        self.target_hidden_size = _default(target_hidden_size, hidden_size)
+        self.target_vocab_size = _default(target_vocab_size, vocab_size)
+        self.target_lm_head_fingerprint = target_lm_head_fingerprint
+        kwargs.setdefault("architectures", ["CloverModel"])
+        super().__init__(**kwargs)
+        self._validate()
+
+    # ------------------------------------------------------------------ validation
+    def _validate(self) -> None:
+        _require(self.hidden_size >= 1, f"hidden_size must be >= 1, got {self.hidden_size}")
+        _require(self.vocab_size >= 1, f"vocab_size must be >= 1, got {self.vocab_size}")
+        _require(self.num_heads >= 1, f"num_heads must be >= 1, got {self.num_heads}")
+        _require(
+            self.regressive_embedding in REGRESSIVE_EMBEDDINGS,
+            f"regressive_embedding must be one of {REGRESSIVE_EMBEDDINGS}, "
+            f"got {self.regressive_embedding!r}",
+        )
+        if self.use_attention_decoder:
+            _require(
+                self.decoder_num_heads >= 1 and self.hidden_size % self.decoder_num_heads == 0,
+                f"decoder_num_heads={self.decoder_num_heads} must be >= 1 and divide "
+                f"hidden_size={self.hidden_size}",
+            )
+        if self.draft_vocab_size is not None:
+            _require(
+                1 <= self.draft_vocab_size <= self.vocab_size,
+                f"draft_vocab_size must be in [1, vocab_size={self.vocab_size}] or None, "
+                f"got {self.draft_vocab_size}",
+            )
+        _require(
+            self.target_hidden_size == self.hidden_size,
+            f"target_hidden_size={self.target_hidden_size} != hidden_size={self.hidden_size}",
+        )
+        _require(
+            self.target_vocab_size == self.vocab_size,
+            f"target_vocab_size={self.target_vocab_size} != vocab_size={self.vocab_size}",
+        )
+        if self.use_augmenting_block:
+            self._validate_augmenting()
+
+    def _validate_augmenting(self) -> None:
+        _require(
+            self.num_augmenting_layers >= 1,
+            f"num_augmenting_layers must be >= 1 when use_augmenting_block is on, "
+            f"got {self.num_augmenting_layers}",
+        )
+        _require(
+            self.num_attention_heads >= 1
+            and self.num_key_value_heads >= 1
+            and self.num_attention_heads % self.num_key_value_heads == 0,
+            f"num_key_value_heads={self.num_key_value_heads} must divide "
+            f"num_attention_heads={self.num_attention_heads}",
+        )
+        _require(self.head_dim % 2 == 0, f"head_dim must be even for RoPE, got {self.head_dim}")
+        _require(self.intermediate_size >= 1, "intermediate_size must be >= 1")
+        _require(
+            self.hidden_act == "silu",
+            f"only hidden_act='silu' (SwiGLU) is supported, got {self.hidden_act!r}",
+        )
+
+    # ------------------------------------------------------------------ views
+    @property
+    def is_medusa(self) -> bool:
+        """True when all three Clover components are off (= Medusa-1 heads)."""
+        return not (
+            self.use_augmenting_block
+            or self.use_attention_decoder
+            or self.use_regressive_connection
+        )
+
+    @property
+    def num_draft_tokens(self) -> int:
+        """Size of the logits of one head: draft_vocab_size, or vocab_size if None."""
+        return self.draft_vocab_size or self.vocab_size
+
+    @property
+    def num_hidden_layers(self) -> int:
+        """Decoder layers that need a KV cache (Augmenting Block), 0 when it is off.
+
+        Read-only view for code (e.g. vLLM's ModelConfig) that sizes caches from
+        ``num_hidden_layers``; never written to config.json. Setting it to another value raises.
+        """
+        return self.num_augmenting_layers if self.use_augmenting_block else 0
+
+    @num_hidden_layers.setter
+    def num_hidden_layers(self, value: int) -> None:
+        if value != self.num_hidden_layers:
+            raise ValueError(
+                f"CloverConfig: num_hidden_layers is derived (= {self.num_hidden_layers}); "
+                "set use_augmenting_block / num_augmenting_layers instead"
+            )
+
+    # ------------------------------------------------------------------ constructors
+    @classmethod
+    def medusa(
+        cls, hidden_size: int, vocab_size: int, num_heads: int, **kwargs: Any
+    ) -> CloverConfig:
+        """Medusa-1 heads: all Clover components off, h_i = H for every head."""
+        flags = dict(
+            use_augmenting_block=False,
+            use_attention_decoder=False,
+            use_regressive_connection=False,
+        )
+        return cls(
+            hidden_size=hidden_size, vocab_size=vocab_size, num_heads=num_heads, **flags, **kwargs
+        )
+
+    @classmethod
+    def from_target_config(
+        cls, target: PretrainedConfig, *, target_name: str = "", **kwargs: Any
+    ) -> CloverConfig:
+        """Copy hidden/vocab size and decoder-layer shape from a Llama-like target config.
+
+        ``kwargs`` set the Clover fields (num_heads, use_* flags, ...) and may
+        override any copied field.
+        """
+        text = target.get_text_config() if hasattr(target, "get_text_config") else target
+        rope_params = getattr(text, "rope_parameters", None) or {}
+        copied = dict(
+            hidden_size=text.hidden_size,
+            vocab_size=text.vocab_size,
+            intermediate_size=text.intermediate_size,
+            num_attention_heads=text.num_attention_heads,
+            num_key_value_heads=getattr(text, "num_key_value_heads", None),
+            head_dim=getattr(text, "head_dim", None),
+            rms_norm_eps=getattr(text, "rms_norm_eps", 1e-6),
+            rope_theta=rope_params.get("rope_theta", getattr(text, "rope_theta", 10000.0)),
+            max_position_embeddings=getattr(text, "max_position_embeddings", 4096),
+            hidden_act=getattr(text, "hidden_act", "silu"),
+            attention_bias=getattr(text, "attention_bias", False),
+            target_name=target_name or getattr(target, "_name_or_path", ""),
+        )
+        if getattr(text, "model_type", "") == "qwen2":
+            copied["qkv_bias"] = True  # Qwen2: q/k/v have a bias, o_proj does not
+        copied.update(kwargs)
+        return cls(**copied)
+
+
+def _default(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(f"CloverConfig: {message}")
