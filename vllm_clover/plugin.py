@@ -1,9 +1,9 @@
 """vLLM plugin entry point (`vllm.general_plugins` -> `clover`).
 
-vLLM calls `register()` in every process it starts (API server, engine core, workers) before
-configs are validated, possibly more than once per process. It must therefore be cheap (no
-torch or model imports here, and never numba: importing it before engine start breaks vLLM on
-CPU) and idempotent.
+vLLM calls `register()` in every process it starts (API server, engine core, workers, its
+model-inspection subprocess) before configs are validated, possibly more than once per
+process. It must therefore be idempotent and cheap: no model weights, and never numba
+(importing it before engine start breaks vLLM on CPU).
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from vllm_clover.compat import check_vllm_version
 # A child of vLLM's "vllm" logger, so our lines carry vLLM's format and process prefix.
 logger = init_logger("vllm.clover")
 
+CLOVER_ARCHITECTURE = "CloverModel"
+
 
 def register() -> None:
     """Activate vllm-clover in this vLLM process.
@@ -27,6 +29,17 @@ def register() -> None:
     running our patches against other internals would fail later, far from the cause.
     """
     vllm_version = check_vllm_version()
+    from transformers import AutoConfig
+    from vllm import ModelRegistry
+
+    from vllm_clover.integration.patches import apply_patches
+    from vllm_clover.modeling.config import CloverConfig
+
+    apply_patches()
+    AutoConfig.register("clover", CloverConfig, exist_ok=True)
+    if CLOVER_ARCHITECTURE not in ModelRegistry.get_supported_archs():
+        ModelRegistry.register_model(CLOVER_ARCHITECTURE,
+                                     "vllm_clover.integration.model:CloverDraftModel")
     logger.info(
         "vllm-clover %s active (vLLM %s, process %s, pid %d)",
         __version__,

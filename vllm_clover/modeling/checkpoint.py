@@ -166,8 +166,7 @@ def load_clover(
     only warns (names and local paths of one model differ; the fingerprint decides).
     """
     config = load_clover_config(path)
-    _check_target_shapes(config, path, lm_head_weight, input_embedding)
-    _check_target_identity(config, path, lm_head_weight, target_name)
+    check_target_fits(config, path, lm_head_weight, input_embedding, target_name)
     state = _read_weights(Path(path) / WEIGHTS_NAME)
     _check_weight_names(config, state, path)
     with torch.device("meta"):
@@ -182,6 +181,29 @@ def load_clover(
     model.to(device=device or lm_head_weight.device, dtype=dtype or stored)
     model.attach_target(lm_head_weight, input_embedding)
     return model
+
+
+def validate_checkpoint(path: str | os.PathLike) -> CloverConfig:
+    """Check a checkpoint folder on its own (config, weights file, names, shapes); no target.
+
+    Returns its config; CloverCheckpointError naming the problem otherwise. Used by the
+    vLLM layer at start-up, before any worker (and any target weight) exists.
+    """
+    config = load_clover_config(path)
+    _check_weight_names(config, _read_weights(Path(path) / WEIGHTS_NAME), path)
+    return config
+
+
+def check_target_fits(
+    config: CloverConfig,
+    path: str | os.PathLike,
+    lm_head_weight: torch.Tensor,
+    input_embedding: torch.Tensor | None = None,
+    target_name: str | None = None,
+) -> None:
+    """The given target tensors fit the checkpoint: hidden size, vocab, LM-head fingerprint."""
+    _check_target_shapes(config, path, lm_head_weight, input_embedding)
+    _check_target_identity(config, path, lm_head_weight, target_name)
 
 
 def _check_target_shapes(

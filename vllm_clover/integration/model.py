@@ -1,0 +1,139 @@
+"""`CloverDraftModel`: the Clover network inside vLLM.
+
+The Augmenting Block is re-expressed with vLLM's own `LlamaDecoderLayer` (paged attention
+with a KV cache that vLLM allocates and manages, parallel linear layers); the head loop
+(Regressive Connection, Attention Decoder, per-head blocks, shared LM head, draft vocab) is
+the very `CloverHeads` module the trainer trains, with the Augmenting Block switched off.
+Checkpoint weight names are those of docs/checkpoint-format.md:
+
+    layers.{j}.*, norm.weight   -> self.layers / self.norm (vLLM layers, q/k/v and
+                                   gate/up stacked into qkv_proj / gate_up_proj)
+    everything else             -> self.heads (decoder.*, blocks.*, draft_vocab_ids, ...)
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+from transformers import LlamaConfig
+from vllm.config import VllmConfig
+from vllm.model_executor.layers.layernorm import RMSNorm
+from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+from vllm.model_executor.models.llama import LlamaDecoderLayer
+from vllm.model_executor.models.utils import maybe_prefix
+
+from vllm_clover.modeling.clover import CloverHeads
+from vllm_clover.modeling.config import CloverConfig
+
+AUGMENTING_PREFIXES = ("layers.", "norm.")
+# Checkpoint projections that vLLM's Llama layer fuses: (fused param, checkpoint name, shard).
+STACKED_PARAMS = (
+    ("qkv_proj", "q_proj", "q"),
+    ("qkv_proj", "k_proj", "k"),
+    ("qkv_proj", "v_proj", "v"),
+    ("gate_up_proj", "gate_proj", 0),
+    ("gate_up_proj", "up_proj", 1),
+)
+
+
+def augmenting_layer_config(config: CloverConfig) -> LlamaConfig:
+    """The Llama layer shape vLLM's LlamaDecoderLayer reads, from a CloverConfig."""
+    return LlamaConfig(
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_attention_heads=config.num_attention_heads,
+        num_key_value_heads=config.num_key_value_heads,
+        head_dim=config.head_dim,
+        hidden_act=config.hidden_act,
+        rms_norm_eps=config.rms_norm_eps,
+        max_position_embeddings=config.max_position_embeddings,
+        rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta},
+        attention_bias=config.attention_bias,
+        vocab_size=config.vocab_size,
+    )
+
+
+def heads_only_config(config: CloverConfig) -> CloverConfig:
+    """The same Clover config with the Augmenting Block off: what `CloverHeads` runs here."""
+    heads = copy.deepcopy(config)
+    heads.use_augmenting_block = False
+    return heads
+
+
+class CloverDraftModel(nn.Module):
+    """Augmenting Block (vLLM layers, own KV cache) + Clover head loop (shared PyTorch)."""
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
+        super().__init__()
+        config: CloverConfig = vllm_config.speculative_config.draft_model_config.hf_config
+        self.config = config
+        # Attention layers are registered by name; continue the target's layer numbering
+        # (as vLLM's EAGLE heads do) so names are unique and carry a layer index.
+        first = vllm_config.model_config.hf_config.num_hidden_layers
+        depth = config.num_augmenting_layers if config.use_augmenting_block else 0
+        layer_config = augmenting_layer_config(config)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(vllm_config, prefix=maybe_prefix(prefix, f"model.layers.{first + j}"),
+                              config=layer_config)
+            for j in range(depth)
+        )
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps) if depth else None
+        self.heads = CloverHeads(heads_only_config(config))
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        # [num_tokens]
+        positions: torch.Tensor,
+        # [num_tokens, hidden_size]: the target's post-norm last hidden states
+        hidden_states: torch.Tensor,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """h0 for every token: the Augmenting Block over H, or H itself when it is off.
+
+        Returns (h0, h0), both [num_tokens, hidden_size] (EAGLE-style proposers expect a
+        pair). `input_ids` are unused: Clover reads tokens only in the head loop.
+        """
+        if not self.layers:
+            return hidden_states, hidden_states
+        residual = None
+        for layer in self.layers:
+            hidden_states, residual = layer(positions, hidden_states, residual)
+        hidden_states, _ = self.norm(hidden_states, residual)
+        return hidden_states, hidden_states
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Route checkpoint tensors to the vLLM layers or the head module; strict."""
+        head_state, augmenting = {}, []
+        for name, tensor in weights:
+            if name.startswith(AUGMENTING_PREFIXES):
+                augmenting.append((name, tensor))
+            else:
+                head_state[name] = tensor
+        self.heads.load_state_dict(head_state, strict=True)
+        loaded = {f"heads.{name}" for name, _ in self.heads.named_parameters()}
+        return loaded | self._load_augmenting(augmenting)
+
+    def _load_augmenting(self, weights: list[tuple[str, torch.Tensor]]) -> set[str]:
+        """Load `layers.{j}.*` / `norm.weight`, fusing q/k/v and gate/up as vLLM stores them."""
+        params = dict(self.named_parameters())
+        loaded = set()
+        for name, tensor in weights:
+            shard = None
+            for fused, part, shard_id in STACKED_PARAMS:
+                if f".{part}." in name:
+                    name, shard = name.replace(f".{part}.", f".{fused}."), shard_id
+                    break
+            if name not in params:
+                raise ValueError(f"Clover checkpoint weight {name!r} has no place in "
+                                 f"{type(self).__name__} (num_augmenting_layers mismatch?)")
+            param = params[name]
+            if shard is None:
+                getattr(param, "weight_loader", default_weight_loader)(param, tensor)
+            else:
+                param.weight_loader(param, tensor, shard)
+            loaded.add(name)
+        return loaded

@@ -1,0 +1,193 @@
+"""Every change vllm-clover makes to vLLM internals, in one place. Written for vLLM 0.32.0.
+
+vLLM 0.32 has no registry for speculative methods: the method is a closed `Literal`, the
+proposer is picked by an if/elif in the model runner, and "uses the target's hidden states
+and a draft KV cache" is hard-wired to EAGLE-like methods. Clover is such a method, so each
+patch below opens one of those doors, and nothing else. Each is applied once per process
+(vLLM runs the plugin in every process, sometimes twice), marked on what it patched, and
+refuses to apply to a vLLM other than the one it was written for.
+
+| patch            | what                                   | can go when                          |
+|------------------|----------------------------------------|--------------------------------------|
+| method_literal   | "clover" is a valid `method`           | vLLM gets a method registry          |
+| post_init        | build Clover's draft config, validate  | vLLM knows "clover" (with the above) |
+| use_eagle        | hidden states + draft KV cache on      | vLLM names this capability           |
+| runner_drafter   | the V1 runner drafts with Clover       | vLLM gets a proposer registry        |
+| v1_runner_only   | Clover selects the V1 model runner     | Clover has an MRV2 speculator        |
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from vllm.logger import init_logger
+
+from vllm_clover.compat import check_vllm_version
+
+logger = init_logger("vllm.clover.patches")
+
+WRITTEN_FOR_VLLM = "0.32.0"
+CLOVER_METHOD = "clover"
+MARKER = "__vllm_clover_patch__"
+
+
+@dataclass(frozen=True)
+class Patch:
+    name: str
+    reason: str
+    apply: Callable[[], None]
+
+
+def _mark(function: Callable, name: str) -> Callable:
+    setattr(function, MARKER, name)
+    return function
+
+
+def _is_patched(obj: object, name: str) -> bool:
+    return getattr(obj, MARKER, None) == name
+
+
+# --------------------------------------------------------------------------- method_literal
+def _patch_method_literal() -> None:
+    """`SpeculativeConfig.method: Literal[..., "clover"] | None` (pydantic validates it)."""
+    from pydantic.dataclasses import rebuild_dataclass
+    from vllm.config import speculative
+    from vllm.engine import arg_utils
+
+    config_class = speculative.SpeculativeConfig
+    if _is_patched(config_class, "method_literal"):
+        return
+    widened = Literal[speculative.SpeculativeMethod, CLOVER_METHOD] | None
+    config_class.__dataclass_fields__["method"].type = widened
+    config_class.__annotations__["method"] = widened
+    rebuild_dataclass(config_class, force=True)
+    arg_utils._compute_kwargs.cache_clear()  # `--spec-method` choices are cached per class
+    setattr(config_class, MARKER, "method_literal")
+
+
+# --------------------------------------------------------------------------- post_init
+def _clover_post_init(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def __post_init__(self) -> None:
+        from vllm_clover.integration.checks import check_clover_spec, is_clover_checkpoint
+
+        if self.method is None and is_clover_checkpoint(self.model):
+            self.method = CLOVER_METHOD  # detected from the checkpoint's model_type
+        if self.method != CLOVER_METHOD:
+            return original(self)
+        if os.environ.get("VLLM_USE_V2_MODEL_RUNNER") == "1":
+            raise ValueError("Clover runs on vLLM's V1 model runner; unset "
+                             "VLLM_USE_V2_MODEL_RUNNER=1 to use speculative method 'clover'")
+        config = check_clover_spec(self.model, self.num_speculative_tokens,
+                                   self.target_model_config.hf_config)
+        if self.num_speculative_tokens is None:
+            self.num_speculative_tokens = config.num_heads
+        # vLLM builds the draft ModelConfig (dtype, max_model_len, parallelism) for a
+        # generic draft model; Clover needs exactly that, under its own name afterwards.
+        self.method = "draft_model"
+        try:
+            original(self)
+        finally:
+            self.method = CLOVER_METHOD
+
+    return _mark(__post_init__, "post_init")
+
+
+def _patch_post_init() -> None:
+    from vllm.config.speculative import SpeculativeConfig
+
+    if not _is_patched(SpeculativeConfig.__post_init__, "post_init"):
+        SpeculativeConfig.__post_init__ = _clover_post_init(SpeculativeConfig.__post_init__)
+
+
+# --------------------------------------------------------------------------- use_eagle
+def _patch_use_eagle() -> None:
+    """`use_eagle()` drives the draft KV cache, lookahead slots and the EAGLE code path."""
+    from vllm.config.speculative import SpeculativeConfig
+
+    original = SpeculativeConfig.use_eagle
+    if _is_patched(original, "use_eagle"):
+        return
+
+    @functools.wraps(original)
+    def use_eagle(self) -> bool:
+        return self.method == CLOVER_METHOD or original(self)
+
+    SpeculativeConfig.use_eagle = _mark(use_eagle, "use_eagle")
+
+
+# --------------------------------------------------------------------------- runner_drafter
+def _patch_runner_drafter() -> None:
+    """Replace the EagleProposer the runner builds for a Clover config by a CloverProposer.
+
+    Also covers the CPU runner, whose __init__ calls this one.
+    """
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    original = GPUModelRunner.__init__
+    if _is_patched(original, "runner_drafter"):
+        return
+
+    @functools.wraps(original)
+    def __init__(self, vllm_config, device, *args, **kwargs) -> None:
+        original(self, vllm_config, device, *args, **kwargs)
+        spec = vllm_config.speculative_config
+        if spec is not None and spec.method == CLOVER_METHOD and hasattr(self, "drafter"):
+            from vllm_clover.integration.proposer import CloverProposer
+
+            self.drafter = CloverProposer(vllm_config, device, self)
+            logger.info("Clover: drafting with CloverProposer on the V1 model runner (%s)",
+                        type(self).__name__)
+
+    GPUModelRunner.__init__ = _mark(__init__, "runner_drafter")
+
+
+# --------------------------------------------------------------------------- v1_runner_only
+def _patch_v1_runner_only() -> None:
+    """List Clover as unsupported by the V2 runner, as vLLM does for medusa/custom_class."""
+    from vllm.config.vllm import VllmConfig
+
+    original = VllmConfig._get_v2_model_runner_unsupported_features
+    if _is_patched(original, "v1_runner_only"):
+        return
+
+    @functools.wraps(original)
+    def unsupported_features(self) -> list[str]:
+        features = original(self)
+        if self.speculative_config is not None and self.speculative_config.method == CLOVER_METHOD:
+            features.append(f"speculative method '{CLOVER_METHOD}'")
+        return features
+
+    VllmConfig._get_v2_model_runner_unsupported_features = _mark(
+        unsupported_features, "v1_runner_only")
+
+
+PATCHES = (
+    Patch("method_literal", "SpeculativeConfig.method is a closed Literal", _patch_method_literal),
+    Patch("post_init", "SpeculativeConfig.__post_init__ rejects unknown methods and would "
+          "auto-detect a Clover folder as a plain draft model", _patch_post_init),
+    Patch("use_eagle", "use_eagle() gates the draft KV cache and hidden-state drafting",
+          _patch_use_eagle),
+    Patch("runner_drafter", "GPUModelRunner.__init__ picks the proposer by if/elif",
+          _patch_runner_drafter),
+    Patch("v1_runner_only", "the V2 runner would wrap Clover's model as EAGLE",
+          _patch_v1_runner_only),
+)
+
+
+def apply_patches() -> None:
+    """Apply every patch (idempotent). Refuses any vLLM but the one they were written for."""
+    version = check_vllm_version()
+    if version.split("+")[0] != WRITTEN_FOR_VLLM:
+        raise RuntimeError(f"vllm-clover patches were written for vLLM {WRITTEN_FOR_VLLM}, "
+                           f"found {version}")
+    for patch in PATCHES:
+        try:
+            patch.apply()
+        except (AttributeError, ImportError, KeyError) as err:
+            raise RuntimeError(f"vllm-clover patch {patch.name!r} ({patch.reason}) does not "
+                               f"fit vLLM {version}: {err}") from err

@@ -1,0 +1,99 @@
+"""`CloverProposer`: Clover drafting inside vLLM 0.32's V1 model runner.
+
+One step of speculative decoding, for a batch of requests (vLLM verifies, we only draft):
+
+    target forward over the scheduled tokens  -> H [num_tokens, D], and the runner
+                                                 samples/accepts -> t0 per request
+    Augmenting Block over H (paged KV cache)  -> h0 at each request's last accepted token
+    K head steps, no KV cache:  h_i = step_i(h_{i-1}, emb(x_i)),  x_{i+1} = argmax logits_i
+    return drafts [num_reqs, K]               -> vLLM's rejection sampler verifies them
+
+The first two lines are exactly what vLLM's EAGLE proposer does with its draft model, so
+`CloverProposer` is an `EagleProposer` (the runner's EAGLE code paths, KV-cache allocation,
+prefix caching, chunked prefill and preemption handling all apply) whose per-token draft
+forwards are replaced by the head loop: we ask the base class for one draft, and produce
+the whole chain where it samples that one (`_sample_draft_tokens`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from vllm.logger import init_logger
+from vllm.v1.spec_decode.eagle import EagleProposer
+
+from vllm_clover.modeling.checkpoint import CloverCheckpointError, check_target_fits
+
+logger = init_logger("vllm.clover.proposer")
+
+
+class CloverProposer(EagleProposer):
+    def propose(
+        self,
+        num_speculative_tokens: int,
+        # [num_tokens]
+        target_token_ids: torch.Tensor,
+        # [num_tokens]
+        target_positions: torch.Tensor,
+        # [num_tokens, hidden_size]
+        target_hidden_states: torch.Tensor,
+        # [num_reqs]: t0, the token the target just produced for each request
+        next_token_ids: torch.Tensor,
+        token_indices_to_sample: torch.Tensor | None,
+        common_attn_metadata,
+        sampling_metadata,
+        mm_embed_inputs=None,
+        num_rejected_tokens_gpu: torch.Tensor | None = None,
+        slot_mappings=None,
+    ) -> torch.Tensor:
+        """Draft a chain of `num_speculative_tokens` per request: [num_reqs, K] int64.
+
+        K may change from step to step (dynamic speculation) and may be 0, in which case
+        the Augmenting Block still runs so its KV cache stays in sync.
+        """
+        self._chain_length = num_speculative_tokens
+        self._chain_start = next_token_ids
+        drafts = super().propose(
+            min(num_speculative_tokens, 1), target_token_ids, target_positions,
+            target_hidden_states, next_token_ids, token_indices_to_sample,
+            common_attn_metadata, sampling_metadata, mm_embed_inputs,
+            num_rejected_tokens_gpu, slot_mappings,
+        )
+        self.num_speculative_tokens = num_speculative_tokens
+        return drafts.reshape(-1, num_speculative_tokens)
+
+    def _sample_draft_tokens(self, hidden_states: torch.Tensor, sampling_metadata):
+        """The head loop, where the base class would sample one draft.
+
+        hidden_states: [num_reqs, hidden_size], h0 at each request's last accepted token.
+        Returns ([num_reqs * K] draft ids, None); None = drafts are the heads' argmax,
+        which vLLM's rejection sampler treats as one-hot (exact at any temperature).
+        """
+        heads = self.model.heads
+        drafts = heads.propose(hidden_states, self._chain_start.long(), self._chain_length)
+        return drafts.reshape(-1), None
+
+    def _maybe_share_embeddings(self, target_language_model: nn.Module) -> None:
+        """Clover has no token embedding of its own to share (see _maybe_share_lm_head)."""
+
+    def _maybe_share_lm_head(self, target_language_model: nn.Module) -> None:
+        """Attach the target's LM head (and input embedding) to the heads, after checking
+        that they are the ones the heads were trained for (shape and fingerprint)."""
+        config = self.model.config
+        if self.vllm_config.parallel_config.tensor_parallel_size != 1:
+            raise NotImplementedError("Clover supports tensor_parallel_size=1 only (the heads "
+                                      "read the whole, unsharded target LM head)")
+        vocab = config.vocab_size
+        lm_head = target_language_model.lm_head.weight[:vocab]  # drop vLLM's vocab padding
+        embedding = None
+        if config.regressive_embedding == "input_embedding":
+            embedding = target_language_model.model.embed_tokens.weight[:vocab]
+        path = self.speculative_config.model
+        try:
+            check_target_fits(config, path, lm_head, embedding,
+                              target_name=self.vllm_config.model_config.model)
+        except CloverCheckpointError:
+            logger.error("Clover checkpoint %s does not fit target %s", path,
+                         self.vllm_config.model_config.model)
+            raise
+        self.model.heads.attach_target(lm_head, embedding)
