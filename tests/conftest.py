@@ -9,6 +9,7 @@ Run a layer with `pytest -m unit`, everything with `pytest`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -50,3 +51,68 @@ def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 30
     if result.returncode != 0:
         pytest.fail(f"child exited {result.returncode}:\n{output[-6000:]}")
     return output
+
+
+def make_untrained_clover(target_dir: Path, out_dir: Path, num_heads: int = 4,
+                          draft_vocab_size: int | None = None) -> Path:
+    """Clover heads for the reference target with random (seeded) head weights.
+
+    The Augmenting Block starts as a copy of the target's last layer, the head blocks and
+    W_V get small random weights so drafts vary. Acceptance is near zero: these heads test
+    plumbing and output equivalence, not speed.
+    """
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    from vllm_clover.modeling import (CloverConfig, CloverHeads, init_augmenting_from_target,
+                                      save_clover, select_last_layers)
+
+    state = load_file(str(target_dir / "model.safetensors"))
+    config = CloverConfig.from_target_config(AutoConfig.from_pretrained(target_dir),
+                                             target_name="smollm2-135m-instruct",
+                                             num_heads=num_heads, draft_vocab_size=draft_vocab_size)
+    torch.manual_seed(0)
+    heads = CloverHeads(config)
+    layers = {k[len("model."):]: v.float() for k, v in state.items() if k.startswith("model.layers.")}
+    init_augmenting_from_target(heads, select_last_layers(layers, 1), state["model.norm.weight"].float())
+    with torch.no_grad():
+        for block in heads.blocks:
+            block.layers[0].weight.normal_(0, 0.02)
+        heads.decoder.v_proj.weight.normal_(0, 0.02)
+    heads.attach_target(state["model.embed_tokens.weight"].float())
+    if draft_vocab_size:
+        heads.set_draft_vocab(torch.arange(draft_vocab_size) * (49152 // draft_vocab_size))
+    return save_clover(heads, config, out_dir, model_card="untrained test heads")
+
+
+@pytest.fixture(scope="session")
+def untrained_clover(reference_target, tmp_path_factory) -> Path:
+    return make_untrained_clover(reference_target, tmp_path_factory.mktemp("clover") / "heads")
+
+
+@contextlib.contextmanager
+def in_process_llm(model: Path, **engine_args):
+    """A vLLM engine in this process (start ~3-10 s instead of ~20 s), torn down after.
+
+    Multiprocessing is off, so the worker is this process: collective_rpc functions run here.
+    """
+    import gc
+
+    saved = {k: os.environ.get(k) for k in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_KVCACHE_SPACE")}
+    os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0",
+                      VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
+    from vllm_clover.engine import start_llm
+
+    llm = None
+    try:
+        llm = start_llm(str(model), **engine_args)
+        yield llm
+    finally:
+        del llm
+        gc.collect()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

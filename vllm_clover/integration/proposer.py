@@ -90,8 +90,8 @@ class CloverProposer(EagleProposer):
             embedding = target_language_model.model.embed_tokens.weight[:vocab]
         path = self.speculative_config.model
         try:
-            check_target_fits(config, path, lm_head, embedding,
-                              target_name=self.vllm_config.model_config.model)
+            # A served path never equals the recorded target name: the fingerprint decides.
+            check_target_fits(config, path, lm_head, embedding)
         except CloverCheckpointError:
             logger.error("Clover checkpoint %s does not fit target %s", path,
                          self.vllm_config.model_config.model)
