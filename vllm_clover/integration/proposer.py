@@ -60,7 +60,9 @@ class CloverProposer(EagleProposer):
             num_rejected_tokens_gpu, slot_mappings,
         )
         self.num_speculative_tokens = num_speculative_tokens
-        return drafts.reshape(-1, num_speculative_tokens)
+        if num_speculative_tokens == 0:
+            return drafts  # [num_reqs, 0]: the Augmenting Block ran, nothing to draft
+        return drafts.reshape(-1, num_speculative_tokens)  # [num_reqs * K, 1] -> [num_reqs, K]
 
     def _sample_draft_tokens(self, hidden_states: torch.Tensor, sampling_metadata):
         """The head loop, where the base class would sample one draft.
