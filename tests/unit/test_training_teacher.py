@@ -1,0 +1,172 @@
+"""Teacher: post-norm hidden states, architecture checks, and the hidden-state cache."""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from transformers import AutoModelForCausalLM
+
+from vllm_clover.training import cache as cache_module
+from vllm_clover.training.cache import HiddenStateCache
+from vllm_clover.training.config import TrainingError
+from vllm_clover.training.data import tokenize_all
+from vllm_clover.training.teacher import (
+    check_architecture,
+    load_teacher,
+    model_fingerprint,
+    resolve_target,
+    teacher_forward,
+)
+from vllm_clover.training.tiny import torch_threads, synthetic_conversations, tiny_workspace
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Iterator[dict[str, Path]]:
+    with torch_threads(1):
+        yield tiny_workspace(tmp_path_factory.mktemp("teacher"))
+
+
+@pytest.fixture(scope="module")
+def teacher(tiny):
+    return load_teacher(str(tiny["target"]), torch.device("cpu"), torch.float32)
+
+
+def test_hf_last_hidden_state_is_post_norm(tiny) -> None:
+    """What we cache (output_hidden_states[-1]) == model.model.norm(pre-norm) == what vLLM hands."""
+    model = AutoModelForCausalLM.from_pretrained(tiny["target"]).eval()
+    seen = {}
+    model.model.norm.register_forward_hook(lambda m, args, out: seen.update(pre=args[0]))
+    ids = torch.randint(0, model.config.vocab_size, (2, 7))
+    out = model(ids, output_hidden_states=True)
+    torch.testing.assert_close(out.hidden_states[-1], model.model.norm(seen["pre"]))
+    assert not torch.allclose(out.hidden_states[-1], seen["pre"])
+    torch.testing.assert_close(out.logits, F.linear(out.hidden_states[-1], model.lm_head.weight))
+
+
+def test_teacher_forward_is_padding_invariant(teacher) -> None:
+    ids = torch.randint(3, 200, (2, 9))
+    mask = torch.ones(2, 9, dtype=torch.bool)
+    mask[1, 5:] = False
+    hidden, top1 = teacher_forward(teacher, ids, mask)
+    alone, alone_top1 = teacher_forward(teacher, ids[1:, :5], mask[1:, :5])
+    torch.testing.assert_close(hidden[1, :5], alone[0], rtol=1e-4, atol=1e-5)
+    assert torch.equal(top1[1, :5], alone_top1[0])
+    torch.testing.assert_close(top1, (hidden @ teacher.lm_head.T).argmax(-1))
+
+
+def test_architecture_checks(teacher) -> None:
+    model = teacher.model
+    check_architecture(model, "ok")
+    original = model.forward
+
+    def scaled(*args, **kwargs):
+        out = original(*args, **kwargs)
+        out.logits = out.logits * 2.0  # e.g. a logit scale / softcap the LM head does not show
+        return out
+
+    model.forward = scaled
+    try:
+        with pytest.raises(TrainingError, match="logits != LM head"):
+            check_architecture(model, "scaled")
+    finally:
+        del model.forward
+    biased = nn.Linear(4, 4)
+    model_with_bias = type("M", (nn.Module,), {"get_output_embeddings": lambda self: biased})()
+    with pytest.raises(TrainingError, match="has a bias"):
+        check_architecture(model_with_bias, "biased")
+    no_head = type("N", (nn.Module,), {"get_output_embeddings": lambda self: None})()
+    with pytest.raises(TrainingError, match="no linear LM head"):
+        check_architecture(no_head, "headless")
+
+
+def test_unloadable_targets(tmp_path: Path) -> None:
+    with pytest.raises(TrainingError, match="target folder not found"):
+        resolve_target(str(tmp_path / "nope"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(TrainingError, match="cannot load target"):
+        load_teacher(str(tmp_path / "empty"), torch.device("cpu"), torch.float32)
+    with pytest.raises(TrainingError, match="no network is used"):
+        load_teacher("no-such-org/no-such-model", torch.device("cpu"), torch.float32)
+
+
+def make_cache(tiny, teacher, root: Path | None = None) -> HiddenStateCache:
+    fingerprint = {"target_fingerprint": teacher.fingerprint, "teacher_dtype": "torch.float32"}
+    return HiddenStateCache(root or tiny["cache"], fingerprint)
+
+
+def sequences(teacher, n: int = 6):
+    return tokenize_all(teacher.tokenizer, synthetic_conversations(n, seed=5), 128, "syn")
+
+
+def test_cache_round_trip_and_reuse(tiny, teacher) -> None:
+    seqs = sequences(teacher)
+    calls = []
+
+    def forward(ids, mask):
+        calls.append(ids.shape)
+        return teacher_forward(teacher, ids, mask)
+
+    cache = make_cache(tiny, teacher, tiny["cache"] / "rt")
+    assert cache.fill(seqs, forward, batch_tokens=200) == len(seqs) and calls
+    hidden, top1 = cache.get(seqs[0].key)
+    ref, ref_top1 = teacher_forward(teacher, seqs[0].input_ids[None], torch.ones(1, len(seqs[0])))
+    assert hidden.dtype == torch.bfloat16 and hidden.shape == ref[0].shape
+    torch.testing.assert_close(hidden.float(), ref[0].to(torch.bfloat16).float(), rtol=0.02,
+                               atol=0.02)
+    assert torch.equal(top1.long(), ref_top1[0])
+    calls.clear()
+    reopened = make_cache(tiny, teacher, tiny["cache"] / "rt")  # another run, same fingerprint
+    assert reopened.fill(seqs, forward, 200) == 0 and not calls
+    assert all(s.key in reopened for s in seqs)
+
+
+def test_cache_is_keyed_by_target_weights(tiny, teacher) -> None:
+    base = make_cache(tiny, teacher, tiny["cache"] / "fp")
+    with torch.no_grad():
+        weight = teacher.model.model.layers[0].mlp.up_proj.weight
+        original = weight[0, 0].clone()
+        weight[0, 0] = original + 1.0  # one retrained weight deep inside the model
+        changed = model_fingerprint(teacher.model)
+        weight[0, 0] = original
+    assert changed != teacher.fingerprint == model_fingerprint(teacher.model)
+    other = HiddenStateCache(tiny["cache"] / "fp", {"target_fingerprint": changed,
+                                                     "teacher_dtype": "torch.float32"})
+    assert other.dir != base.dir
+
+
+def test_cache_out_of_disk_leaves_nothing(tiny, teacher, monkeypatch) -> None:
+    seqs = sequences(teacher)
+    cache = make_cache(tiny, teacher, tiny["cache"] / "full")
+
+    def full_disk(tensors, path, metadata=None):
+        Path(path).write_bytes(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(cache_module, "save_file", full_disk)
+    with pytest.raises(TrainingError, match="out of disk space"):
+        cache.fill(seqs, lambda i, m: teacher_forward(teacher, i, m), 200)
+    assert sorted(p.name for p in cache.dir.iterdir()) == ["index.json"]
+    assert cache.missing(seqs) == seqs
+
+
+def test_cache_refuses_up_front_when_disk_too_small(tiny, teacher, monkeypatch) -> None:
+    cache = make_cache(tiny, teacher, tiny["cache"] / "small")
+    usage = type("U", (), {"free": 1000})()
+    monkeypatch.setattr(cache_module.shutil, "disk_usage", lambda p: usage)
+    with pytest.raises(TrainingError, match="out of disk space.*GiB"):
+        cache.check_free_space(num_tokens=10_000, hidden_size=64)
+
+
+def test_corrupt_shard_is_named(tiny, teacher) -> None:
+    cache = make_cache(tiny, teacher, tiny["cache"] / "corrupt")
+    (cache.dir / "shard-bad.safetensors").write_bytes(b"\x00garbage")
+    with pytest.raises(TrainingError, match="corrupt hidden-state cache shard .*shard-bad"):
+        make_cache(tiny, teacher, tiny["cache"] / "corrupt")

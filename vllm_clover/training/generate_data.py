@@ -1,0 +1,160 @@
+"""`vllm-clover generate-data`: regenerate the assistant turns with the target itself.
+
+Heads are verified against the target's own distribution, so they should learn from text the
+target would write. Every assistant turn is replaced by the target's reply to the conversation
+so far (earlier turns already regenerated), one round of turns at a time, each round one
+batched call across all conversations::
+
+    round 0:  [sys, user1] -> reply1        (every conversation at once)
+    round 1:  [sys, user1, reply1, user2] -> reply2
+    ...
+
+Prompt-only records (``{"prompt": ...}``) get one reply. A prompt that does not fit the
+engine's context ends its conversation after the previous reply; a conversation left without
+any assistant turn is dropped. Output: our ``{"id", "messages"}`` JSONL, written atomically.
+
+Backends: ``vllm`` (default; fast, batched; vLLM is imported only inside ``vllm_generator``)
+and ``hf`` (transformers ``generate``; slow, for machines without vLLM).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from vllm_clover.assets.data import Conversation, Message
+from vllm_clover.fsutil import atomic_write_bytes
+from vllm_clover.training.config import GenerateConfig, TrainingError
+from vllm_clover.training.data import load_conversations
+
+# A batch of chats (each ending with a user turn) -> one reply per chat (None: did not fit).
+Generate = Callable[[list[list[dict[str, str]]]], list[str | None]]
+
+
+def prompt_slots(conversation: Conversation, max_turns: int | None) -> list[Message]:
+    """Messages with a trailing assistant slot for prompt-only data, leading replies dropped."""
+    messages = list(conversation.messages)
+    while messages and messages[0].role == "assistant":
+        messages.pop(0)  # a reply to nothing (ShareGPT has some)
+    if messages and messages[-1].role != "assistant":
+        messages.append(Message("assistant", ""))
+    if max_turns is not None:
+        slots = [i for i, m in enumerate(messages) if m.role == "assistant"]
+        if len(slots) > max_turns:
+            messages = messages[: slots[max_turns - 1] + 1]
+    return messages
+
+
+def regenerate(conversations: Sequence[Conversation], generate: Generate,
+               max_turns: int | None = None) -> list[Conversation]:
+    """Replace every assistant turn with ``generate``'s reply, round by round (see above)."""
+    chats = [prompt_slots(c, max_turns) for c in conversations]
+    done = [False] * len(chats)
+    round_ = 0
+    while True:
+        todo = []  # (conversation index, message index of its round_-th assistant turn)
+        for c, messages in enumerate(chats):
+            slots = [i for i, m in enumerate(messages) if m.role == "assistant"]
+            if not done[c] and round_ < len(slots):
+                todo.append((c, slots[round_]))
+        if not todo:
+            break
+        prompts = [[{"role": m.role, "content": m.content} for m in chats[c][:i]] for c, i in todo]
+        replies = generate(prompts)
+        for (c, i), reply in zip(todo, replies, strict=True):
+            if reply is None:
+                chats[c], done[c] = chats[c][:i], True
+            else:
+                chats[c][i] = Message("assistant", reply)
+        round_ += 1
+    out = []
+    for conversation, messages in zip(conversations, chats, strict=True):
+        replies = [i for i, m in enumerate(messages) if m.role == "assistant"]
+        if replies:  # end at the last reply: a trailing prompt has nothing to train on
+            out.append(Conversation(conversation.id, tuple(messages[: replies[-1] + 1])))
+    return out
+
+
+def vllm_generator(target_path: str, cfg: GenerateConfig) -> Generate:
+    """Batched generation with vLLM (call under an ``if __name__ == "__main__"`` guard)."""
+    import torch
+    from vllm import SamplingParams
+
+    from vllm_clover.engine import start_llm
+
+    # CPU: the project's float32 eager settings; GPU: the model's dtype and CUDA graphs.
+    gpu = {"dtype": "auto", "enforce_eager": False} if torch.cuda.is_available() else {}
+    llm = start_llm(target_path, max_model_len=cfg.max_model_len, seed=cfg.seed, **gpu)
+    tokenizer = llm.get_tokenizer()
+    params = SamplingParams(temperature=cfg.temperature, max_tokens=cfg.max_new_tokens,
+                            seed=cfg.seed)
+
+    def run(chats: list[list[dict[str, str]]]) -> list[str]:
+        return [o.outputs[0].text for o in llm.chat(chats, params)]
+
+    return lambda chats: only_fitting(chats, tokenizer, cfg, run)
+
+
+def hf_generator(target: str, cfg: GenerateConfig) -> Generate:
+    """Batched ``model.generate`` with left padding (no vLLM needed)."""
+    import torch
+
+    from vllm_clover.training.runtime import resolve_device
+    from vllm_clover.training.teacher import load_teacher
+
+    device = resolve_device(cfg.device)
+    teacher = load_teacher(target, device, torch.float32)
+    model, tokenizer = teacher.model, teacher.tokenizer
+    torch.manual_seed(cfg.seed)
+
+    def run(chats: list[list[dict[str, str]]]) -> list[str]:
+        replies = []
+        for start in range(0, len(chats), cfg.batch_size):
+            texts = [tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True)
+                     for c in chats[start:start + cfg.batch_size]]
+            enc = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left",
+                            add_special_tokens=False).to(device)
+            out = model.generate(**enc, max_new_tokens=cfg.max_new_tokens,
+                                 do_sample=cfg.temperature > 0,
+                                 temperature=cfg.temperature or None, top_p=None, top_k=None,
+                                 pad_token_id=tokenizer.pad_token_id)
+            new = out[:, enc["input_ids"].shape[1]:]  # (B, new tokens)
+            replies += tokenizer.batch_decode(new, skip_special_tokens=True)
+        return replies
+
+    return lambda chats: only_fitting(chats, tokenizer, cfg, run)
+
+
+def only_fitting(chats: list[list[dict[str, str]]], tokenizer: object, cfg: GenerateConfig,
+                 run: Callable[[list[list[dict[str, str]]]], list[str]]) -> list[str | None]:
+    """``run`` on the chats whose prompt + reply fit ``max_model_len``; None for the others."""
+    fits = [prompt_length(tokenizer, c) + cfg.max_new_tokens <= cfg.max_model_len for c in chats]
+    kept = [c for c, ok in zip(chats, fits, strict=True) if ok]
+    outputs = iter(run(kept) if kept else [])
+    return [next(outputs) if ok else None for ok in fits]
+
+
+def prompt_length(tokenizer: object, chat: list[dict[str, str]]) -> int:
+    text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def generate_data(cfg: GenerateConfig) -> Path:
+    """Read ``cfg.data``, regenerate with the chosen engine, write ``cfg.out``; returns it."""
+    from vllm_clover.training.teacher import resolve_target
+
+    conversations = load_conversations(cfg.data, cfg.max_samples)
+    path, _ = resolve_target(cfg.target)
+    generate = (vllm_generator if cfg.engine == "vllm" else hf_generator)(
+        path if cfg.engine == "vllm" else cfg.target, cfg)
+    result = regenerate(conversations, generate, cfg.max_turns)
+    if not result:
+        raise TrainingError(f"no conversation left after regeneration of {cfg.data} "
+                            f"(all prompts longer than --max-model-len {cfg.max_model_len}?)")
+    lines = [json.dumps({"id": c.id, "messages": c.as_chat()}, ensure_ascii=False)
+             for c in result]
+    atomic_write_bytes(Path(cfg.out), ("\n".join(lines) + "\n").encode("utf-8"))
+    print(f"wrote {len(result)} conversation(s) ({len(conversations) - len(result)} dropped) "
+          f"to {cfg.out}")
+    return Path(cfg.out)

@@ -1,0 +1,146 @@
+"""Distillation loss of the Clover heads against the target's own distribution.
+
+Indexing (see vllm_clover/modeling/clover.py): head i (0-based) at position t reads
+x_{t+1+i} and guesses x_{t+2+i}. The target's distribution for that token is
+``softmax(W_lm @ H_{t+1+i})``, so the soft label of head i at t comes from the *cached hidden
+state at t+1+i* through the LM head; no logits are cached. Worked example, K = 2, T = 6::
+
+    t                      0     1     2     3     4     5
+    head 0 guesses         x2    x3    x4    x5    -     -
+    its soft label from    H1    H2    H3    H4    -     -
+    head 1 guesses         x3    x4    x5    -     -     -
+    its soft label from    H2    H3    H4    -     -     -
+
+A position is graded for head i only if x_{t+2+i} exists and is an assistant token.
+
+Per head:  CE_i = sum_t -sum_v p_T(v) log q_i(v)   (soft-label cross-entropy, temperature 1)
+           HL_i = sum_t mean_d SmoothL1(z_i, H_{t+1+i})     (optional, Clover-2 style)
+Total:     L = sum_i w_i (CE_i + lambda HL_i) / n_i,   w_i = base**i,
+where n_i counts head i's graded positions over the *whole optimizer step* (all micro-batches
+and processes), so gradient accumulation and DDP give the same gradient as one big batch.
+With a draft vocabulary of N ids both p_T and q_i are softmaxes over those N rows of W_lm
+(the target distribution renormalised over the draft vocabulary).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from vllm_clover.modeling import CloverHeads, HeadTokens, shift_tokens_for_heads
+from vllm_clover.training.data import Batch
+
+
+def head_weights(num_heads: int, base: float) -> torch.Tensor:
+    """(K,) loss weight of each head: base**i. Example: (3, 0.8) -> [1.0, 0.8, 0.64]."""
+    return base ** torch.arange(num_heads, dtype=torch.float32)
+
+
+def graded_positions(batch: Batch, num_heads: int) -> tuple[HeadTokens, torch.Tensor]:
+    """Teacher-forcing tokens and which (b, t, i) are graded: (B, T, K) bool."""
+    tokens = shift_tokens_for_heads(batch.input_ids, num_heads, batch.attention_mask)
+    label_is_assistant = shift_tokens_for_heads(batch.loss_mask.long(), num_heads).target_ids
+    return tokens, tokens.mask & label_is_assistant.bool()  # (B, T, K)
+
+
+def graded_counts(batch: Batch, num_heads: int) -> torch.Tensor:
+    """(K,) float: number of graded positions per head (the loss normaliser n_i)."""
+    return graded_positions(batch, num_heads)[1].sum(dim=(0, 1)).float()
+
+
+@dataclass
+class HeadStats:
+    """Per-head sums over graded positions; all (K,) float64 so they can be all-reduced."""
+
+    ce: torch.Tensor
+    hidden: torch.Tensor
+    count: torch.Tensor
+    top1: torch.Tensor  # head's argmax == target's argmax at t+1+i (full vocabulary)
+    top5: torch.Tensor  # target's argmax among the head's 5 best
+
+    @classmethod
+    def zeros(cls, num_heads: int, device: torch.device | str = "cpu") -> HeadStats:
+        return cls(*(torch.zeros(num_heads, dtype=torch.float64, device=device)
+                     for _ in range(5)))
+
+    def add_(self, other: HeadStats) -> HeadStats:
+        for name in ("ce", "hidden", "count", "top1", "top5"):
+            getattr(self, name).add_(getattr(other, name).to(getattr(self, name).device))
+        return self
+
+    def stacked(self) -> torch.Tensor:
+        return torch.stack([self.ce, self.hidden, self.count, self.top1, self.top5])  # (5, K)
+
+    @classmethod
+    def from_stacked(cls, stacked: torch.Tensor) -> HeadStats:
+        return cls(*stacked.unbind(0))
+
+    def means(self) -> dict[str, list[float]]:
+        n = self.count.clamp(min=1)
+        return {name: (getattr(self, name) / n).tolist() for name in ("ce", "hidden", "top1",
+                                                                       "top5")}
+
+
+def target_distributions(batch: Batch, valid: torch.Tensor, vocab_weight: torch.Tensor
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's distribution at every position some head is graded against, once.
+
+    Position s serves head 0 at t = s-1, head 1 at t = s-2, ...: one LM-head product per
+    position instead of one per head. Returns (rows (B, T) int64: row of position (b, s) in
+    probs or -1; probs (P, N) = softmax(W_lm[draft] @ H_s)).
+    """
+    b_size, t_size, k = valid.shape
+    need = torch.zeros(b_size, t_size, dtype=torch.bool, device=valid.device)  # (B, T)
+    for i in range(k):
+        need[:, 1 + i:] |= valid[:, : t_size - 1 - i, i]  # head i at t needs s = t+1+i
+    b, s = need.nonzero(as_tuple=True)  # (P,), (P,)
+    rows = torch.full((b_size, t_size), -1, dtype=torch.long, device=valid.device)
+    rows[b, s] = torch.arange(b.numel(), device=valid.device)
+    logits = F.linear(batch.hidden[b, s].float(), vocab_weight.float())  # (P, N)
+    return rows, F.softmax(logits.float(), dim=-1)
+
+
+def distill_loss(heads: CloverHeads, features: torch.Tensor, batch: Batch, valid: torch.Tensor,
+                 weights: torch.Tensor, normaliser: torch.Tensor, hidden_loss_weight: float,
+                 soft_labels: bool = True) -> tuple[torch.Tensor, HeadStats, torch.Tensor]:
+    """Loss of one micro-batch (see module docstring), its stats and the head predictions.
+
+    features: (B, T, K, D) head features z from ``heads.head_features``; valid: (B, T, K)
+    from ``graded_positions``; weights, normaliser: (K,). ``soft_labels=False`` is the
+    Medusa-1 ablation: one-hot labels x_{t+2+i} from the data instead of the target's
+    distribution (a label outside the draft vocabulary contributes nothing). Returns (scalar
+    loss to backward, HeadStats, predictions (B, T, K) int64 target ids, -1 where not graded).
+    """
+    k = features.shape[2]
+    w = heads.vocab_weight()  # (N, D)
+    stats = HeadStats.zeros(k, features.device)
+    preds = torch.full(valid.shape, -1, dtype=torch.long, device=features.device)  # (B, T, K)
+    loss = features.float().sum() * 0.0  # every parameter gets a gradient (DDP needs it)
+    with torch.no_grad():
+        rows, probs = target_distributions(batch, valid if soft_labels else valid[..., :0], w)
+    for i in range(k):
+        b, t = valid[..., i].nonzero(as_tuple=True)  # (M,), (M,)
+        if b.numel() == 0:
+            continue
+        z = features[b, t, i]  # (M, D) head feature at t
+        h = batch.hidden[b, t + 1 + i].float()  # (M, D) target H_{t+1+i}
+        if soft_labels:
+            p_target = probs[rows[b, t + 1 + i]]  # (M, N) target distribution for x_{t+2+i}
+        else:
+            label = heads.target_to_draft(batch.input_ids[b, t + 2 + i])  # (M,), -1: none
+            p_target = F.one_hot(label.clamp(min=0), w.shape[0]).float()  # (M, N)
+            p_target *= (label >= 0).unsqueeze(-1)
+        log_q = F.log_softmax(heads.logits(z, w).float(), dim=-1)  # (M, N)
+        ce = -(p_target * log_q).sum()
+        hl = F.smooth_l1_loss(z.float(), h, reduction="none").mean(-1).sum()
+        loss = loss + weights[i] * (ce + hidden_loss_weight * hl) / normaliser[i].clamp(min=1)
+        with torch.no_grad():
+            best = heads.draft_to_target(log_q.topk(min(5, log_q.shape[-1]), dim=-1).indices)
+            want = batch.target_top1[b, t + 1 + i]  # (M,) target argmax for x_{t+2+i}
+            preds[b, t, i] = best[:, 0]
+            stats.ce[i], stats.hidden[i], stats.count[i] = ce.detach(), hl.detach(), b.numel()
+            stats.top1[i] = (best[:, 0] == want).sum()
+            stats.top5[i] = (best == want[:, None]).any(-1).sum()
+    return loss, stats, preds

@@ -1,0 +1,279 @@
+"""`vllm-clover train`: distil Clover (or Medusa) heads from a frozen target.
+
+    train(TrainConfig(target="smollm2-135m-instruct", out="heads", max_samples=2000))
+
+Flow: load target -> tokenise + split data -> fill the hidden-state cache -> build heads
+(Augmenting Block copied from the target's last layer(s)) -> AdamW with warmup + cosine over
+a precomputed step plan -> periodic eval and resumable state -> final checkpoint + model card.
+The same call runs under ``torchrun --nproc_per_node N`` (DDP): rank r takes its slice of
+every global batch and the loss is normalised by the global token count, so N processes with
+batch B give the same update as one process with batch N*B (tests/unit/test_training_ddp.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel
+from tqdm.auto import tqdm
+
+from vllm_clover.modeling import (
+    CloverConfig,
+    CloverHeads,
+    draft_vocab_from_counts,
+    init_augmenting_from_target,
+    save_clover,
+)
+from vllm_clover.training.card import model_card
+from vllm_clover.training.config import TrainConfig, TrainingError
+from vllm_clover.training.data import plan_steps, token_counts
+from vllm_clover.training.evaluate import evaluate
+from vllm_clover.training.loss import HeadStats, distill_loss, graded_positions, head_weights
+from vllm_clover.training.pipeline import DataSpec, Prepared, prepare
+from vllm_clover.training.runtime import (
+    Runtime,
+    current_memory_bytes,
+    init_runtime,
+    peak_memory_bytes,
+    reset_peak_memory,
+    seed_everything,
+    set_rng_state,
+    shutdown_runtime,
+)
+from vllm_clover.training.state import load_state, save_state
+from vllm_clover.training.teacher import augmenting_init
+
+
+@dataclass
+class TrainResult:
+    out: Path | None  # None when stopped early (--stop-after)
+    steps: int  # optimizer steps done in total
+    tokens_seen: int
+    train_seconds: float  # time in optimizer steps of this invocation (no caching, no eval)
+    tokens_per_second: float  # global training tokens per second of this invocation
+    start_memory_bytes: int | None  # when the loop started (CUDA allocated or process RSS)
+    peak_memory_bytes: int | None  # peak over the training loop (same measure)
+    eval: dict[str, Any] | None
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+class HeadFeatures(nn.Module):
+    """DDP needs a forward: (H (B, T, D), head inputs (B, T, K)) -> z (B, T, K, D)."""
+
+    def __init__(self, heads: CloverHeads) -> None:
+        super().__init__()
+        self.heads = heads
+
+    def forward(self, hidden: torch.Tensor, head_input_ids: torch.Tensor) -> torch.Tensor:
+        return self.heads.head_features(hidden, head_input_ids)
+
+
+def lr_factor(step: int, total: int, warmup: int) -> float:
+    """Linear warmup over ``warmup`` steps to 1, then cosine to 0 at ``total``.
+
+    Example (total 10, warmup 2): step 0 -> 0.5, 1 -> 1.0, 2 -> 1.0, 6 -> 0.5, 9 -> ~0.04.
+    """
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def build_heads(cfg: TrainConfig, prepared: Prepared, device: torch.device) -> CloverHeads:
+    """Fresh heads for the target (seeded), Augmenting Block copied, draft vocab from counts."""
+    teacher = prepared.teacher
+    try:
+        config = CloverConfig.from_target_config(
+            teacher.config, target_name=cfg.target, num_heads=cfg.num_heads,
+            use_augmenting_block=cfg.augmenting_block,
+            num_augmenting_layers=cfg.num_augmenting_layers,
+            use_attention_decoder=cfg.attention_decoder,
+            use_regressive_connection=cfg.regressive_connection,
+            draft_vocab_size=cfg.draft_vocab_size)
+    except (ValueError, AttributeError) as err:
+        raise TrainingError(f"target {cfg.target!r} does not fit Clover: {err}") from err
+    torch.manual_seed(cfg.seed)
+    heads = CloverHeads(config)
+    if config.use_augmenting_block:
+        init_augmenting_from_target(heads, *augmenting_init(teacher, config.num_augmenting_layers))
+    if config.draft_vocab_size:
+        counts = token_counts(prepared.train, config.vocab_size)
+        heads.set_draft_vocab(draft_vocab_from_counts(counts, config.draft_vocab_size))
+    heads.to(device)
+    heads.attach_target(teacher.lm_head.to(device))
+    return heads
+
+
+def train(cfg: TrainConfig) -> TrainResult:
+    """Run (or resume) one training job; see the module docstring."""
+    runtime = init_runtime(cfg.device)
+    try:
+        return _train(cfg, runtime)
+    finally:
+        shutdown_runtime(runtime)
+
+
+def _train(cfg: TrainConfig, runtime: Runtime) -> TrainResult:
+    if Path(cfg.out).exists() and not cfg.overwrite:
+        raise TrainingError(f"output folder {cfg.out} already exists (pass --overwrite)")
+    resumed = load_state(cfg.state_dir, cfg) if cfg.resume else None
+    seed_everything(cfg.seed)
+    dtype = torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32
+    prepared = prepare(DataSpec.from_config(cfg), runtime, dtype)
+    heads = build_heads(cfg, prepared, runtime.device)
+    prepared.teacher.release()
+    global_batch = cfg.batch_size * cfg.grad_accum * runtime.world_size
+    plan = plan_steps([len(s) for s in prepared.train], global_batch, cfg.epochs, cfg.seed,
+                      cfg.max_tokens)
+    optimizer = torch.optim.AdamW(heads.parameters(), lr=cfg.lr, betas=(0.9, 0.999),
+                                  weight_decay=cfg.weight_decay)
+    warmup = max(1, round(cfg.warmup_fraction * len(plan)))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: lr_factor(s, len(plan), warmup))
+    modules = {"model": heads, "optimizer": optimizer, "scheduler": scheduler}
+    start, tokens_seen = 0, 0
+    if resumed is not None:
+        if resumed["total_steps"] != len(plan):
+            raise TrainingError(f"cannot resume: the saved run planned {resumed['total_steps']} "
+                                f"steps, this one {len(plan)} (different data?)")
+        for name, module in modules.items():
+            module.load_state_dict(resumed[name])
+        start, tokens_seen = resumed["step"], resumed["tokens_seen"]
+        set_rng_state(resumed["rng"])
+    loop = TrainLoop(cfg, runtime, prepared, heads, optimizer, scheduler, plan)
+    return loop.run(start, tokens_seen, modules)
+
+
+class TrainLoop:
+    """The optimizer-step loop; one instance per run (state lives in the optimizer/scheduler)."""
+
+    def __init__(self, cfg: TrainConfig, runtime: Runtime, prepared: Prepared,
+                 heads: CloverHeads, optimizer: torch.optim.Optimizer, scheduler: Any,
+                 plan: list[list[int]]) -> None:
+        self.cfg, self.runtime, self.prepared, self.heads = cfg, runtime, prepared, heads
+        self.optimizer, self.scheduler, self.plan = optimizer, scheduler, plan
+        self.weights = head_weights(cfg.num_heads, cfg.head_weight_base).to(runtime.device)
+        wrapped = HeadFeatures(heads)
+        if runtime.distributed:
+            ids = [runtime.device.index] if runtime.device.type == "cuda" else None
+            wrapped = DistributedDataParallel(wrapped, device_ids=ids, broadcast_buffers=False)
+        self.wrapped = wrapped
+        self.history: list[dict[str, Any]] = []
+
+    def micro_batches(self, step: int) -> list[list[int]]:
+        """This process's micro-batches of global step ``step``: slice (m * world + rank)."""
+        b, w, r = self.cfg.batch_size, self.runtime.world_size, self.runtime.rank
+        ids = self.plan[step]
+        return [ids[(m * w + r) * b:(m * w + r + 1) * b] for m in range(self.cfg.grad_accum)]
+
+    def train_step(self, step: int) -> HeadStats:
+        """One optimizer step over the global batch; returns the all-reduced head stats."""
+        cfg, rt, k = self.cfg, self.runtime, self.cfg.num_heads
+        batches = [self.prepared.batch([self.prepared.train[j] for j in ids]).to(rt.device)
+                   for ids in self.micro_batches(step)]
+        graded = [graded_positions(batch, k) for batch in batches]
+        normaliser = rt.all_reduce_sum(sum(v.sum(dim=(0, 1)).double() for _, v in graded))
+        stats = HeadStats.zeros(k, rt.device)
+        for m, (batch, (tokens, valid)) in enumerate(zip(batches, graded, strict=True)):
+            last = m == len(batches) - 1
+            accumulate = rt.distributed and not last  # DDP: all-reduce only on the last one
+            sync = self.wrapped.no_sync() if accumulate else contextlib.nullcontext()
+            with sync, torch.autocast(rt.device.type, torch.bfloat16,
+                                      enabled=cfg.dtype == "bfloat16"):
+                features = self.wrapped(batch.hidden, tokens.input_ids)  # (B, T, K, D)
+                loss, micro, _ = distill_loss(self.heads, features, batch, valid, self.weights,
+                                              normaliser.float(), cfg.hidden_loss_weight,
+                                              cfg.soft_labels)
+                (loss * rt.world_size).backward()  # DDP averages; we want the global sum
+            stats.add_(micro)
+        if cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.heads.parameters(), cfg.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return HeadStats.from_stacked(rt.all_reduce_sum(stats.stacked()))
+
+    def log_step(self, step: int, stats: HeadStats, tokens_seen: int) -> dict[str, Any]:
+        means = stats.means()
+        w = self.weights.tolist()
+        loss = sum(wi * (ce + self.cfg.hidden_loss_weight * hl)
+                   for wi, ce, hl in zip(w, means["ce"], means["hidden"], strict=True))
+        entry = {"step": step + 1, "loss": loss, "top1": means["top1"],
+                 "lr": self.scheduler.get_last_lr()[0], "tokens_seen": tokens_seen}
+        self.history.append(entry)
+        return entry
+
+    def evaluate(self) -> dict[str, Any] | None:
+        """Held-out metrics on rank 0 (others wait); None without a held-out set."""
+        result = None
+        if self.runtime.is_main and self.prepared.eval:
+            result = evaluate(self.heads, self.prepared, self.prepared.eval,
+                              self.cfg.batch_size, self.runtime.device).summary()
+        self.runtime.barrier()
+        return result
+
+    def save(self, modules: dict[str, Any], step: int, tokens_seen: int) -> None:
+        if self.runtime.is_main:
+            save_state(self.cfg.state_dir, self.cfg, modules, step, len(self.plan), tokens_seen)
+        self.runtime.barrier()
+
+    def run(self, start: int, tokens_seen: int, modules: dict[str, Any]) -> TrainResult:
+        cfg, rt = self.cfg, self.runtime
+        bar = tqdm(total=len(self.plan), initial=start, desc="train", unit="step",
+                   disable=not (cfg.progress and rt.is_main))
+        seconds, tokens_now, evaluation = 0.0, 0, None
+        gc.collect()  # the released target model
+        reset_peak_memory(rt.device)
+        start_memory = current_memory_bytes(rt.device)
+        step, stop = start, len(self.plan)
+        if cfg.stop_after is not None:
+            stop = min(stop, start + cfg.stop_after)
+        while step < stop:
+            began = time.perf_counter()
+            stats = self.train_step(step)
+            seconds += time.perf_counter() - began
+            step_tokens = sum(len(self.prepared.train[j]) for j in self.plan[step])
+            tokens_seen, tokens_now = tokens_seen + step_tokens, tokens_now + step_tokens
+            entry = self.log_step(step, stats, tokens_seen)
+            step += 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{entry['loss']:.3f}", lr=f"{entry['lr']:.2e}",
+                            top1="/".join(f"{a:.2f}" for a in entry["top1"]),
+                            tok_s=f"{tokens_now / max(seconds, 1e-9):.0f}")
+            if cfg.eval_every and step % cfg.eval_every == 0 and step < len(self.plan):
+                evaluation = self.evaluate()
+                if evaluation:
+                    bar.write(f"step {step}: held-out top1 {evaluation['top1']} "
+                              f"tau {evaluation['tau']:.3f}")
+            if cfg.save_every and step % cfg.save_every == 0 and step < stop:
+                self.save(modules, step, tokens_seen)
+        bar.close()
+        peak = peak_memory_bytes(rt.device)
+        self.save(modules, step, tokens_seen)
+        out = None
+        if step == len(self.plan):
+            evaluation = self.evaluate()
+            out = self.finish(step, tokens_seen, evaluation)
+        return TrainResult(out, step, tokens_seen, seconds, tokens_now / max(seconds, 1e-9),
+                           start_memory, peak, evaluation, self.history)
+
+    def finish(self, steps: int, tokens_seen: int, evaluation: dict[str, Any] | None) -> Path:
+        """Write the final checkpoint (rank 0) with its model card; atomic."""
+        summary = {"eval": evaluation, "steps": steps, "tokens_seen": tokens_seen,
+                   "train_sequences": len(self.prepared.train),
+                   "eval_sequences": len(self.prepared.eval), "world_size": self.runtime.world_size,
+                   "final_loss": self.history[-1]["loss"] if self.history else float("nan")}
+        if self.runtime.is_main:
+            card = model_card(self.cfg, self.heads.config, summary)
+            save_clover(self.heads, self.heads.config, self.cfg.out, card,
+                        overwrite=self.cfg.overwrite)
+        self.runtime.barrier()
+        return Path(self.cfg.out)
