@@ -86,9 +86,22 @@ def make_untrained_clover(target_dir: Path, out_dir: Path, num_heads: int = 4,
     return save_clover(heads, config, out_dir, model_card="untrained test heads")
 
 
+REFERENCE_HEADS = REPO / "checkpoints" / "smollm2-135m-instruct-clover"
+
+
 @pytest.fixture(scope="session")
-def untrained_clover(reference_target, tmp_path_factory) -> Path:
+def clover_heads(reference_target, tmp_path_factory) -> Path:
+    """The committed reference heads if present (they accept drafts), else untrained ones."""
+    if (REFERENCE_HEADS / "config.json").is_file():
+        return REFERENCE_HEADS
     return make_untrained_clover(reference_target, tmp_path_factory.mktemp("clover") / "heads")
+
+
+@pytest.fixture(scope="session")
+def clover_num_heads(clover_heads) -> int:
+    import json
+
+    return json.loads((clover_heads / "config.json").read_text())["num_heads"]
 
 
 @contextlib.contextmanager

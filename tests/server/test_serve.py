@@ -104,11 +104,11 @@ def test_serve_help_lists_vllm_serve_arguments():
 
 
 def test_clover_server_via_spec_shorthands_matches_vanilla_and_reports_drafts(
-        server, untrained_clover, tmp_path):
+        server, clover_heads, tmp_path):
     """`--spec-method clover --spec-model DIR --spec-tokens K`; greedy text = vanilla text."""
     prompt = "Give me three tips for staying healthy."
     vanilla = _chat(server["base"], prompt, max_tokens=64)["choices"][0]["message"]["content"]
-    args = ["--spec-method", "clover", "--spec-model", str(untrained_clover), "--spec-tokens", "3"]
+    args = ["--spec-method", "clover", "--spec-model", str(clover_heads), "--spec-tokens", "3"]
     with running_server(tmp_path / "clover.log", args) as clover:
         reply = _chat(clover["base"], prompt, max_tokens=64)
         metrics = _get(clover["base"] + "/metrics")
