@@ -50,12 +50,38 @@ def build_parser() -> argparse.ArgumentParser:
                         "(all `vllm serve` arguments; try `vllm-clover serve --help`)",
                         add_help=False)
 
-    demo = commands.add_parser("demo", help="generate with the reference target on MT-Bench")
+    demo = commands.add_parser("demo", help="Clover vs vanilla on MT-Bench with the reference "
+                               "target: output equality, acceptance, speedup")
     demo.add_argument("--num-prompts", type=int, default=8)
-    demo.add_argument("--max-tokens", type=int, default=64)
+    demo.add_argument("--max-tokens", type=int, default=128)
+    demo.add_argument("--batch-size", type=int, default=1, help="vLLM max_num_seqs")
+    demo.add_argument("--heads", help="Clover checkpoint (default: the bundled reference heads)")
     demo.add_argument("--cache-dir")
     add_training_commands(commands)
+
+    export = commands.add_parser("export-medusa", help="write Medusa-configured heads (train "
+                                 "--medusa) in vLLM's native Medusa format")
+    export.add_argument("--heads", required=True, help="checkpoint written by train --medusa")
+    export.add_argument("--target", required=True, help="the target they were trained for")
+    export.add_argument("--out", required=True)
+    export.add_argument("--overwrite", action="store_true")
     return parser
+
+
+def export_medusa_command(heads: str, target: str, out: str, overwrite: bool) -> None:
+    """Medusa heads -> vLLM `MedusaModel` folder (serve with `{"method": "medusa", ...}`)."""
+    import torch
+
+    from vllm_clover.modeling import export_medusa, load_clover
+    from vllm_clover.training.teacher import load_teacher
+
+    teacher = load_teacher(target, torch.device("cpu"), torch.float32)
+    try:  # CloverCheckpointError is a ValueError, as is "not a Medusa configuration"
+        model = load_clover(heads, teacher.lm_head)
+        export_medusa(model, model.config, out, teacher.lm_head, overwrite=overwrite)
+    except (ValueError, FileExistsError) as err:
+        raise TrainingError(str(err)) from err
+    print(f"wrote vLLM Medusa heads to {out}")
 
 
 def add_training_commands(commands: argparse._SubParsersAction) -> None:
@@ -101,10 +127,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "fetch":
             fetch(args.assets, args.cache_dir, args.force)
+        elif args.command == "export-medusa":
+            export_medusa_command(args.heads, args.target, args.out, args.overwrite)
         elif args.command == "demo":
             from vllm_clover.demo import run_demo
 
-            run_demo(args.num_prompts, args.max_tokens, args.cache_dir)
+            run_demo(args.num_prompts, args.max_tokens, args.cache_dir, args.heads, args.batch_size)
         else:
             run_training_command(args)
     except TrainingError as err:

@@ -1,12 +1,16 @@
 """`vllm-clover demo`: the project's main job on the bundled reference target.
 
-Today it runs plain vLLM generation (the Clover proposer is not there yet) on MT-Bench first
-turns, checks the model's answer to a known question, and prints throughput.
+Generates the same MT-Bench answers twice through vLLM, once plainly and once with Clover
+speculative decoding, and prints what a user wants to know: are the outputs identical (they
+must be, greedy), how many tokens each verification step yields (tau), and the speedup.
 """
 
 from __future__ import annotations
 
+import os
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 from vllm_clover.assets.data import fetch_mtbench, mtbench_questions
 from vllm_clover.assets.target import fetch_reference_target
@@ -14,31 +18,77 @@ from vllm_clover.engine import start_llm
 
 SANITY_QUESTION = "What is the capital of France?"
 SANITY_ANSWER = "Paris"
+# The reference heads committed with the repository (present in a source checkout).
+REFERENCE_HEADS = Path(__file__).resolve().parents[1] / "checkpoints" / "smollm2-135m-instruct-clover"
 
 
-def run_demo(num_prompts: int, max_tokens: int, cache_dir: str | None = None) -> None:
+@dataclass
+class Run:
+    """One generation pass: token ids per prompt, wall time, spec-decode counters."""
+
+    tokens: list[list[int]]
+    seconds: float
+    metrics: dict[str, float | list[int]]
+
+    @property
+    def tokens_per_second(self) -> float:
+        return sum(map(len, self.tokens)) / self.seconds
+
+
+def generate(target: Path, chats: list, max_tokens: int, batch_size: int, spec=None) -> Run:
+    """Start an engine, generate greedily for `chats`, tear the engine down."""
     from vllm import SamplingParams
 
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process
+    llm = start_llm(str(target), speculative_config=spec, max_num_seqs=batch_size,
+                    disable_log_stats=False)
+    greedy = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    llm.chat(chats[:1], SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)  # warm-up
+    started = time.perf_counter()
+    outputs = llm.chat(chats, greedy, use_tqdm=False)
+    seconds = time.perf_counter() - started
+    metrics = {m.name.removeprefix("vllm:spec_decode_"): getattr(m, "values", None)
+               or m.value for m in llm.get_metrics() if "spec_decode" in m.name}
+    sanity = llm.chat([{"role": "user", "content": SANITY_QUESTION}], greedy, use_tqdm=False)
+    if SANITY_ANSWER not in sanity[0].outputs[0].text:
+        raise SystemExit(f"sanity check failed: {sanity[0].outputs[0].text!r}")
+    del llm
+    return Run([list(o.outputs[0].token_ids) for o in outputs], seconds, metrics)
+
+
+def report(vanilla: Run, clover: Run, num_heads: int) -> None:
+    drafts = clover.metrics.get("num_drafts") or 0
+    accepted = clover.metrics.get("num_accepted_tokens") or 0
+    per_position = clover.metrics.get("num_accepted_tokens_per_pos") or []
+    same = sum(a == b for a, b in zip(vanilla.tokens, clover.tokens))
+    print(f"\ngreedy outputs identical to vanilla: {same}/{len(vanilla.tokens)} prompts")
+    if drafts:
+        print(f"mean acceptance length tau = 1 + accepted/drafts = {1 + accepted / drafts:.2f} "
+              f"tokens per step (K = {num_heads} drafts)")
+        rates = ", ".join(f"{n / drafts:.2f}" for n in per_position)
+        print(f"acceptance rate per draft position: {rates}")
+    print(f"vanilla: {vanilla.tokens_per_second:6.1f} tokens/s\n"
+          f"clover : {clover.tokens_per_second:6.1f} tokens/s  "
+          f"(speedup {clover.tokens_per_second / vanilla.tokens_per_second:.2f}x, same run)")
+
+
+def run_demo(num_prompts: int, max_tokens: int, cache_dir: str | None = None,
+             heads: str | None = None, batch_size: int = 1) -> None:
     target = fetch_reference_target(cache_dir)
     questions = mtbench_questions(fetch_mtbench(cache_dir))[:num_prompts]
-    started = time.perf_counter()
-    llm = start_llm(str(target))
-    print(f"\nengine started in {time.perf_counter() - started:.1f} s")
+    chats = [[{"role": "user", "content": q.turns[0]}] for q in questions]
+    heads_dir = Path(heads) if heads else REFERENCE_HEADS
+    print(f"reference target: {target}\n{len(chats)} MT-Bench prompts, {max_tokens} new tokens "
+          f"each, batch size {batch_size}, greedy, float32")
+    vanilla = generate(target, chats, max_tokens, batch_size)
+    print(f"sanity: {SANITY_QUESTION!r} -> contains {SANITY_ANSWER!r} [ok]")
+    if not (heads_dir / "config.json").is_file():
+        print(f"\nno Clover heads at {heads_dir} (pass --heads DIR): vanilla only, "
+              f"{vanilla.tokens_per_second:.1f} tokens/s")
+        return
+    from vllm_clover.modeling.checkpoint import load_clover_config
 
-    greedy = SamplingParams(temperature=0.0, max_tokens=max_tokens)
-    sanity = llm.chat([{"role": "user", "content": SANITY_QUESTION}], greedy)[0].outputs[0].text
-    verdict = "ok" if SANITY_ANSWER in sanity else "UNEXPECTED"
-    print(f"sanity [{verdict}]: {SANITY_QUESTION!r} -> {sanity!r}")
-
-    conversations = [[{"role": "user", "content": q.turns[0]}] for q in questions]
-    started = time.perf_counter()
-    outputs = llm.chat(conversations, greedy, use_tqdm=False)
-    seconds = time.perf_counter() - started
-    generated = sum(len(o.outputs[0].token_ids) for o in outputs)
-    for question, output in zip(questions, outputs):
-        text = output.outputs[0].text.strip().replace("\n", " ")
-        print(f"\n[{question.category}] {question.turns[0][:70]}...\n  -> {text[:160]}...")
-    print(f"\nvanilla decoding: {len(outputs)} prompts, {generated} tokens in {seconds:.1f} s "
-          f"= {generated / seconds:.1f} tokens/s (batch of {len(outputs)}, temperature 0)")
-    if verdict != "ok":
-        raise SystemExit(f"sanity check failed: expected {SANITY_ANSWER!r} in {sanity!r}")
+    num_heads = load_clover_config(heads_dir).num_heads
+    spec = {"method": "clover", "model": str(heads_dir), "num_speculative_tokens": num_heads}
+    clover = generate(target, chats, max_tokens, batch_size, spec)
+    report(vanilla, clover, num_heads)

@@ -47,9 +47,11 @@ def test_batched_greedy_equals_one_at_a_time(llm, mtbench_path):
     assert batched == alone
 
 
-def test_demo_command_prints_a_correct_generation(reference_target):
-    code = "from vllm_clover.cli import main; import sys; sys.exit(main(['demo', " \
-           "'--num-prompts', '2', '--max-tokens', '16']))"
+def test_demo_command_compares_clover_with_vanilla(reference_target, clover_heads):
+    """The README's main job, small: both runs, identical greedy outputs, figures printed."""
+    code = ("from vllm_clover.cli import main; import sys; sys.exit(main(['demo', "
+            f"'--num-prompts', '2', '--max-tokens', '16', '--heads', '{clover_heads}']))")
     output = run_python(f"if __name__ == '__main__':\n    {code}")
-    assert "sanity [ok]" in output and "Paris" in output
-    assert "vanilla decoding: 2 prompts, 32 tokens" in output
+    assert "contains 'Paris' [ok]" in output
+    assert "greedy outputs identical to vanilla: 2/2 prompts" in output
+    assert "mean acceptance length tau" in output and "speedup" in output

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from vllm_clover.cli import main
-from vllm_clover.modeling import draft_vocab_from_counts, export_medusa, load_clover
+from vllm_clover.modeling import draft_vocab_from_counts, load_clover
 from vllm_clover.training import TrainConfig, TrainingError, train
 from vllm_clover.training.data import (
     load_conversations,
@@ -96,7 +96,13 @@ def test_draft_vocab_medusa_and_eval_heads(tiny, tmp_path: Path, capsys) -> None
     assert torch.equal(weights(clover.out)["draft_vocab_ids"], expected)
     medusa_heads = load_clover(medusa.out, teacher.lm_head)
     assert medusa_heads.config.is_medusa  # and exportable to vLLM's native Medusa format:
-    export_medusa(medusa_heads, medusa_heads.config, tmp_path / "native", teacher.lm_head)
+    assert main(["export-medusa", "--heads", str(medusa.out), "--target", str(tiny["target"]),
+                 "--out", str(tmp_path / "native")]) == 0
+    native = json.loads((tmp_path / "native" / "config.json").read_text())
+    assert native["architectures"] == ["MedusaModel"] and native["num_heads"] == 3
+    assert main(["export-medusa", "--heads", str(clover.out), "--target", str(tiny["target"]),
+                 "--out", str(tmp_path / "not-medusa")]) == 2  # Clover heads are refused
+    assert not (tmp_path / "not-medusa").exists()
     capsys.readouterr()
     metrics = tmp_path / "metrics.json"
     code = main(["eval-heads", "--target", str(tiny["target"]), "--heads", str(clover.out),
