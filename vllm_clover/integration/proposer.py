@@ -28,6 +28,12 @@ logger = init_logger("vllm.clover.proposer")
 
 
 class CloverProposer(EagleProposer):
+    def __init__(self, vllm_config, device: torch.device, runner=None) -> None:
+        super().__init__(vllm_config, device, runner)
+        # Set by propose() for the one _sample_draft_tokens() call the base class makes.
+        self._chain_length = 0  # K of this step
+        self._chain_start: torch.Tensor | None = None  # [num_reqs] t0 per request
+
     def propose(
         self,
         num_speculative_tokens: int,
@@ -88,7 +94,7 @@ class CloverProposer(EagleProposer):
         vocab = config.vocab_size
         lm_head = target_language_model.lm_head.weight[:vocab]  # drop vLLM's vocab padding
         embedding = None
-        if config.regressive_embedding == "input_embedding":
+        if config.needs_input_embedding:
             embedding = target_language_model.model.embed_tokens.weight[:vocab]
         path = self.speculative_config.model
         try:

@@ -235,10 +235,7 @@ def _check_target_shapes(
         raise CloverCheckpointError(
             f"{path}: input_embedding shape {tuple(input_embedding.shape)} != {(vocab, hidden)}"
         )
-    needs_embedding = (
-        config.use_regressive_connection and config.regressive_embedding == "input_embedding"
-    )
-    if needs_embedding and input_embedding is None:
+    if config.needs_input_embedding and input_embedding is None:
         raise CloverCheckpointError(
             f"{path}: regressive_embedding='input_embedding' needs the target input embedding"
         )

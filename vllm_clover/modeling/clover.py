@@ -181,10 +181,7 @@ class CloverHeads(nn.Module):
                 raise ValueError(
                     f"{name} has shape {tuple(w.shape)}, expected (vocab, hidden) = {expected}"
                 )
-        needs_embedding = (
-            cfg.use_regressive_connection and cfg.regressive_embedding == "input_embedding"
-        )
-        if needs_embedding and input_embedding is None:
+        if cfg.needs_input_embedding and input_embedding is None:
             raise ValueError(
                 "regressive_embedding='input_embedding' needs the target input embedding"
             )

@@ -163,6 +163,11 @@ class CloverConfig(PretrainedConfig):
 
     # ------------------------------------------------------------------ views
     @property
+    def needs_input_embedding(self) -> bool:
+        """True when the heads read the target's input-embedding table (not only its LM head)."""
+        return self.use_regressive_connection and self.regressive_embedding == "input_embedding"
+
+    @property
     def is_medusa(self) -> bool:
         """True when all three Clover components are off (= Medusa-1 heads)."""
         return not (
