@@ -164,3 +164,18 @@ def test_train_flags_round_trip() -> None:
                 or medusa.augmenting_block)
     with pytest.raises(TrainingError, match="--num-heads"):
         TrainConfig(target="t", out="o", num_heads=0)
+
+
+def test_command_line_rebuilds_the_config() -> None:
+    import argparse
+    import shlex
+
+    from vllm_clover.training.config import to_command_line
+
+    cfg = TrainConfig(target="t", out="o dir", medusa=True, attention_decoder=False,
+                      draft_vocab_size=64, lr=3e-4)
+    line = to_command_line(cfg)
+    assert line.startswith("vllm-clover train ") and "--no-attention-decoder" in line
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, TrainConfig)
+    assert from_args(parser.parse_args(shlex.split(line)[2:]), TrainConfig) == cfg

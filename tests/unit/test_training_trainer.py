@@ -57,6 +57,8 @@ def test_train_writes_a_loadable_checkpoint_with_card(tiny, tmp_path: Path) -> N
     assert heads.config.num_heads == 3 and heads.config.use_augmenting_block
     card = (result.out / "README.md").read_text()
     assert "Held-out evaluation" in card and "| held-out |" in card
+    assert "| command | `vllm-clover train --target" in card and "--epochs 6" in card
+    assert "s in the training loop on cpu:" in card
     assert (tmp_path / "heads.train-state" / "state.pt").is_file()
     with pytest.raises(TrainingError, match="already exists"):
         train(config(tiny, tmp_path / "heads"))

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from vllm_clover.modeling import CloverConfig
-from vllm_clover.training.config import TrainConfig
+from vllm_clover.training.config import TrainConfig, to_command_line
 from vllm_clover.training.evaluate import format_table
 
 
@@ -45,6 +45,7 @@ LLM(model="{cfg.target}", speculative_config={{"method": "clover", "model": "<th
 
 | | |
 |---|---|
+| command | `{to_command_line(cfg)}` |
 | data | {cfg.data or "bundled ShareGPT"} |
 | sequences | {summary["train_sequences"]} train / {summary["eval_sequences"]} held-out, \
 max {cfg.max_seq_len} tokens |
@@ -56,6 +57,7 @@ head weights {cfg.head_weight_base}^i; \
 | optimiser | AdamW(0.9, 0.999) lr {cfg.lr}, warmup {cfg.warmup_fraction:.0%} then cosine, \
 clip {cfg.grad_clip} |
 | final train loss | {summary["final_loss"]:.4f} |
+| wall time | {summary["seconds"]:.0f} s in the training loop on {summary["hardware"]} |
 
 ## Held-out evaluation (teacher-forced, vs the target's argmax)
 

@@ -184,6 +184,28 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type = TrainConfig) -> N
         parser.add_argument(flag, **kwargs)
 
 
+def to_command_line(config: Any, command: str = "vllm-clover train") -> str:
+    """The flags that rebuild ``config`` (a dataclass), by the rules of ``add_arguments``.
+
+    Only fields that differ from their default are written. Example:
+    TrainConfig(target="t", out="o", medusa=True) -> "vllm-clover train --target t --out o
+    --medusa"; attention_decoder=False -> "--no-attention-decoder".
+    """
+    import shlex
+
+    hints = typing.get_type_hints(type(config))
+    words = command.split()
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if f.default is not dataclasses.MISSING and value == f.default:
+            continue
+        if hints[f.name] is bool:
+            words.append(_flag(("no_" if f.default else "") + f.name))
+        elif value is not None:
+            words += [_flag(f.name), str(value)]
+    return shlex.join(words)
+
+
 def from_args(args: argparse.Namespace, cls: type = TrainConfig) -> Any:
     """The dataclass ``cls`` built from parsed flags (see ``add_arguments``)."""
     return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})

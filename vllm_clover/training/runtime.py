@@ -126,3 +126,12 @@ def _proc_status_bytes(field: str) -> int | None:
         if line.startswith(field):
             return int(line.split()[1]) * 1024  # kB
     return None
+
+
+def describe_hardware(device: torch.device) -> str:
+    """A short description for model cards, e.g. "cpu: x86_64, 2 threads" or "cuda: NVIDIA H100"."""
+    import platform
+
+    if device.type == "cuda":
+        return f"cuda: {torch.cuda.get_device_name(device)}"
+    return f"cpu: {platform.machine()}, {torch.get_num_threads()} threads"

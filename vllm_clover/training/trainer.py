@@ -41,6 +41,7 @@ from vllm_clover.training.pipeline import DataSpec, Prepared, prepare
 from vllm_clover.training.runtime import (
     Runtime,
     current_memory_bytes,
+    describe_hardware,
     init_runtime,
     peak_memory_bytes,
     reset_peak_memory,
@@ -261,13 +262,15 @@ class TrainLoop:
         out = None
         if step == len(self.plan):
             evaluation = self.evaluate()
-            out = self.finish(step, tokens_seen, evaluation)
+            out = self.finish(step, tokens_seen, evaluation, seconds)
         return TrainResult(out, step, tokens_seen, seconds, tokens_now / max(seconds, 1e-9),
                            start_memory, peak, evaluation, self.history)
 
-    def finish(self, steps: int, tokens_seen: int, evaluation: dict[str, Any] | None) -> Path:
+    def finish(self, steps: int, tokens_seen: int, evaluation: dict[str, Any] | None,
+               seconds: float) -> Path:
         """Write the final checkpoint (rank 0) with its model card; atomic."""
         summary = {"eval": evaluation, "steps": steps, "tokens_seen": tokens_seen,
+                   "seconds": seconds, "hardware": describe_hardware(self.runtime.device),
                    "train_sequences": len(self.prepared.train),
                    "eval_sequences": len(self.prepared.eval), "world_size": self.runtime.world_size,
                    "final_loss": self.history[-1]["loss"] if self.history else float("nan")}
