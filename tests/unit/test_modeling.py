@@ -412,3 +412,18 @@ def test_modeling_does_not_import_vllm() -> None:
     )
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     assert subprocess.run([sys.executable, "-c", code], env=env, check=False).returncode == 0
+
+
+def test_draft_vocab_rows_are_gathered_once_and_refreshed_on_change():
+    model = CloverHeads(tiny_config(draft_vocab_size=16))
+    model.set_draft_vocab(torch.arange(16) * 3)
+    lm_head = torch.randn(V, D)
+    model.attach_target(lm_head)
+    first = model.vocab_weight()
+    assert model.vocab_weight() is first  # cached between drafting steps
+    assert torch.equal(first, lm_head[torch.arange(16) * 3])
+    model.draft_vocab_ids.copy_(torch.arange(16))  # e.g. load_state_dict, in place
+    assert torch.equal(model.vocab_weight(), lm_head[:16])
+    other = torch.randn(V, D)
+    model.attach_target(other)
+    assert torch.equal(model.vocab_weight(), other[:16])
