@@ -25,8 +25,7 @@ from pathlib import Path
 
 import torch
 
-HEADS = Path(__file__).resolve().parents[1] / "checkpoints" / "smollm2-135m-instruct-clover"
-
+from vllm_clover.assets.target import REFERENCE_HEADS
 
 def seconds_per_step(target: str, batch: int, max_tokens: int, spec: dict | None) -> float:
     """Wall seconds per decoding step for `batch` equal-length requests (after a warm-up)."""
@@ -75,7 +74,7 @@ def head_loop_seconds(heads_dir: Path, batch: int, full_vocab: bool, repeats: in
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--heads", type=Path, default=HEADS)
+    parser.add_argument("--heads", type=Path, default=REFERENCE_HEADS)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--max-tokens", type=int, default=48)
     args = parser.parse_args()

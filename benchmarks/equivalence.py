@@ -15,6 +15,8 @@ import json
 import os
 from pathlib import Path
 
+from vllm_clover.assets.target import REFERENCE_HEADS
+
 NEAR_TIE = 1e-4
 
 
@@ -63,8 +65,7 @@ def compare(vanilla: list[list[int]], gaps: list[list[float]], clover: list[list
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--heads", default=str(Path(__file__).resolve().parents[1] / "checkpoints"
-                                               / "smollm2-135m-instruct-clover"))
+    parser.add_argument("--heads", default=str(REFERENCE_HEADS))
     parser.add_argument("--num-prompts", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 16, 64])

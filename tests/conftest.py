@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from vllm_clover.assets.data import fetch_mtbench, fetch_sharegpt
-from vllm_clover.assets.target import fetch_reference_target
+from vllm_clover.assets.target import REFERENCE_HEADS, fetch_reference_target
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -84,9 +84,6 @@ def make_untrained_clover(target_dir: Path, out_dir: Path, num_heads: int = 4,
     if draft_vocab_size:
         heads.set_draft_vocab(torch.arange(draft_vocab_size) * (49152 // draft_vocab_size))
     return save_clover(heads, config, out_dir, model_card="untrained test heads")
-
-
-REFERENCE_HEADS = REPO / "checkpoints" / "smollm2-135m-instruct-clover"
 
 
 @pytest.fixture(scope="session")

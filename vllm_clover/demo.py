@@ -13,13 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vllm_clover.assets.data import fetch_mtbench, mtbench_questions
-from vllm_clover.assets.target import fetch_reference_target
+from vllm_clover.assets.target import REFERENCE_HEADS, fetch_reference_target
 from vllm_clover.engine import start_llm
 
 SANITY_QUESTION = "What is the capital of France?"
 SANITY_ANSWER = "Paris"
-# The reference heads committed with the repository (present in a source checkout).
-REFERENCE_HEADS = Path(__file__).resolve().parents[1] / "checkpoints" / "smollm2-135m-instruct-clover"
 
 
 @dataclass

@@ -1,13 +1,11 @@
 """The real vLLM engine generates correctly from the offline reference target."""
 
-import os
-
 import pytest
 
 from vllm_clover.assets.data import mtbench_questions
 from vllm_clover.demo import SANITY_ANSWER, SANITY_QUESTION
 
-from conftest import run_python
+from conftest import in_process_llm, run_python
 
 pytestmark = pytest.mark.engine
 
@@ -15,15 +13,8 @@ pytestmark = pytest.mark.engine
 @pytest.fixture(scope="module")
 def llm(reference_target):
     """One in-process engine for the module (2-3 s start instead of ~20 s)."""
-    saved = dict(os.environ)
-    os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1")
-    from vllm_clover.engine import start_llm
-
-    engine = start_llm(str(reference_target), max_num_seqs=16)
-    yield engine
-    del engine
-    os.environ.clear()
-    os.environ.update(saved)
+    with in_process_llm(reference_target, max_num_seqs=16) as engine:
+        yield engine
 
 
 def _greedy(max_tokens):
