@@ -42,15 +42,31 @@ def vanilla_tokens(reference_target, mtbench_path):
     return [list(o.outputs[0].token_ids) for o in outputs]
 
 
-@pytest.mark.parametrize("max_num_seqs", [1, 4, 16])
+def _head_loop_dtype(llm) -> str:
+    (dtype,) = set(llm.collective_rpc(
+        lambda worker: str(worker.model_runner.drafter.model.heads.dtype)))
+    return dtype
+
+
+# The head loop runs in bf16 by default on CPUs with bf16 units ("auto"), float32 on request.
+@pytest.mark.parametrize("max_num_seqs,draft_dtype",
+                         [(1, "auto"), (4, "auto"), (16, "auto"), (4, "float32")])
 def test_greedy_output_equals_vanilla(reference_target, clover_heads, clover_num_heads,
-                                      mtbench_path, vanilla_tokens, max_num_seqs):
+                                      mtbench_path, vanilla_tokens, max_num_seqs, draft_dtype,
+                                      monkeypatch):
+    import torch
+
+    from vllm_clover.integration.model import drafting_dtype
+
+    monkeypatch.setenv("CLOVER_DRAFT_DTYPE", draft_dtype)
     spec = {"method": "clover", "model": str(clover_heads),
             "num_speculative_tokens": clover_num_heads}
     num_prompts = 8 if max_num_seqs == 1 else 16
     with in_process_llm(reference_target, speculative_config=spec, max_num_seqs=max_num_seqs,
                         disable_log_stats=False) as llm:
         assert _drafter_name(llm) == "CloverProposer"
+        expected = drafting_dtype(torch.float32, torch.device("cpu"), draft_dtype)
+        assert _head_loop_dtype(llm) == str(expected)
         outputs = llm.chat(_chats(mtbench_path, num_prompts), _greedy(48), use_tqdm=False)
         metrics = _spec_metrics(llm)
     assert [list(o.outputs[0].token_ids) for o in outputs] == vanilla_tokens[:num_prompts]

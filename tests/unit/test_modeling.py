@@ -427,3 +427,17 @@ def test_draft_vocab_rows_are_gathered_once_and_refreshed_on_change():
     other = torch.randn(V, D)
     model.attach_target(other)
     assert torch.equal(model.vocab_weight(), other[:16])
+
+
+def test_bf16_heads_score_bf16_rows_of_an_fp32_lm_head():
+    """Drafting in bf16 on an fp32 target: the gathered rows follow the heads' dtype."""
+    model = CloverHeads(tiny_config(draft_vocab_size=16)).to(torch.bfloat16)
+    model.set_draft_vocab(torch.arange(16) * 3)
+    lm_head = torch.randn(V, D)  # the target's, float32, shared
+    model.attach_target(lm_head)
+    rows = model.vocab_weight()
+    assert rows.dtype == torch.bfloat16
+    assert torch.equal(rows, lm_head[torch.arange(16) * 3].to(torch.bfloat16))
+    drafts = model.propose(torch.randn(3, D), torch.tensor([1, 2, 3]), 2)  # fp32 h0 in
+    assert drafts.shape == (3, 2) and drafts.dtype == torch.int64
+    assert set(drafts.flatten().tolist()) <= set((torch.arange(16) * 3).tolist())

@@ -35,6 +35,19 @@ def test_patches_apply_once_and_admit_clover():
     assert "clover" in str(SpeculativeConfig.__dataclass_fields__["method"].type)
 
 
+def test_async_scheduling_admits_clover_like_eagle():
+    """The config check that decides async scheduling sees Clover as an EAGLE-style method."""
+    from typing import get_args
+
+    from vllm.config import vllm as config_module
+
+    patches.apply_patches()
+    patches.apply_patches()
+    methods = get_args(config_module.EagleModelTypes)
+    assert "clover" in methods and "eagle" in methods
+    assert methods.count("clover") == 1
+
+
 def test_patches_refuse_another_vllm(monkeypatch):
     monkeypatch.setattr(patches, "check_vllm_version", lambda: "0.33.0")
     with pytest.raises(RuntimeError, match="written for vLLM 0.32.0, found 0.33.0"):

@@ -16,6 +16,8 @@ from vllm_clover.modeling.checkpoint import CONFIG_NAME, CloverCheckpointError, 
 from vllm_clover.modeling.config import CloverConfig
 
 CLOVER_MODEL_TYPE = "clover"
+DRAFT_DTYPE_ENV = "CLOVER_DRAFT_DTYPE"  # dtype of the head loop, see model.drafting_dtype
+DRAFT_DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 # vLLM routes draft paths containing these substrings to other methods (config/speculative.py).
 ROUTED_PATH_SUBSTRINGS = ("eagle-", "eagle3", "dflash", "dspark")
 
@@ -31,6 +33,15 @@ def is_clover_checkpoint(model: str | None) -> bool:
     return config.get("model_type") == CLOVER_MODEL_TYPE
 
 
+def draft_dtype_setting() -> str:
+    """$CLOVER_DRAFT_DTYPE (default "auto"), or a ValueError naming the allowed values."""
+    setting = os.environ.get(DRAFT_DTYPE_ENV, "auto")
+    if setting not in DRAFT_DTYPE_CHOICES:
+        raise ValueError(f"{DRAFT_DTYPE_ENV}={setting!r} is not one of "
+                         f"{', '.join(DRAFT_DTYPE_CHOICES)}")
+    return setting
+
+
 def check_clover_spec(
     model: str | None, num_speculative_tokens: int | None, target_hf_config
 ) -> CloverConfig:
@@ -40,6 +51,7 @@ def check_clover_spec(
     missing/corrupt config or weights, wrong weight names or shapes, hidden size or vocab
     of another target, K larger than the trained heads.
     """
+    draft_dtype_setting()
     if not model:
         raise CloverCheckpointError('speculative_config method "clover" needs "model": '
                                     "the folder of a Clover checkpoint")

@@ -56,6 +56,28 @@ def augmenting_layer_config(config: CloverConfig) -> LlamaConfig:
     )
 
 
+DRAFT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def drafting_dtype(target_dtype: torch.dtype, device: torch.device, setting: str) -> torch.dtype:
+    """The dtype the head loop runs in (the Augmenting Block always runs in the target's).
+
+    setting: "auto" or a key of DRAFT_DTYPES (checks.draft_dtype_setting, from
+    $CLOVER_DRAFT_DTYPE). "auto" picks bfloat16 for a float32 target on a CPU with native
+    bf16 matmul (AMX / AVX512-BF16): each head step reads N x D LM-head rows, and in bf16
+    that is half the bytes and runs on the bf16 units. Drafts only propose; vLLM's
+    rejection sampler verifies them against the float32 target, so the output is unchanged
+    (greedy: token for token). Examples: (float32, cpu, "auto") -> bfloat16 on this
+    project's Xeon; (bfloat16, cuda, "auto") -> bfloat16; (float32, cpu, "float32") -> float32.
+    """
+    if setting != "auto":
+        return DRAFT_DTYPES[setting]
+    native_bf16 = device.type == "cpu" and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    if target_dtype == torch.float32 and native_bf16:
+        return torch.bfloat16
+    return target_dtype
+
+
 def heads_only_config(config: CloverConfig) -> CloverConfig:
     """The same Clover config with the Augmenting Block off: what `CloverHeads` runs here."""
     heads = copy.deepcopy(config)

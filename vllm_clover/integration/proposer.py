@@ -22,6 +22,8 @@ from torch import nn
 from vllm.logger import init_logger
 from vllm.v1.spec_decode.eagle import EagleProposer
 
+from vllm_clover.integration.checks import DRAFT_DTYPE_ENV, draft_dtype_setting
+from vllm_clover.integration.model import drafting_dtype
 from vllm_clover.modeling.checkpoint import CloverCheckpointError, check_target_fits
 
 logger = init_logger("vllm.clover.proposer")
@@ -104,4 +106,9 @@ class CloverProposer(EagleProposer):
             logger.error("Clover checkpoint %s does not fit target %s", path,
                          self.vllm_config.model_config.model)
             raise
+        setting = draft_dtype_setting()
+        dtype = drafting_dtype(lm_head.dtype, lm_head.device, setting)
+        logger.info("Clover: head loop in %s, target in %s (%s=%s)", dtype, lm_head.dtype,
+                    DRAFT_DTYPE_ENV, setting)
+        self.model.heads.to(dtype)  # before attach_target: .to() would copy the shared rows
         self.model.heads.attach_target(lm_head, embedding)

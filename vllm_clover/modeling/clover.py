@@ -227,17 +227,18 @@ class CloverHeads(nn.Module):
     def vocab_weight(self) -> torch.Tensor:
         """Rows of W_lm the heads score against: (N, D) (a gather when a draft vocab is set).
 
-        The gather (N x D, e.g. 19 MB for N = 8192, D = 576 in fp32) is done once and reused
-        while neither W_lm nor draft_vocab_ids changes (identity and in-place version), not
-        once per drafting step.
+        The gather (N x D, e.g. 19 MB for N = 8192, D = 576 in fp32) is done once, in the
+        heads' dtype (bf16 heads on an fp32 target score against bf16 rows: half the bytes
+        per drafting step), and reused while neither W_lm nor draft_vocab_ids changes
+        (identity and in-place version). The full vocabulary is W_lm itself, never copied.
         """
         w = self._lm_head()
         ids = self.draft_vocab_ids
         if ids is None:
             return w
-        key = (id(w), w._version, w.dtype, w.device, id(ids), ids._version)
+        key = (id(w), w._version, w.dtype, w.device, id(ids), ids._version, self.dtype)
         if self._draft_rows is None or self._draft_rows[0] != key:
-            self._draft_rows = (key, w.index_select(0, ids))
+            self._draft_rows = (key, w.index_select(0, ids).to(self.dtype))
         return self._draft_rows[1]
 
     def logits(self, z: torch.Tensor, vocab_weight: torch.Tensor | None = None) -> torch.Tensor:

@@ -85,6 +85,8 @@ def vllm_generator(target_path: str, cfg: GenerateConfig) -> Generate:
 
     # CPU: the project's float32 eager settings; GPU: the model's dtype and CUDA graphs.
     gpu = {"dtype": "auto", "enforce_eager": False} if torch.cuda.is_available() else {}
+    if cfg.dtype != "auto":
+        gpu["dtype"] = cfg.dtype
     llm = start_llm(target_path, max_model_len=cfg.max_model_len, seed=cfg.seed, **gpu)
     tokenizer = llm.get_tokenizer()
     params = SamplingParams(temperature=cfg.temperature, max_tokens=cfg.max_new_tokens,
