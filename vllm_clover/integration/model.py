@@ -27,6 +27,7 @@ from vllm.model_executor.models.utils import maybe_prefix
 
 from vllm_clover.modeling.clover import CloverHeads
 from vllm_clover.modeling.config import CloverConfig
+from vllm_clover.modeling.vocab_parallel import VocabParallelCloverHeads
 
 AUGMENTING_PREFIXES = ("layers.", "norm.")
 # Checkpoint projections that vLLM's Llama layer fuses: (fused param, checkpoint name, shard).
@@ -85,6 +86,16 @@ def heads_only_config(config: CloverConfig) -> CloverConfig:
     return heads
 
 
+def build_heads(config: CloverConfig, tensor_parallel_size: int) -> CloverHeads:
+    """The head loop: replicated on every rank; under TP its vocabulary operations read the
+    rank's LM-head shard and talk over the TP group (modeling/vocab_parallel.py)."""
+    if tensor_parallel_size == 1:
+        return CloverHeads(config)
+    from vllm.distributed import get_tp_group
+
+    return VocabParallelCloverHeads(config, group=get_tp_group().device_group)
+
+
 class CloverDraftModel(nn.Module):
     """Augmenting Block (vLLM layers, own KV cache) + Clover head loop (shared PyTorch)."""
 
@@ -103,7 +114,8 @@ class CloverDraftModel(nn.Module):
             for j in range(depth)
         )
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps) if depth else None
-        self.heads = CloverHeads(heads_only_config(config))
+        self.heads = build_heads(heads_only_config(config),
+                                 vllm_config.parallel_config.tensor_parallel_size)
 
     def forward(
         self,

@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from vllm.distributed import tensor_model_parallel_all_gather
 from vllm.logger import init_logger
 from vllm.v1.spec_decode.eagle import EagleProposer
 
 from vllm_clover.integration.checks import DRAFT_DTYPE_ENV, draft_dtype_setting
 from vllm_clover.integration.model import drafting_dtype
 from vllm_clover.modeling.checkpoint import CloverCheckpointError, check_target_fits
+from vllm_clover.modeling.vocab_parallel import VocabParallelCloverHeads
 
 logger = init_logger("vllm.clover.proposer")
 
@@ -88,27 +90,50 @@ class CloverProposer(EagleProposer):
 
     def _maybe_share_lm_head(self, target_language_model: nn.Module) -> None:
         """Attach the target's LM head (and input embedding) to the heads, after checking
-        that they are the ones the heads were trained for (shape and fingerprint)."""
+        that they are the ones the heads were trained for (shape and fingerprint).
+
+        Under tensor parallelism each rank attaches its own rows (no copy); the full LM
+        head is gathered once, here, for the fingerprint check only.
+        """
         config = self.model.config
-        if self.vllm_config.parallel_config.tensor_parallel_size != 1:
-            raise NotImplementedError("Clover supports tensor_parallel_size=1 only (the heads "
-                                      "read the whole, unsharded target LM head)")
-        vocab = config.vocab_size
-        lm_head = target_language_model.lm_head.weight[:vocab]  # drop vLLM's vocab padding
-        embedding = None
-        if config.needs_input_embedding:
-            embedding = target_language_model.model.embed_tokens.weight[:vocab]
+        heads = self.model.heads
+        lm_head, embedding = _target_tables(target_language_model, config)
+        if isinstance(heads, VocabParallelCloverHeads):
+            full_lm_head = tensor_model_parallel_all_gather(lm_head.weight, dim=0)
+            full_embedding = None if embedding is None else tensor_model_parallel_all_gather(
+                embedding.weight, dim=0)[: config.vocab_size]
+            self._check_fits(full_lm_head[: config.vocab_size], full_embedding)
+            del full_lm_head, full_embedding
+        else:
+            self._check_fits(lm_head.weight[: config.vocab_size],
+                             None if embedding is None else embedding.weight[: config.vocab_size])
+        setting = draft_dtype_setting()
+        dtype = drafting_dtype(lm_head.weight.dtype, lm_head.weight.device, setting)
+        logger.info("Clover: head loop in %s, target in %s (%s=%s)", dtype,
+                    lm_head.weight.dtype, DRAFT_DTYPE_ENV, setting)
+        heads.to(dtype)  # before attaching: .to() would copy the shared rows
+        if isinstance(heads, VocabParallelCloverHeads):
+            shard = lm_head.shard_indices  # this rank's real ids, vLLM's padding dropped
+            rows = slice(0, shard.num_org_elements)
+            heads.attach_shard(lm_head.weight[rows], shard.org_vocab_start_index,
+                               None if embedding is None else embedding.weight[rows])
+        else:
+            heads.attach_target(lm_head.weight[: config.vocab_size],
+                                None if embedding is None else
+                                embedding.weight[: config.vocab_size])
+
+    def _check_fits(self, lm_head: torch.Tensor, embedding: torch.Tensor | None) -> None:
         path = self.speculative_config.model
         try:
             # A served path never equals the recorded target name: the fingerprint decides.
-            check_target_fits(config, path, lm_head, embedding)
+            check_target_fits(self.model.config, path, lm_head, embedding)
         except CloverCheckpointError:
             logger.error("Clover checkpoint %s does not fit target %s", path,
                          self.vllm_config.model_config.model)
             raise
-        setting = draft_dtype_setting()
-        dtype = drafting_dtype(lm_head.dtype, lm_head.device, setting)
-        logger.info("Clover: head loop in %s, target in %s (%s=%s)", dtype, lm_head.dtype,
-                    DRAFT_DTYPE_ENV, setting)
-        self.model.heads.to(dtype)  # before attach_target: .to() would copy the shared rows
-        self.model.heads.attach_target(lm_head, embedding)
+
+
+def _target_tables(target_language_model: nn.Module, config) -> tuple[nn.Module, nn.Module | None]:
+    """The target's LM head layer and, if the heads read it, its input-embedding layer."""
+    embedding = target_language_model.model.embed_tokens if config.needs_input_embedding else None
+    return target_language_model.lm_head, embedding

@@ -258,10 +258,18 @@ class CloverHeads(nn.Module):
                 raise RuntimeError(
                     "CloverHeads: attach_target(..., input_embedding=...) is required"
                 )
-            return F.embedding(token_ids, self.input_embedding).to(self.dtype)
-        rows = F.embedding(token_ids, self._lm_head()).float()  # (..., D)
+            return self.lookup_rows(token_ids, self.input_embedding).to(self.dtype)
+        rows = self.lookup_rows(token_ids, self._lm_head()).float()  # (..., D)
         rows = rows * torch.rsqrt(rows.pow(2).mean(-1, keepdim=True) + self.config.rms_norm_eps)
         return rows.to(self.dtype)
+
+    def lookup_rows(self, token_ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+        """Rows of a (V, D) target table for ids (...,) -> (..., D); sharded under TP."""
+        return F.embedding(token_ids, table)
+
+    def greedy_tokens(self, z: torch.Tensor, vocab_weight: torch.Tensor) -> torch.Tensor:
+        """Target ids of the best-scoring rows: head features (N, D) -> (N,) int64."""
+        return self.draft_to_target(self.logits(z, vocab_weight).argmax(dim=-1))
 
     def augment(
         self, hidden_states: torch.Tensor, positions: torch.Tensor | None = None
@@ -344,7 +352,7 @@ class CloverHeads(nn.Module):
         h, prev, drafts = h0, t0, []
         for i in range(num_steps):
             h, z = self.step(i, h, h0, prev)
-            prev = self.draft_to_target(self.logits(z, w).argmax(dim=-1))  # (N,)
+            prev = self.greedy_tokens(z, w)  # (N,)
             drafts.append(prev)
         return torch.stack(drafts, dim=-1).long()  # (N, num_steps)
 

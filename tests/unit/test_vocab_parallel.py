@@ -1,0 +1,112 @@
+"""Tensor-parallel head loop: 2 gloo processes, each holding half the vocabulary, draft
+exactly what one process with the whole LM head drafts (float32, random trained-like weights).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from vllm_clover.modeling import CloverConfig, CloverHeads
+from vllm_clover.modeling.vocab_parallel import VocabParallelCloverHeads
+
+pytestmark = pytest.mark.unit
+
+D, V, K, N = 32, 50, 3, 16  # hidden, vocab, heads, batch rows
+# (rank 0's rows [0, SPLIT), rank 1's [SPLIT, V)), uneven like vLLM's padded shards
+SPLIT = 27
+
+
+def _config(**overrides) -> CloverConfig:
+    fields = dict(hidden_size=D, vocab_size=V, num_heads=K, num_attention_heads=4,
+                  num_key_value_heads=2, intermediate_size=48, decoder_num_heads=4,
+                  rope_theta=1e3, num_augmenting_layers=0, use_augmenting_block=False)
+    return CloverConfig(**{**fields, **overrides})
+
+
+def _weights(cfg: CloverConfig, low_ids: bool = False) -> tuple[dict, torch.Tensor, torch.Tensor]:
+    """Same random heads state, LM head and draft vocabulary in every process (seeded).
+
+    low_ids: draw the draft vocabulary from rank 0's ids only.
+    """
+    gen = torch.Generator().manual_seed(0)
+    heads = CloverHeads(cfg)
+    state = {k: 0.3 * torch.randn(v.shape, generator=gen) if v.is_floating_point() else v
+             for k, v in heads.state_dict().items()}
+    lm_head = torch.randn(V, D, generator=gen)
+    pool = SPLIT if low_ids else V
+    draft_ids = torch.randperm(pool, generator=gen)[: cfg.draft_vocab_size or V].sort().values
+    return state, lm_head, draft_ids
+
+
+def _drafts(heads: CloverHeads) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(1)
+    h0, t0 = torch.randn(N, D, generator=gen), torch.randint(0, V, (N,), generator=gen)
+    return heads.propose(h0, t0, K)  # (N, K)
+
+
+def _reference(cfg: CloverConfig, low_ids: bool = False) -> torch.Tensor:
+    state, lm_head, draft_ids = _weights(cfg, low_ids)
+    heads = CloverHeads(cfg)
+    heads.load_state_dict(state)
+    if cfg.draft_vocab_size:
+        heads.set_draft_vocab(draft_ids)
+    heads.attach_target(lm_head)
+    return _drafts(heads)
+
+
+def _rank_main(rank: int, port: int, cfg: CloverConfig, low_ids: bool, out: dict) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        state, lm_head, draft_ids = _weights(cfg, low_ids)
+        heads = VocabParallelCloverHeads(cfg)
+        heads.load_state_dict(state)
+        if cfg.draft_vocab_size:
+            heads.set_draft_vocab(draft_ids)
+        start, end = (0, SPLIT) if rank == 0 else (SPLIT, V)
+        heads.attach_shard(lm_head[start:end], start)
+        out[rank] = _drafts(heads)
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _sharded(cfg: CloverConfig, low_ids: bool = False) -> dict:
+    with mp.Manager() as manager:
+        out = manager.dict()
+        mp.spawn(_rank_main, args=(_free_port(), cfg, low_ids, out), nprocs=2, join=True)
+        return dict(out)
+
+
+@pytest.mark.parametrize("draft_vocab_size", [None, 20, 5])
+def test_two_ranks_draft_what_one_process_drafts(draft_vocab_size):
+    cfg = _config(draft_vocab_size=draft_vocab_size)
+    reference = _reference(cfg)
+    sharded = _sharded(cfg)
+    assert torch.equal(sharded[0], reference) and torch.equal(sharded[1], reference)
+
+
+def test_a_rank_without_draft_rows_still_takes_part():
+    """Draft vocabulary entirely inside rank 0's shard: rank 1 scores nothing."""
+    cfg = _config(draft_vocab_size=5)
+    assert int(_weights(cfg, low_ids=True)[2].max()) < SPLIT
+    sharded = _sharded(cfg, low_ids=True)
+    assert torch.equal(sharded[0], sharded[1])
+    assert torch.equal(sharded[0], _reference(cfg, low_ids=True))
+
+
+def test_a_shard_that_does_not_fit_is_refused():
+    heads = VocabParallelCloverHeads(_config())
+    with pytest.raises(ValueError, match="does not fit vocab 50"):
+        heads.attach_shard(torch.zeros(30, D), 25)

@@ -1,0 +1,105 @@
+"""The Clover head loop on one tensor-parallel rank, the target's vocabulary split by rows.
+
+Under tensor parallelism vLLM splits the target's LM head (and input embedding) by rows:
+rank r holds the rows of target ids [start_r, end_r). The head loop's small layers
+(Attention Decoder, per-head blocks: D x D each) are replicated on every rank; only the two
+vocabulary operations of a head step need the other ranks:
+
+    regressive embedding  e = W[x]: each rank looks up the ids it holds (zeros elsewhere),
+                          then all-reduce(sum): the full row on every rank (x + 0 is exact)
+    greedy draft          argmax_j z . W[j] over the draft vocabulary: each rank scores its
+                          own draft rows, then all-gather (best score, its id) and keep the
+                          best; ties go to the lowest id, as torch.argmax over all rows does
+
+Worked example: V = 10 on two ranks, [0, 5) and [5, 10); draft vocabulary [1, 4, 6, 9].
+Rank 0 scores rows 1 and 4 -> [0.2, 0.7], rank 1 rows 6 and 9 -> [0.7, 0.1]. Candidates:
+(0.7, id 4) from rank 0, (0.7, id 6) from rank 1 -> id 4 on both ranks, which is what
+argmax over [0.2, 0.7, 0.7, 0.1] picks unsharded. Two collectives per head step, on (N, D)
+and (N,) tensors; the (V, D) LM head is never gathered. Drafting only (`propose`): the
+teacher-forced `forward` of training is not sharded.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from vllm_clover.modeling.clover import CloverHeads
+from vllm_clover.modeling.config import CloverConfig
+
+
+class VocabParallelCloverHeads(CloverHeads):
+    """`CloverHeads` whose target tables are one rank's row shard [vocab_start, vocab_end)."""
+
+    def __init__(self, config: CloverConfig, group: dist.ProcessGroup | None = None) -> None:
+        super().__init__(config)
+        self.group = group  # the tensor-parallel group (None: the default group)
+        self.vocab_start, self.vocab_end = 0, config.vocab_size
+        # (key of its inputs, (n, D) this rank's draft rows, (n,) their target ids)
+        self._local_draft: tuple[tuple, torch.Tensor, torch.Tensor] | None = None
+
+    def attach_shard(
+        self,
+        lm_head_shard: torch.Tensor,
+        vocab_start: int,
+        input_embedding_shard: torch.Tensor | None = None,
+    ) -> None:
+        """Share this rank's rows (n, D) of the target tables, ids [vocab_start, +n).
+
+        Pass the rows of real ids only (drop vLLM's vocabulary padding).
+        """
+        n, d = lm_head_shard.shape
+        if d != self.config.hidden_size or not 0 <= vocab_start <= vocab_start + n <= (
+                self.config.vocab_size):
+            raise ValueError(f"LM-head shard {tuple(lm_head_shard.shape)} at id {vocab_start} "
+                             f"does not fit vocab {self.config.vocab_size} x hidden {d}")
+        if input_embedding_shard is not None and input_embedding_shard.shape != (n, d):
+            raise ValueError("the input-embedding shard must match the LM-head shard's shape")
+        if self.config.needs_input_embedding and input_embedding_shard is None:
+            raise ValueError(
+                "regressive_embedding='input_embedding' needs the target input embedding")
+        self.vocab_start, self.vocab_end = vocab_start, vocab_start + n
+        self.lm_head_weight = lm_head_shard.detach()
+        self.input_embedding = None if input_embedding_shard is None else (
+            input_embedding_shard.detach())
+
+    def lookup_rows(self, token_ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+        """Full rows (..., D) for ids (...,) from every rank's shard (one all-reduce)."""
+        held = (token_ids >= self.vocab_start) & (token_ids < self.vocab_end)  # (...,)
+        local = torch.where(held, token_ids - self.vocab_start, torch.zeros_like(token_ids))
+        rows = F.embedding(local, table) * held.unsqueeze(-1).to(table.dtype)  # (..., D)
+        dist.all_reduce(rows, group=self.group)
+        return rows
+
+    def vocab_weight(self) -> torch.Tensor:
+        """This rank's draft rows (n, D), n >= 0, in the heads' dtype; cached like the base."""
+        w = self._lm_head()
+        ids = self.draft_vocab_ids
+        key = (id(w), w._version, w.dtype, self.vocab_start, self.dtype,
+               None if ids is None else (id(ids), ids._version))
+        if self._local_draft is None or self._local_draft[0] != key:
+            if ids is None:
+                ids = torch.arange(self.vocab_start, self.vocab_end, device=w.device)
+            mine = ids[(ids >= self.vocab_start) & (ids < self.vocab_end)]  # (n,) sorted
+            rows = w.index_select(0, mine - self.vocab_start).to(self.dtype)
+            self._local_draft = (key, rows, mine)
+        return self._local_draft[1]
+
+    def greedy_tokens(self, z: torch.Tensor, vocab_weight: torch.Tensor) -> torch.Tensor:
+        """Target ids of the best draft rows over all ranks: z (N, D) -> (N,) int64."""
+        mine = self._local_draft[2]  # (n,) target ids of vocab_weight's rows
+        if mine.numel():
+            scores = self.logits(z, vocab_weight).float()  # (N, n)
+            best = scores.argmax(dim=-1)  # (N,) first maximum = lowest id among ties
+            score, token = scores.gather(-1, best[:, None]).squeeze(-1), mine[best]
+        else:  # this rank holds no draft row
+            score = z.new_full(z.shape[:1], float("-inf"), dtype=torch.float32)
+            token = torch.zeros(z.shape[:1], dtype=torch.long, device=z.device)
+        world = dist.get_world_size(self.group)
+        scores = [torch.empty_like(score) for _ in range(world)]
+        tokens = [torch.empty_like(token) for _ in range(world)]
+        dist.all_gather(scores, score, group=self.group)
+        dist.all_gather(tokens, token, group=self.group)
+        winner = torch.stack(scores).argmax(dim=0)  # (N,) rank; lower ranks hold lower ids
+        return torch.stack(tokens).gather(0, winner[None]).squeeze(0)  # (N,)
