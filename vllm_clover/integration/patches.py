@@ -27,7 +27,6 @@ affects every speculative method on CPU (ngram and Medusa too) at T > 0.
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -87,7 +86,9 @@ def _clover_post_init(original: Callable) -> Callable:
             self.method = CLOVER_METHOD  # detected from the checkpoint's model_type
         if self.method != CLOVER_METHOD:
             return original(self)
-        if os.environ.get("VLLM_USE_V2_MODEL_RUNNER") == "1":
+        from vllm import envs
+
+        if envs.VLLM_USE_V2_MODEL_RUNNER:  # vLLM reads it as bool(int(value))
             raise ValueError("Clover runs on vLLM's V1 model runner; unset "
                              "VLLM_USE_V2_MODEL_RUNNER=1 to use speculative method 'clover'")
         config = check_clover_spec(self.model, self.num_speculative_tokens,

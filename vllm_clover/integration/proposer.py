@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from vllm.config import CUDAGraphMode
 from vllm.distributed import tensor_model_parallel_all_gather
 from vllm.logger import init_logger
 from vllm.v1.spec_decode.eagle import EagleProposer
@@ -84,6 +85,16 @@ class CloverProposer(EagleProposer):
         heads = self.model.heads
         drafts = heads.propose(hidden_states, self._chain_start.long(), self._chain_length)
         return drafts.reshape(-1), None
+
+    def initialize_cudagraph_keys(self, cudagraph_mode: CUDAGraphMode) -> None:
+        """Run the Augmenting Block eagerly and unpadded, whatever the target's graph mode.
+
+        vLLM's drafter graphs are the piecewise pieces of a torch.compile'd draft model;
+        CloverDraftModel is not compiled, so a PIECEWISE dispatch would only pad the batch
+        to a capture size (and, with VLLM_USE_BREAKABLE_CUDAGRAPH=1, stream-capture the
+        block). The head loop runs after the model call and is never captured (docs/gpu.md).
+        """
+        super().initialize_cudagraph_keys(CUDAGraphMode.NONE)
 
     def _maybe_share_embeddings(self, target_language_model: nn.Module) -> None:
         """Clover has no token embedding of its own to share (see _maybe_share_lm_head)."""
