@@ -3,6 +3,7 @@
     vllm-clover fetch {smollm2-135m-instruct,sharegpt,mt-bench,all} [--cache-dir DIR] [--force]
     vllm-clover serve MODEL [any `vllm serve` argument ...]
     vllm-clover demo [--num-prompts N] [--max-tokens N]
+    vllm-clover bench [--quick] [--out DIR] [--clover NAME=DIR ...] [options]
     vllm-clover train --target DIR_OR_ID --out DIR [--data FILE] [options]   (also under torchrun)
     vllm-clover generate-data --target DIR_OR_ID --out FILE.jsonl [--data FILE] [options]
     vllm-clover eval-heads --target DIR_OR_ID --heads DIR [DIR ...] [--data FILE] [options]
@@ -18,6 +19,8 @@ from pathlib import Path
 from vllm_clover.assets.data import fetch_mtbench, fetch_sharegpt
 from vllm_clover.assets.target import REFERENCE_TARGET, fetch_reference_target
 from vllm_clover.assets.wheels import AssetError
+from vllm_clover.bench.config import BenchError
+from vllm_clover.bench.config import add_arguments as add_bench_arguments
 from vllm_clover.training.config import (
     EvalConfig,
     GenerateConfig,
@@ -57,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--batch-size", type=int, default=1, help="vLLM max_num_seqs")
     demo.add_argument("--heads", help="Clover checkpoint (default: the bundled reference heads)")
     demo.add_argument("--cache-dir")
+    bench = commands.add_parser("bench", help="vanilla, ngram, Medusa and Clover through vLLM "
+                                "on the same prompts: throughput, tau, acceptance, equality")
+    add_bench_arguments(bench)
     add_training_commands(commands)
 
     export = commands.add_parser("export-medusa", help="write Medusa-configured heads (train "
@@ -133,6 +139,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from vllm_clover.demo import run_demo
 
             run_demo(args.num_prompts, args.max_tokens, args.cache_dir, args.heads, args.batch_size)
+        elif args.command == "bench":
+            from vllm_clover.bench.runner import bench_command
+
+            bench_command(args, argv)
         else:
             run_training_command(args)
     except TrainingError as err:
@@ -140,6 +150,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except AssetError as err:
         print(f"vllm-clover: error: {err}", file=sys.stderr)
+        return 2
+    except BenchError as err:
+        print(f"vllm-clover bench: error: {err}", file=sys.stderr)
         return 2
     return 0
 

@@ -7,63 +7,39 @@ must be, greedy), how many tokens each verification step yields (tau), and the s
 
 from __future__ import annotations
 
-import os
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from vllm_clover.assets.data import fetch_mtbench, mtbench_questions
 from vllm_clover.assets.target import REFERENCE_HEADS, fetch_reference_target
-from vllm_clover.engine import start_llm
+from vllm_clover.bench.measure import Run, engine, identical_outputs, timed_chat
 
 SANITY_QUESTION = "What is the capital of France?"
 SANITY_ANSWER = "Paris"
-
-
-@dataclass
-class Run:
-    """One generation pass: token ids per prompt, wall time, spec-decode counters."""
-
-    tokens: list[list[int]]
-    seconds: float
-    metrics: dict[str, float | list[int]]
-
-    @property
-    def tokens_per_second(self) -> float:
-        return sum(map(len, self.tokens)) / self.seconds
 
 
 def generate(target: Path, chats: list, max_tokens: int, batch_size: int, spec=None) -> Run:
     """Start an engine, generate greedily for `chats`, tear the engine down."""
     from vllm import SamplingParams
 
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process
-    llm = start_llm(str(target), speculative_config=spec, max_num_seqs=batch_size,
-                    disable_log_stats=False)
     greedy = SamplingParams(temperature=0.0, max_tokens=max_tokens)
-    llm.chat(chats[:1], SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)  # warm-up
-    started = time.perf_counter()
-    outputs = llm.chat(chats, greedy, use_tqdm=False)
-    seconds = time.perf_counter() - started
-    metrics = {m.name.removeprefix("vllm:spec_decode_"): getattr(m, "values", None)
-               or m.value for m in llm.get_metrics() if "spec_decode" in m.name}
-    sanity = llm.chat([{"role": "user", "content": SANITY_QUESTION}], greedy, use_tqdm=False)
+    with engine(target, spec, batch_size) as llm:
+        llm.chat(chats[:1], SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)  # warm-up
+        run = timed_chat(llm, chats, greedy)
+        sanity = llm.chat([{"role": "user", "content": SANITY_QUESTION}], greedy, use_tqdm=False)
     if SANITY_ANSWER not in sanity[0].outputs[0].text:
         raise SystemExit(f"sanity check failed: {sanity[0].outputs[0].text!r}")
-    del llm
-    return Run([list(o.outputs[0].token_ids) for o in outputs], seconds, metrics)
+    return run
 
 
 def report(vanilla: Run, clover: Run, num_heads: int) -> None:
-    drafts = clover.metrics.get("num_drafts") or 0
-    accepted = clover.metrics.get("num_accepted_tokens") or 0
-    per_position = clover.metrics.get("num_accepted_tokens_per_pos") or []
-    same = sum(a == b for a, b in zip(vanilla.tokens, clover.tokens))
+    """Print output equality, tau, per-position acceptance and the speedup."""
+    counters = clover.counters
+    same = identical_outputs(vanilla.tokens, clover.tokens)
     print(f"\ngreedy outputs identical to vanilla: {same}/{len(vanilla.tokens)} prompts")
-    if drafts:
-        print(f"mean acceptance length tau = 1 + accepted/drafts = {1 + accepted / drafts:.2f} "
+    if counters.drafts:
+        print(f"mean acceptance length tau = 1 + accepted/drafts = {counters.tau:.2f} "
               f"tokens per step (K = {num_heads} drafts)")
-        rates = ", ".join(f"{n / drafts:.2f}" for n in per_position)
+        rates = ", ".join(f"{rate:.2f}" for rate in counters.acceptance_rates)
         print(f"acceptance rate per draft position: {rates}")
     print(f"vanilla: {vanilla.tokens_per_second:6.1f} tokens/s\n"
           f"clover : {clover.tokens_per_second:6.1f} tokens/s  "

@@ -1,0 +1,183 @@
+"""Options of `vllm-clover bench`: one typed dataclass, validated before any engine starts.
+
+Every problem a user can cause (an unknown method, a missing or wrong checkpoint, a bad
+batch size) is a `BenchError` naming it, raised here, so no engine start is wasted on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vllm_clover.assets.target import REFERENCE_HEADS, REFERENCE_TARGET
+
+STANDARD_METHODS = ("vanilla", "ngram", "medusa", "clover")
+# vLLM's native Medusa heads for the reference target, committed next to the Clover ones.
+REFERENCE_MEDUSA = REFERENCE_HEADS.parent / f"{REFERENCE_TARGET}-medusa"
+# Prompt lookup: match the last 2..4 tokens against the context (vLLM's default is 5..5).
+NGRAM_LOOKUP = {"prompt_lookup_min": 2, "prompt_lookup_max": 4}
+# The protocol of DESIGN.md section 4, and a few-minute version of it for a 2-core CPU.
+FULL_PRESET = {"batch_sizes": (1, 4, 16, 64), "temperatures": (0.0, 1.0), "max_tokens": 128,
+               "min_prompts": 16, "prompts_per_seq": 2}
+QUICK_PRESET = {"batch_sizes": (1, 4), "temperatures": (0.0,), "max_tokens": 32,
+                "min_prompts": 8, "prompts_per_seq": 2}
+
+
+class BenchError(ValueError):
+    """Bad benchmark input (or a failed engine run), with a message naming the problem."""
+
+
+@dataclass(frozen=True)
+class Method:
+    """One decoding method: a name for the tables, vLLM's method and its K."""
+
+    name: str
+    kind: str  # "vanilla" | "ngram" | "medusa" | "clover"
+    model: str | None = None
+    num_speculative_tokens: int = 0
+
+    def speculative_config(self) -> dict[str, Any] | None:
+        """The `speculative_config` for `vllm.LLM` (None: plain decoding)."""
+        if self.kind == "vanilla":
+            return None
+        spec: dict[str, Any] = {"method": self.kind,
+                                "num_speculative_tokens": self.num_speculative_tokens}
+        if self.kind == "ngram":
+            return {**spec, **NGRAM_LOOKUP}
+        return {**spec, "model": self.model}
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """Everything one `vllm-clover bench` invocation measures."""
+
+    methods: tuple[Method, ...]
+    batch_sizes: tuple[int, ...] = FULL_PRESET["batch_sizes"]
+    temperatures: tuple[float, ...] = FULL_PRESET["temperatures"]
+    max_tokens: int = FULL_PRESET["max_tokens"]
+    min_prompts: int = FULL_PRESET["min_prompts"]
+    prompts_per_seq: int = FULL_PRESET["prompts_per_seq"]  # prompts >= this x batch size
+    prompts_file: str | None = None  # None: MT-Bench first turns
+    out: Path = Path("bench-results")
+    cache_dir: str | None = None
+    quick: bool = False
+    plots: bool = True
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+    def num_prompts(self, batch_size: int) -> int:
+        """Prompts per run at `batch_size`: enough to keep the batch full most of the time."""
+        return max(self.min_prompts, self.prompts_per_seq * batch_size)
+
+
+def validate(config: BenchConfig) -> None:
+    """Raise BenchError for values no run could use."""
+    if not config.methods or config.methods[0].kind != "vanilla":
+        raise BenchError("the first method must be vanilla (the baseline of every ratio)")
+    names = [m.name for m in config.methods]
+    if len(set(names)) != len(names):
+        raise BenchError(f"method names must be unique, got {names}")
+    if not config.batch_sizes or min(config.batch_sizes) < 1:
+        raise BenchError(f"batch sizes must be >= 1, got {list(config.batch_sizes)}")
+    if not config.temperatures or min(config.temperatures) < 0:
+        raise BenchError(f"temperatures must be >= 0, got {list(config.temperatures)}")
+    for name in ("max_tokens", "min_prompts", "prompts_per_seq"):
+        if getattr(config, name) < 1:
+            raise BenchError(f"--{name.replace('_', '-')} must be >= 1, "
+                             f"got {getattr(config, name)}")
+
+
+def checkpoint_heads(path: str | Path, model_type: str, label: str) -> int:
+    """Number of heads of the `model_type` checkpoint at `path` (BenchError if unusable)."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise BenchError(f"{label}: checkpoint directory not found: {folder}")
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        raise BenchError(f"{label}: {folder} has no config.json (not a checkpoint)")
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise BenchError(f"{label}: unreadable {config_file}: {err}") from err
+    if config.get("model_type") != model_type:
+        raise BenchError(f"{label}: {folder} is a {config.get('model_type')!r} checkpoint, "
+                         f"expected {model_type!r}")
+    heads = config.get("num_heads")
+    if not isinstance(heads, int) or heads < 1:
+        raise BenchError(f"{label}: {config_file} has no valid num_heads ({heads!r})")
+    return heads
+
+
+def parse_named_dir(text: str) -> tuple[str, str]:
+    """'NAME=DIR' -> (NAME, DIR)."""
+    name, sep, folder = text.partition("=")
+    if not sep or not name.strip() or not folder.strip():
+        raise BenchError(f"--clover expects NAME=DIR, got {text!r}")
+    return name.strip(), folder.strip()
+
+
+def resolve_methods(names: list[str], clover_heads: str, medusa_heads: str, ngram_tokens: int,
+                    extra_clover: list[str]) -> tuple[Method, ...]:
+    """Methods to run, vanilla first; checkpoints are checked here, not at engine start."""
+    unknown = [n for n in names if n not in STANDARD_METHODS]
+    if unknown:
+        raise BenchError(f"unknown method(s) {', '.join(map(repr, unknown))}: choose from "
+                         f"{', '.join(STANDARD_METHODS)} (add Clover checkpoints with "
+                         f"--clover NAME=DIR)")
+    if ngram_tokens < 1:
+        raise BenchError(f"--ngram-tokens must be >= 1, got {ngram_tokens}")
+    methods = [Method("vanilla", "vanilla")]
+    for name in dict.fromkeys(names):
+        if name == "ngram":
+            methods.append(Method("ngram", "ngram", None, ngram_tokens))
+        elif name in ("medusa", "clover"):
+            folder = medusa_heads if name == "medusa" else clover_heads
+            k = checkpoint_heads(folder, name, name)
+            methods.append(Method(name, name, str(Path(folder).resolve()), k))
+    for text in extra_clover:
+        name, folder = parse_named_dir(text)
+        k = checkpoint_heads(folder, "clover", f"--clover {name}")
+        methods.append(Method(name, "clover", str(Path(folder).resolve()), k))
+    return tuple(methods)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `bench` command's flags; unset ones take the full (or --quick) preset."""
+    parser.add_argument("--quick", action="store_true", help="a few-minute smoke run: batch "
+                        "sizes 1 4, T=0, 8 prompts, 32 tokens (every method still runs)")
+    parser.add_argument("--methods", nargs="+", default=list(STANDARD_METHODS),
+                        help=f"among {' '.join(STANDARD_METHODS)} (vanilla always runs)")
+    parser.add_argument("--clover", action="append", default=[], metavar="NAME=DIR",
+                        help="an extra Clover checkpoint to compare (e.g. an ablation); "
+                        "repeatable")
+    parser.add_argument("--clover-heads", default=str(REFERENCE_HEADS))
+    parser.add_argument("--medusa-heads", default=str(REFERENCE_MEDUSA))
+    parser.add_argument("--ngram-tokens", type=int, default=4, help="ngram K")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", help="max_num_seqs values "
+                        "(default 1 4 16 64)")
+    parser.add_argument("--temperatures", type=float, nargs="+", help="default 0 1")
+    parser.add_argument("--max-tokens", type=int, help="new tokens per prompt (default 128)")
+    parser.add_argument("--min-prompts", type=int, help="prompts per run at least (default 16)")
+    parser.add_argument("--prompts-per-seq", type=int, help="prompts per run at least this "
+                        "times the batch size (default 2)")
+    parser.add_argument("--prompts", help="JSONL of {\"prompt\": ...} records or a ShareGPT "
+                        "file (default: MT-Bench first turns)")
+    parser.add_argument("--out", default="bench-results", help="results folder")
+    parser.add_argument("--no-plots", action="store_true")
+    parser.add_argument("--cache-dir")
+
+
+def config_from_args(args: argparse.Namespace) -> BenchConfig:
+    """BenchConfig from parsed `bench` flags (BenchError on bad input)."""
+    preset = QUICK_PRESET if args.quick else FULL_PRESET
+    chosen = {key: tuple(value) if isinstance(value, list) else value
+              for key in preset if (value := getattr(args, key)) is not None}
+    methods = resolve_methods(args.methods, args.clover_heads, args.medusa_heads,
+                              args.ngram_tokens, args.clover)
+    return BenchConfig(methods=methods, **{**preset, **chosen}, prompts_file=args.prompts,
+                       out=Path(args.out), cache_dir=args.cache_dir, quick=args.quick,
+                       plots=not args.no_plots)

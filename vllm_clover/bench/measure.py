@@ -1,0 +1,181 @@
+"""One timed generation on a vLLM engine and the speculative-decoding counters around it.
+
+Shared by `vllm-clover demo` and `vllm-clover bench`. vLLM's counters are cumulative over an
+engine's life, so every figure here is a difference of two snapshots taken around the timed
+call (warm-up and earlier runs on the same engine do not leak in).
+
+Drafting time is measured inside the engine: `install_drafting_timer` wraps the model
+runner's `propose_draft_token_ids` (everything vLLM does to draft one step: for Clover the
+Augmenting Block and the K head steps, for Medusa the heads, for ngram the lookup). On CPU
+every call is synchronous, so the wall time inside it is the drafting cost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vllm import LLM
+
+SPEC_PREFIX = "vllm:spec_decode_"
+# One observation per engine step that produced output (prefill, decode or mixed).
+STEP_HISTOGRAM = "vllm:iteration_tokens_total"
+TIMER_ATTRIBUTE = "_vllm_clover_drafting_timer"  # [seconds, calls] on the model runner
+
+
+@dataclass(frozen=True)
+class Counters:
+    """Engine counters: speculative decoding, engine steps and drafting time."""
+
+    drafts: int = 0  # verification steps that carried drafts (one per request per step)
+    draft_tokens: int = 0
+    accepted: int = 0
+    accepted_per_pos: tuple[int, ...] = ()
+    steps: int = 0
+    drafting_seconds: float = 0.0
+    drafting_calls: int = 0
+
+    def __sub__(self, before: Counters) -> Counters:
+        """The counts between the snapshot `before` and this one."""
+        values = {f.name: getattr(self, f.name) - getattr(before, f.name)
+                  for f in fields(self) if f.name != "accepted_per_pos"}
+        size = max(len(self.accepted_per_pos), len(before.accepted_per_pos))
+        after_pos, before_pos = (_pad(p, size) for p in (self.accepted_per_pos,
+                                                         before.accepted_per_pos))
+        per_pos = tuple(a - b for a, b in zip(after_pos, before_pos))
+        return Counters(**values, accepted_per_pos=per_pos)
+
+    @property
+    def tau(self) -> float | None:
+        """Mean tokens per verification step: 1 + accepted / drafts (the bonus token incl.)."""
+        return 1 + self.accepted / self.drafts if self.drafts else None
+
+    @property
+    def acceptance_rates(self) -> list[float]:
+        """Per draft position i: the share of drafts whose first i+1 tokens were accepted."""
+        return [n / self.drafts for n in self.accepted_per_pos] if self.drafts else []
+
+
+def _pad(values: tuple[int, ...], size: int) -> tuple[int, ...]:
+    return tuple(values) + (0,) * (size - len(values))
+
+
+@dataclass
+class Run:
+    """One timed generation: token ids per prompt, wall seconds, counter deltas."""
+
+    tokens: list[list[int]]
+    seconds: float
+    counters: Counters
+
+    @property
+    def output_tokens(self) -> int:
+        """Generated tokens over all prompts."""
+        return sum(map(len, self.tokens))
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Output tokens per wall second of the timed call."""
+        return self.output_tokens / self.seconds
+
+    @property
+    def seconds_per_step(self) -> float | None:
+        """Wall seconds per engine step (None if no step was counted)."""
+        return self.seconds / self.counters.steps if self.counters.steps else None
+
+
+def identical_outputs(reference: list[list[int]], other: list[list[int]]) -> int:
+    """How many prompts have exactly the same token ids in both runs."""
+    if len(reference) != len(other):
+        raise ValueError(f"{len(reference)} vs {len(other)} outputs: not the same prompts")
+    return sum(a == b for a, b in zip(reference, other))
+
+
+def counters_from_metrics(metrics: Iterable[Any], drafting: tuple[float, int] = (0.0, 0)
+                          ) -> Counters:
+    """Counters from `LLM.get_metrics()` objects (summed over label sets, e.g. engines)."""
+    totals = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0}
+    per_pos: tuple[int, ...] = ()
+    steps = 0
+    for metric in metrics:
+        name = metric.name
+        if name == STEP_HISTOGRAM:
+            steps += metric.count
+        elif name == SPEC_PREFIX + "num_accepted_tokens_per_pos":
+            size = max(len(per_pos), len(metric.values))
+            per_pos = tuple(a + b for a, b in zip(_pad(per_pos, size), _pad(metric.values, size)))
+        elif name.removeprefix(SPEC_PREFIX) in totals:
+            totals[name.removeprefix(SPEC_PREFIX)] += metric.value
+    return Counters(totals["num_drafts"], totals["num_draft_tokens"],
+                    totals["num_accepted_tokens"], per_pos, steps, *drafting)
+
+
+def _install_timer(worker: Any) -> None:
+    """(Runs in the worker.) Time every `propose_draft_token_ids` call of its model runner."""
+    runner = worker.model_runner
+    if TIMER_ATTRIBUTE in vars(runner):
+        return
+    stats = [0.0, 0]
+    inner = runner.propose_draft_token_ids
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            stats[0] += time.perf_counter() - started
+            stats[1] += 1
+
+    runner.propose_draft_token_ids = timed  # an instance attribute shadows the method
+    setattr(runner, TIMER_ATTRIBUTE, stats)
+
+
+def _read_timer(worker: Any) -> tuple[float, int]:
+    stats = getattr(worker.model_runner, TIMER_ATTRIBUTE, (0.0, 0))
+    return float(stats[0]), int(stats[1])
+
+
+def install_drafting_timer(llm: LLM) -> None:
+    """Make `read_counters` include the time spent drafting (see the module docstring)."""
+    llm.collective_rpc(_install_timer)
+
+
+def read_counters(llm: LLM) -> Counters:
+    """A snapshot of the engine's cumulative counters (drafting time summed over workers)."""
+    timers = llm.collective_rpc(_read_timer)
+    drafting = (sum(t[0] for t in timers), sum(t[1] for t in timers))
+    return counters_from_metrics(llm.get_metrics(), drafting)
+
+
+def timed_chat(llm: LLM, chats: list, params: Any) -> Run:
+    """`llm.chat(chats, params)`, timed, with the counters it moved."""
+    before = read_counters(llm)
+    started = time.perf_counter()
+    outputs = llm.chat(chats, params, use_tqdm=False)
+    seconds = time.perf_counter() - started
+    counters = read_counters(llm) - before
+    return Run([list(o.outputs[0].token_ids) for o in outputs], seconds, counters)
+
+
+@contextlib.contextmanager
+def engine(target: str | Path, spec: dict | None, batch_size: int) -> Iterator[LLM]:
+    """An engine in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0 unless set: a separate
+    engine-core process busy-polls a core), with metrics on; torn down on exit."""
+    import gc
+
+    from vllm_clover.engine import start_llm
+
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    llm = start_llm(str(target), speculative_config=spec, max_num_seqs=batch_size,
+                    disable_log_stats=False)
+    try:
+        yield llm
+    finally:
+        del llm
+        gc.collect()

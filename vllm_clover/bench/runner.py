@@ -1,0 +1,184 @@
+"""Run the benchmark: one engine per (method, batch size), serving every temperature.
+
+Each engine runs in its own child process, forked from a multiprocessing fork server that
+has imported vLLM once and never computes anything: engine starts skip the import (10-20 s
+here), an engine's leftovers cannot disturb the next one (numba, which ngram imports, breaks
+every later engine start in a process), and no child is forked from a process whose OpenMP
+threads already ran (GNU OpenMP hangs such children, e.g. after an in-process engine).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import shlex
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vllm_clover.bench.config import BenchConfig, BenchError, Method
+from vllm_clover.bench.measure import Run, engine, install_drafting_timer, timed_chat
+from vllm_clover.bench.prompts import Chat, load_prompts, take_prompts
+
+WARM_UP_TOKENS = 8
+
+
+@dataclass(frozen=True)
+class EngineJob:
+    """What one engine does: warm up, then one timed run per temperature."""
+
+    target: str
+    method: Method
+    batch_size: int
+    chats: list[Chat]
+    temperatures: tuple[float, ...]
+    max_tokens: int
+
+
+def fix_medusa_token_map() -> None:
+    """Let vLLM 0.32 load Medusa heads with a draft vocabulary (`token_map`), in this process.
+
+    `Medusa.load_weights` turns the checkpoint's `token_map` into a parameter but leaves it out
+    of the names it returns, so the strict loader fails: "Following weights were not
+    initialized from checkpoint: {'token_map'}". Applied only in a forked Medusa engine
+    process; belongs in `vllm_clover/integration/patches.py` once that owns it.
+    """
+    from vllm.model_executor.models.medusa import Medusa
+
+    original = Medusa.load_weights
+    if getattr(original, "_reports_token_map", False):
+        return
+
+    def load_weights(self: Any, weights: Any) -> set[str]:
+        loaded = original(self, weights)
+        if getattr(self, "token_map", None) is not None:
+            loaded.add("token_map")
+        return loaded
+
+    load_weights._reports_token_map = True  # type: ignore[attr-defined]
+    Medusa.load_weights = load_weights
+
+
+def run_engine_job(job: EngineJob) -> tuple[dict[float, Run], dict[str, Any]]:
+    """Start the engine, warm it up on a full batch, time `chats` at each temperature.
+
+    The prefix cache is emptied before each timed run, so no run reuses another's prefill.
+    Returns the runs by temperature and the engine settings that matter for speed.
+    """
+    from vllm import SamplingParams
+
+    if job.method.kind == "medusa":
+        fix_medusa_token_map()
+    with engine(job.target, job.method.speculative_config(), job.batch_size) as llm:
+        install_drafting_timer(llm)
+        settings = engine_settings(llm)
+        warm_up = SamplingParams(temperature=0.0, max_tokens=WARM_UP_TOKENS)
+        llm.chat(job.chats[:job.batch_size], warm_up, use_tqdm=False)
+        runs = {}
+        for temperature in job.temperatures:
+            llm.reset_prefix_cache()
+            params = SamplingParams(temperature=temperature, max_tokens=job.max_tokens)
+            runs[temperature] = timed_chat(llm, job.chats, params)
+    return runs, settings
+
+
+def engine_settings(llm: Any) -> dict[str, Any]:
+    """Scheduler settings as the engine resolved them (vLLM may override what was asked)."""
+    scheduler = llm.llm_engine.vllm_config.scheduler_config
+    return {"async_scheduling": bool(scheduler.async_scheduling),
+            "max_num_seqs": scheduler.max_num_seqs,
+            "max_num_batched_tokens": scheduler.max_num_batched_tokens}
+
+
+def _child(function: Callable[[Any], Any], argument: Any, sender: Any) -> None:
+    """(In the child.) Send ("ok", result) or ("error", traceback) back to the parent."""
+    try:
+        sender.send(("ok", function(argument)))
+    except Exception:  # noqa: BLE001 - every failure goes back to the parent, with its trace
+        sender.send(("error", traceback.format_exc()))
+    finally:
+        sender.close()
+
+
+def run_isolated(function: Callable[[Any], Any], argument: Any) -> Any:
+    """`function(argument)` in a child forked from the fork server (see `prepare_engine_server`);
+    its result, or BenchError with the child's traceback."""
+    context = multiprocessing.get_context("forkserver")
+    receiver, sender = context.Pipe(duplex=False)
+    process = context.Process(target=_child, args=(function, argument, sender))
+    process.start()
+    sender.close()
+    try:
+        while not receiver.poll(0.5):
+            if not process.is_alive() and not receiver.poll(0):
+                raise BenchError(f"engine process died (exit code {process.exitcode})")
+        status, payload = receiver.recv()
+    finally:
+        process.join(timeout=60)
+        if process.is_alive():
+            process.kill()
+            process.join()
+        receiver.close()
+    if status == "error":
+        raise BenchError(f"engine run failed:\n{payload}")
+    return payload
+
+
+def engine_jobs(config: BenchConfig, target: str, chats: list[Chat]) -> list[EngineJob]:
+    """Every (batch size, method) engine, vanilla first at each batch size."""
+    return [EngineJob(target, method, batch, take_prompts(chats, config.num_prompts(batch)),
+                      config.temperatures, config.max_tokens)
+            for batch in config.batch_sizes for method in config.methods]
+
+
+def run_bench(config: BenchConfig, command: str) -> dict[str, Any]:
+    """Run every engine job, writing the results after each; return the final report."""
+    from tqdm import tqdm
+
+    from vllm_clover.assets.target import fetch_reference_target
+    from vllm_clover.bench.report import build_report, write_json, write_outputs
+
+    chats = load_prompts(config.prompts_file, config.cache_dir)  # before any engine starts
+    target = str(fetch_reference_target(config.cache_dir))
+    jobs = engine_jobs(config, target, chats)
+    prepare_engine_server()
+    results: list[tuple[EngineJob, dict[float, Run], dict[str, Any]]] = []
+    progress = tqdm(jobs, desc="bench", unit="engine", dynamic_ncols=True)
+    for job in progress:
+        progress.set_postfix_str(f"{job.method.name} batch {job.batch_size}")
+        load = os.getloadavg()[0]
+        runs, settings = run_isolated(run_engine_job, job)
+        results.append((job, runs, {**settings, "load_avg_1m_before": load}))
+        report = build_report(config, command, len(chats), results)
+        write_json(report, config.out)
+    progress.close()
+    write_outputs(report, config.out, config.plots)
+    return report
+
+
+def prepare_engine_server() -> None:
+    """Environment for in-process engines, and vLLM preloaded in the fork server (started
+    with the first engine). Quieter vLLM logs unless the user chose a level."""
+    from vllm_clover.engine import set_cpu_env_defaults
+
+    set_cpu_env_defaults()
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    multiprocessing.get_context("forkserver").set_forkserver_preload(
+        ["vllm.entrypoints.llm", "vllm.sampling_params", __name__])
+
+
+def bench_command(args: Any, argv: Sequence[str]) -> None:
+    """`vllm-clover bench ...`: validate everything, run, print where the results are."""
+    from vllm_clover.bench.config import config_from_args
+    from vllm_clover.bench.report import busy_warning, markdown_table
+
+    config = config_from_args(args)
+    report = run_bench(config, shlex.join(["vllm-clover", *argv]))
+    print("\n" + markdown_table(report["runs"]))
+    if warning := busy_warning(report):
+        print(f"\n{warning}")
+    print(f"\nresults: {Path(config.out).resolve()}/ (results.json, results.md"
+          f"{', plots' if config.plots else ''})")
