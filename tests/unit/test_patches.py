@@ -52,3 +52,19 @@ def test_patches_refuse_another_vllm(monkeypatch):
     monkeypatch.setattr(patches, "check_vllm_version", lambda: "0.33.0")
     with pytest.raises(RuntimeError, match="written for vLLM 0.32.0, found 0.33.0"):
         patches.apply_patches()
+
+
+def test_medusa_reports_its_token_map_as_loaded(monkeypatch):
+    """vLLM 0.32's Medusa.load_weights leaves token_map out of the names it returns."""
+    from types import SimpleNamespace
+
+    from vllm.model_executor.models.medusa import Medusa
+
+    patches.apply_patches()
+    assert getattr(Medusa.load_weights, patches.MARKER) == "medusa_token_map"
+    # The patch around a stub loader that, like vLLM's, never names token_map.
+    monkeypatch.setattr(Medusa, "load_weights", lambda self, weights: {"blocks.0.weight"})
+    patches._patch_medusa_token_map()
+    with_map, without = SimpleNamespace(token_map=torch.arange(3)), SimpleNamespace(token_map=None)
+    assert Medusa.load_weights(with_map, []) == {"blocks.0.weight", "token_map"}
+    assert Medusa.load_weights(without, []) == {"blocks.0.weight"}

@@ -37,30 +37,6 @@ class EngineJob:
     max_tokens: int
 
 
-def fix_medusa_token_map() -> None:
-    """Let vLLM 0.32 load Medusa heads with a draft vocabulary (`token_map`), in this process.
-
-    `Medusa.load_weights` turns the checkpoint's `token_map` into a parameter but leaves it out
-    of the names it returns, so the strict loader fails: "Following weights were not
-    initialized from checkpoint: {'token_map'}". Applied only in a forked Medusa engine
-    process; belongs in `vllm_clover/integration/patches.py` once that owns it.
-    """
-    from vllm.model_executor.models.medusa import Medusa
-
-    original = Medusa.load_weights
-    if getattr(original, "_reports_token_map", False):
-        return
-
-    def load_weights(self: Any, weights: Any) -> set[str]:
-        loaded = original(self, weights)
-        if getattr(self, "token_map", None) is not None:
-            loaded.add("token_map")
-        return loaded
-
-    load_weights._reports_token_map = True  # type: ignore[attr-defined]
-    Medusa.load_weights = load_weights
-
-
 def run_engine_job(job: EngineJob) -> tuple[dict[float, Run], dict[str, Any]]:
     """Start the engine, warm it up on a full batch, time `chats` at each temperature.
 
@@ -69,8 +45,6 @@ def run_engine_job(job: EngineJob) -> tuple[dict[float, Run], dict[str, Any]]:
     """
     from vllm import SamplingParams
 
-    if job.method.kind == "medusa":
-        fix_medusa_token_map()
     with engine(job.target, job.method.speculative_config(), job.batch_size) as llm:
         install_drafting_timer(llm)
         settings = engine_settings(llm)

