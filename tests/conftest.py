@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -21,6 +25,7 @@ from vllm_clover.assets.data import fetch_mtbench, fetch_sharegpt
 from vllm_clover.assets.target import REFERENCE_HEADS, fetch_reference_target
 
 REPO = Path(__file__).resolve().parents[1]
+SERVER_STARTUP_TIMEOUT_S = 240
 
 
 @pytest.fixture(scope="session")
@@ -126,3 +131,50 @@ def in_process_llm(model: Path, **engine_args):
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that is free right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_get(url: str, timeout: float = 10) -> str:
+    """GET `url`, return the body as text (raises OSError on HTTP or connection errors)."""
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return response.read().decode()
+
+
+@contextlib.contextmanager
+def running_server(log_path: Path, extra_args=(), max_model_len: int = 1024):
+    """`vllm-clover serve smollm2-135m-instruct ...` (float32, eager) on a free port of 127.0.0.1.
+
+    Yields {"base": URL, "process": Popen, "log": log_path} once /health answers. The server
+    runs in a process group of its own (API server, engine core, workers); on exit the whole
+    group is killed, so no engine process outlives the test even if the API server is gone.
+    """
+    port = free_port()
+    command = [sys.executable, "-m", "vllm_clover.cli", "serve", "smollm2-135m-instruct",
+               "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
+               "--enforce-eager", "--max-model-len", str(max_model_len), *extra_args]
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + SERVER_STARTUP_TIMEOUT_S
+        while time.monotonic() < deadline and process.poll() is None:
+            try:
+                http_get(base + "/health", timeout=2)
+                break
+            except OSError:
+                time.sleep(1)
+        else:
+            pytest.fail(f"server did not come up:\n{log_path.read_text()[-5000:]}")
+        yield {"base": base, "process": process, "log": log_path}
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # the group may have exited already
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=30)

@@ -1,35 +1,19 @@
-"""`vllm-clover serve` starts vLLM's OpenAI server on the reference target and stops cleanly."""
+"""`vllm-clover serve` starts vLLM's OpenAI server on the reference target.
 
-import contextlib
+Stopping it (SIGTERM mid-load, then a restart) is tested in test_load.py.
+"""
+
 import json
-import os
 import re
-import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, http_get as _get, running_server
 
 pytestmark = pytest.mark.server
-
-STARTUP_TIMEOUT_S = 240
-SHUTDOWN_TIMEOUT_S = 30
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _get(url: str, timeout: float = 10) -> str:
-    with urllib.request.urlopen(url, timeout=timeout) as response:
-        return response.read().decode()
 
 
 def _post_json(url: str, body: dict, timeout: float = 120) -> dict:
@@ -37,34 +21,6 @@ def _post_json(url: str, body: dict, timeout: float = 120) -> dict:
                                      headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=timeout) as response:
         return json.loads(response.read())
-
-
-@contextlib.contextmanager
-def running_server(log_path, extra_args=()):
-    """`vllm-clover serve smollm2-135m-instruct ...` on a free port; killed on exit."""
-    port = _free_port()
-    command = [sys.executable, "-m", "vllm_clover.cli", "serve", "smollm2-135m-instruct",
-               "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-               "--enforce-eager", "--max-model-len", "1024", *extra_args]
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while time.monotonic() < deadline and process.poll() is None:
-            try:
-                _get(base + "/health", timeout=2)
-                break
-            except OSError:
-                time.sleep(1)
-        else:
-            pytest.fail(f"server did not come up:\n{log_path.read_text()[-5000:]}")
-        yield {"base": base, "process": process, "log": log_path}
-    finally:
-        if process.poll() is None:  # the shutdown test normally stopped it already
-            os.killpg(process.pid, signal.SIGKILL)
 
 
 def _chat(base: str, content: str, max_tokens: int = 32) -> dict:
@@ -117,14 +73,3 @@ def test_clover_server_via_spec_shorthands_matches_vanilla_and_reports_drafts(
     assert _counter(metrics, "spec_decode_num_draft_tokens") == 3 * _counter(
         metrics, "spec_decode_num_drafts")
     assert "Clover: drafting with CloverProposer" in clover["log"].read_text()
-
-
-def test_sigterm_stops_the_server_cleanly(server):
-    """Runs last in this module: it stops the shared server."""
-    process = server["process"]
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(timeout=SHUTDOWN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"server still running {SHUTDOWN_TIMEOUT_S} s after SIGTERM")
-    assert process.returncode in (0, -signal.SIGTERM), server["log"].read_text()[-3000:]

@@ -1,0 +1,359 @@
+"""A Clover server under load, faults included, and stopped with SIGTERM mid-load.
+
+One `vllm-clover serve` (reference target, bundled Clover heads, K=3, float32, eager) gets
+64 concurrent streaming chat requests at once: 56 valid ones with max_tokens from 8 to 96
+(some carrying unknown fields, which vLLM ignores, as the OpenAI API does), 8 that the
+client closes after a few chunks, and alongside them 8 malformed requests (bad JSON, a field
+of the wrong type, a prompt longer than max_model_len, negative max_tokens). Checked: every
+valid stream completes with exactly the token ids of decoding without speculation (T=0,
+a vLLM engine with the same settings), malformed ones get 400 with vLLM's error body,
+cancelled ones are aborted and free their KV blocks, /health answers 200 throughout. Last,
+SIGTERM while streams are in flight: the engine processes stop within seconds, the API
+server as soon as the streams' clients go away (vLLM 0.32 holds open streams until then),
+nothing is left behind, and a restarted server answers with the same tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+
+import httpx
+import psutil
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import http_get, run_python, running_server
+
+pytestmark = pytest.mark.server
+
+MODEL = "smollm2-135m-instruct"
+MAX_MODEL_LEN = 2048
+SPEC_TOKENS = 3
+NUM_VALID, NUM_CANCELLED = 56, 8
+MAX_TOKENS = (8, 16, 24, 32, 48, 64, 80, 96)
+UNKNOWN_FIELDS = {"frobnicate": 3, "x_client_tag": "load-test"}  # in 8 valid requests
+CANCEL_AFTER_CHUNKS = 3
+# Far beyond what the test waits for: a stream the server failed to abort would still be
+# decoding (with EOS ignored) when the idle check below gives up.
+LONG_MAX_TOKENS = 1500
+LONG_PROMPT = "Count from one to two thousand, one number per line."
+IDLE_TIMEOUT_S = 30
+SHUTDOWN_TIMEOUT_S = 10
+CLIENT_GRACE_S = 3
+REQUEST_TIMEOUT_S = 300
+NUM_RESTART_CHECKS = 8
+# kind -> (body, expected "param" of vLLM's error body); body is bytes (sent as is) or a dict.
+MALFORMED = {
+    "bad_json": (b'{"model": "smollm2-135m-instruct", "messages": [', None),
+    "wrong_type": ({"temperature": "hot"}, "body.temperature"),
+    "prompt_too_long": ({"messages": [{"role": "user", "content": "hello " * 2100}]},
+                        "input_tokens"),
+    "negative_max_tokens": ({"max_tokens": -5}, "max_tokens"),
+}
+
+
+def _chat_body(question: str, max_tokens: int, **extra) -> dict:
+    """A greedy streaming chat request that also returns the generated token ids."""
+    return {"model": MODEL, "messages": [{"role": "user", "content": question}],
+            "temperature": 0, "max_tokens": max_tokens, "stream": True,
+            "return_token_ids": True, **extra}
+
+
+def _malformed_body(kind: str) -> bytes:
+    body, _ = MALFORMED[kind]
+    if isinstance(body, bytes):
+        return body
+    return json.dumps({**_chat_body("Hi", 8), **body}).encode()
+
+
+def _clover_args(heads) -> list[str]:
+    spec = {"method": "clover", "model": str(heads), "num_speculative_tokens": SPEC_TOKENS}
+    return ["--speculative-config", json.dumps(spec)]
+
+
+def _metric(text: str, name: str, **labels: str) -> float:
+    """Sum of the /metrics samples called `name` whose labels include `labels`."""
+    values = [sample.value for family in text_string_to_metric_families(text)
+              for sample in family.samples
+              if sample.name == name and labels.items() <= sample.labels.items()]
+    assert values, f"{name} {labels} not in /metrics"
+    return sum(values)
+
+
+async def _stream(client: httpx.AsyncClient, base: str, body: dict | bytes,
+                  cancel_after: int | None = None) -> dict:
+    """POST one chat request; collect the streamed token ids and the finish reason.
+
+    With `cancel_after`, close the stream after that many chunks (the client goes away).
+    A non-200 answer is returned as {"status", "body"} (the parsed error body).
+    """
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    tokens, finish, chunks = [], None, 0
+    async with client.stream("POST", base + "/v1/chat/completions", content=content,
+                             headers={"Content-Type": "application/json"}) as response:
+        if response.status_code != 200:
+            return {"status": response.status_code, "body": json.loads(await response.aread())}
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[len("data: "):])
+            assert "error" not in chunk, chunk
+            for choice in chunk["choices"]:
+                tokens += choice.get("token_ids") or []
+                finish = choice.get("finish_reason") or finish
+            chunks += 1
+            if cancel_after is not None and chunks >= cancel_after:
+                break
+    return {"status": 200, "tokens": tokens, "finish": finish, "chunks": chunks}
+
+
+async def _streams(base: str, bodies: list[dict]) -> list[dict]:
+    """All `bodies` as concurrent streams; their results in order."""
+    async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S) as client:
+        return await asyncio.gather(*(_stream(client, base, body) for body in bodies))
+
+
+async def _watch_health(client: httpx.AsyncClient, base: str, done: asyncio.Event) -> list:
+    """GET /health every half second until `done`; the status codes seen."""
+    codes = []
+    while not done.is_set():
+        codes.append((await client.get(base + "/health", timeout=30)).status_code)
+        await asyncio.sleep(0.5)
+    return codes
+
+
+async def _load(base: str, valid: list[dict], cancelled: list[dict]) -> dict:
+    """Everything at once: valid, cancelled and malformed requests, plus a /health watcher."""
+    limits = httpx.Limits(max_connections=200, max_keepalive_connections=0)
+    async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S, limits=limits) as client:
+        done = asyncio.Event()
+        health = asyncio.create_task(_watch_health(client, base, done))
+        kinds = [kind for kind in MALFORMED for _ in range(2)]
+        results = await asyncio.gather(
+            *(_stream(client, base, body) for body in valid),
+            *(_stream(client, base, body, CANCEL_AFTER_CHUNKS) for body in cancelled),
+            *(_stream(client, base, _malformed_body(kind)) for kind in kinds))
+        done.set()
+        health_codes = await health
+    n = len(valid)
+    return {"valid": results[:n], "cancelled": results[n:n + len(cancelled)],
+            "malformed": list(zip(kinds, results[n + len(cancelled):])), "health": health_codes}
+
+
+def _wait_until_idle(base: str, idle_usage: float) -> tuple[str, float]:
+    """Poll /metrics until no request runs or waits and the KV usage is back at idle.
+
+    Returns (the last /metrics text, seconds waited); fails after IDLE_TIMEOUT_S.
+    """
+    start = time.monotonic()
+    while True:
+        text = http_get(base + "/metrics")
+        busy = (_metric(text, "vllm:num_requests_running")
+                + _metric(text, "vllm:num_requests_waiting"))
+        usage = _metric(text, "vllm:kv_cache_usage_perc")
+        if busy == 0 and usage == idle_usage:
+            return text, time.monotonic() - start
+        if time.monotonic() - start > IDLE_TIMEOUT_S:
+            pytest.fail(f"not idle {IDLE_TIMEOUT_S} s after the load: {busy} requests, "
+                        f"KV usage {usage} (idle {idle_usage})")
+        time.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def valid_bodies(mtbench_path) -> list[dict]:
+    """56 MT-Bench first turns, max_tokens cycling over 8..96, some with unknown fields."""
+    from vllm_clover.assets.data import mtbench_questions
+
+    questions = [q.turns[0] for q in mtbench_questions(mtbench_path)[:NUM_VALID]]
+    return [_chat_body(q, MAX_TOKENS[i % len(MAX_TOKENS)], **(UNKNOWN_FIELDS if i % 7 == 3 else {}))
+            for i, q in enumerate(questions)]
+
+
+# Generates the requests of BODIES (a JSON file) without speculation; prints their token ids.
+REFERENCE_SCRIPT = """
+import json
+if __name__ == "__main__":
+    from vllm import SamplingParams
+    from vllm_clover.engine import start_llm
+    bodies = json.loads(open(BODIES).read())
+    llm = start_llm(TARGET, max_model_len=MAX_MODEL_LEN)
+    params = [SamplingParams(temperature=0.0, max_tokens=b["max_tokens"]) for b in bodies]
+    outputs = llm.chat([b["messages"] for b in bodies], params, use_tqdm=False)
+    print("TOKEN_IDS " + json.dumps([list(o.outputs[0].token_ids) for o in outputs]))
+"""
+
+
+@pytest.fixture(scope="module")
+def vanilla_tokens(reference_target, valid_bodies, tmp_path_factory) -> list[list[int]]:
+    """The same requests without speculation (vLLM engine, same settings): token ids.
+
+    A fresh process with vLLM's usual engine processes: the in-process engine
+    (conftest.in_process_llm) starts faster but decodes this batch ~4x slower on CPU.
+    """
+    bodies = tmp_path_factory.mktemp("reference") / "bodies.json"
+    bodies.write_text(json.dumps(valid_bodies))
+    settings = f"BODIES = {str(bodies)!r}\nTARGET = {str(reference_target)!r}\n" \
+               f"MAX_MODEL_LEN = {MAX_MODEL_LEN}\n"
+    output = run_python(settings + REFERENCE_SCRIPT)
+    (line,) = [line for line in output.splitlines() if line.startswith("TOKEN_IDS ")]
+    return json.loads(line[len("TOKEN_IDS "):])
+
+
+@pytest.fixture(scope="module")
+def clover_server(vanilla_tokens, clover_heads, tmp_path_factory):
+    """Started after the reference run (vanilla_tokens) so the two never share the 2 cores."""
+    log = tmp_path_factory.mktemp("load") / "clover.log"
+    with running_server(log, _clover_args(clover_heads), max_model_len=MAX_MODEL_LEN) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def load_run(clover_server, valid_bodies) -> dict:
+    """The load, once; then the server's /metrics once it is idle again."""
+    base = clover_server["base"]
+    idle_usage = _metric(http_get(base + "/metrics"), "vllm:kv_cache_usage_perc")
+    cancelled = [_chat_body(LONG_PROMPT, LONG_MAX_TOKENS, ignore_eos=True)] * NUM_CANCELLED
+    start = time.monotonic()
+    run = asyncio.run(_load(base, valid_bodies, cancelled))
+    run["load_s"] = time.monotonic() - start
+    run["metrics"], run["idle_after_s"] = _wait_until_idle(base, idle_usage)
+    print(f"load: {run['load_s']:.1f} s, idle {run['idle_after_s']:.1f} s later")  # pytest -s
+    return run
+
+
+def test_valid_streams_complete_with_the_tokens_of_decoding_without_speculation(
+        load_run, valid_bodies, vanilla_tokens):
+    results = load_run["valid"]
+    assert [r["status"] for r in results] == [200] * NUM_VALID
+    for body, result in zip(valid_bodies, results):
+        assert result["finish"] in ("stop", "length"), result
+        assert 0 < len(result["tokens"]) <= body["max_tokens"]
+    assert [r["tokens"] for r in results] == vanilla_tokens
+    assert max(len(t) for t in vanilla_tokens) > 64, "no long answer among the requests"
+
+
+def test_malformed_requests_get_400_with_vllms_error_body(load_run):
+    assert len(load_run["malformed"]) == 2 * len(MALFORMED)
+    for kind, result in load_run["malformed"]:
+        assert result["status"] == 400, (kind, result)
+        assert set(result["body"]) == {"error"}, (kind, result)
+        error = result["body"]["error"]
+        assert set(error) == {"message", "type", "param", "code"}, (kind, error)
+        assert error["code"] == 400 and error["message"], (kind, error)
+        assert error["type"] in ("BadRequestError", "Bad Request"), (kind, error)
+        expected_param = MALFORMED[kind][1]
+        if expected_param is None:
+            assert error["param"].startswith("body"), (kind, error)  # where the JSON broke
+        else:
+            assert error["param"] == expected_param, (kind, error)
+    too_long = [r for kind, r in load_run["malformed"] if kind == "prompt_too_long"]
+    assert all("maximum context length is 2048" in r["body"]["error"]["message"] for r in too_long)
+
+
+def test_cancelled_streams_are_aborted_and_free_their_kv_blocks(load_run):
+    """The client closed each after a few chunks; the engine dropped them and their blocks.
+
+    _wait_until_idle already saw no request running or waiting and the KV usage back at
+    its idle value. vLLM counts client aborts in no counter, so: the requests that finished
+    are exactly the valid ones, and the cancelled ones together got fewer tokens than one
+    of them alone would have run to (EOS ignored).
+    """
+    for result in load_run["cancelled"]:
+        assert result["status"] == 200 and result["chunks"] == CANCEL_AFTER_CHUNKS, result
+        assert result["finish"] is None, result
+    metrics = load_run["metrics"]
+    assert _metric(metrics, "vllm:request_success_total") == NUM_VALID  # all finish reasons
+    valid_tokens = sum(len(r["tokens"]) for r in load_run["valid"])
+    cancelled_tokens = _metric(metrics, "vllm:generation_tokens_total") - valid_tokens
+    assert NUM_CANCELLED <= cancelled_tokens < LONG_MAX_TOKENS
+
+
+def test_health_stays_ok_and_clover_drafts_under_load(load_run):
+    assert load_run["health"] and set(load_run["health"]) == {200}, load_run["health"]
+    metrics = load_run["metrics"]
+    drafts = _metric(metrics, "vllm:spec_decode_num_drafts_total")
+    assert drafts > 0
+    assert _metric(metrics, "vllm:spec_decode_num_draft_tokens_total") == SPEC_TOKENS * drafts
+    assert _metric(metrics, "vllm:spec_decode_num_accepted_tokens_total") > 0
+
+
+def _group_members(pgid: int) -> list[tuple[int, str]]:
+    """(pid, name) of the processes of group `pgid` still running (zombies do not count)."""
+    members = []
+    for process in psutil.process_iter(["name", "status"]):
+        try:
+            if os.getpgid(process.pid) == pgid and process.info["status"] != psutil.STATUS_ZOMBIE:
+                members.append((process.pid, process.info["name"]))
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            continue
+    return members
+
+
+def _engine_processes(server) -> list[tuple[int, str]]:
+    """The server's engine core and worker processes (vLLM names them VLLM::...)."""
+    return [m for m in _group_members(server.pid) if m[1].startswith("VLLM::")]
+
+
+async def _seconds_until(condition, timeout: float) -> float | None:
+    """Poll `condition()` every 0.1 s: seconds until it held, None if not within `timeout`."""
+    start = time.monotonic()
+    while not condition():
+        if time.monotonic() - start > timeout:
+            return None
+        await asyncio.sleep(0.1)
+    return time.monotonic() - start
+
+
+async def _sigterm_mid_load(base: str, server, num_streams: int) -> dict:
+    """Start long streams, SIGTERM the server once they all run, and time how it stops.
+
+    vLLM 0.32 stops its engine at once, but leaves in-flight streams open (no data, no end)
+    and its HTTP server waits for their clients to go away before it exits, with or without
+    --shutdown-timeout (measured without Clover too: docs/serving.md). So after
+    CLIENT_GRACE_S the clients here give up, as a proxy's idle timeout would.
+    """
+    body = _chat_body(LONG_PROMPT, LONG_MAX_TOKENS, ignore_eos=True)
+    async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S) as client:
+        streams = [asyncio.create_task(_stream(client, base, body)) for _ in range(num_streams)]
+        deadline = time.monotonic() + 60
+        while _metric((await client.get(base + "/metrics")).text,
+                      "vllm:num_requests_running") < num_streams:
+            assert time.monotonic() < deadline, "the streams never all ran"
+            await asyncio.sleep(0.2)
+        assert _engine_processes(server), "no engine process found in the server's group"
+        server.send_signal(signal.SIGTERM)
+        times = {"engine_stopped_s": await _seconds_until(
+            lambda: not _engine_processes(server), SHUTDOWN_TIMEOUT_S)}
+        times["exited_alone_s"] = await _seconds_until(
+            lambda: server.poll() is not None, CLIENT_GRACE_S)
+        for stream in streams:
+            stream.cancel()
+        outcomes = await asyncio.gather(*streams, return_exceptions=True)
+        times["exited_after_clients_s"] = await _seconds_until(
+            lambda: server.poll() is not None, SHUTDOWN_TIMEOUT_S)
+    times["completed_streams"] = sum(isinstance(o, dict) and o["finish"] is not None
+                                     for o in outcomes)
+    return times
+
+
+def test_sigterm_mid_load_stops_every_process_and_a_restart_answers_the_same(
+        clover_server, load_run, valid_bodies, vanilla_tokens, clover_heads, tmp_path):
+    """Runs last in this module: it stops the module's server, then starts a new one."""
+    server = clover_server["process"]
+    times = asyncio.run(_sigterm_mid_load(clover_server["base"], server, NUM_RESTART_CHECKS))
+    assert times["engine_stopped_s"] is not None, times  # engine core + worker gone
+    assert times["exited_after_clients_s"] is not None, times  # API server gone
+    assert times["completed_streams"] == 0, times  # cut off mid-stream, none ran to its end
+    assert server.returncode in (0, -signal.SIGTERM), clover_server["log"].read_text()[-3000:]
+    left = asyncio.run(_seconds_until(lambda: not _group_members(server.pid), SHUTDOWN_TIMEOUT_S))
+    assert left is not None, _group_members(server.pid)
+    print(f"SIGTERM mid-load: {times}")  # for docs/serving.md (pytest -s)
+
+    with running_server(tmp_path / "restart.log", _clover_args(clover_heads),
+                        max_model_len=MAX_MODEL_LEN) as restarted:
+        results = asyncio.run(_streams(restarted["base"], valid_bodies[:NUM_RESTART_CHECKS]))
+    assert [r["tokens"] for r in results] == vanilla_tokens[:NUM_RESTART_CHECKS]
