@@ -25,6 +25,7 @@ from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.model_executor.models.llama import LlamaDecoderLayer
 from vllm.model_executor.models.utils import maybe_prefix
 
+from vllm_clover.integration.checks import DRAFT_DTYPES
 from vllm_clover.modeling.clover import CloverHeads
 from vllm_clover.modeling.config import CloverConfig
 from vllm_clover.modeling.vocab_parallel import VocabParallelCloverHeads
@@ -55,9 +56,6 @@ def augmenting_layer_config(config: CloverConfig) -> LlamaConfig:
         attention_bias=config.attention_bias,
         vocab_size=config.vocab_size,
     )
-
-
-DRAFT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def drafting_dtype(target_dtype: torch.dtype, device: torch.device, setting: str) -> torch.dtype:
