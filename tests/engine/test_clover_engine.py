@@ -42,13 +42,13 @@ def vanilla_tokens(reference_target, mtbench_path):
     return [list(o.outputs[0].token_ids) for o in outputs]
 
 
-def _head_loop_dtype(llm) -> str:
+def _scoring_dtype(llm) -> str:
     (dtype,) = set(llm.collective_rpc(
-        lambda worker: str(worker.model_runner.drafter.model.heads.dtype)))
+        lambda worker: str(worker.model_runner.drafter.model.heads.vocab_weight().dtype)))
     return dtype
 
 
-# The head loop runs in bf16 by default on CPUs with bf16 units ("auto"), float32 on request.
+# Drafts are scored in bf16 by default on CPUs with bf16 units ("auto"), float32 on request.
 @pytest.mark.parametrize("max_num_seqs,draft_dtype",
                          [(1, "auto"), (4, "auto"), (16, "auto"), (4, "float32")])
 def test_greedy_output_equals_vanilla(reference_target, clover_heads, clover_num_heads,
@@ -56,7 +56,7 @@ def test_greedy_output_equals_vanilla(reference_target, clover_heads, clover_num
                                       monkeypatch):
     import torch
 
-    from vllm_clover.integration.model import drafting_dtype
+    from vllm_clover.integration.model import scoring_dtype
 
     monkeypatch.setenv("CLOVER_DRAFT_DTYPE", draft_dtype)
     spec = {"method": "clover", "model": str(clover_heads),
@@ -65,8 +65,8 @@ def test_greedy_output_equals_vanilla(reference_target, clover_heads, clover_num
     with in_process_llm(reference_target, speculative_config=spec, max_num_seqs=max_num_seqs,
                         disable_log_stats=False) as llm:
         assert _drafter_name(llm) == "CloverProposer"
-        expected = drafting_dtype(torch.float32, torch.device("cpu"), draft_dtype)
-        assert _head_loop_dtype(llm) == str(expected)
+        expected = scoring_dtype(torch.float32, torch.device("cpu"), draft_dtype)
+        assert _scoring_dtype(llm) == str(expected)
         outputs = llm.chat(_chats(mtbench_path, num_prompts), _greedy(48), use_tqdm=False)
         metrics = _spec_metrics(llm)
     assert [list(o.outputs[0].token_ids) for o in outputs] == vanilla_tokens[:num_prompts]

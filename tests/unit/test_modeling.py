@@ -441,3 +441,31 @@ def test_bf16_heads_score_bf16_rows_of_an_fp32_lm_head():
     drafts = model.propose(torch.randn(3, D), torch.tensor([1, 2, 3]), 2)  # fp32 h0 in
     assert drafts.shape == (3, 2) and drafts.dtype == torch.int64
     assert set(drafts.flatten().tolist()) <= set((torch.arange(16) * 3).tolist())
+
+
+def test_fp32_heads_can_score_bf16_rows():
+    """The vLLM layer's CPU default: fp32 head network, draft rows gathered in bf16."""
+    model, lm_head = build(tiny_config(draft_vocab_size=16))
+    model.set_draft_vocab(torch.arange(16) * 3)
+    model.scoring_dtype = torch.bfloat16
+    rows = model.vocab_weight()
+    assert model.dtype == torch.float32 and rows.dtype == torch.bfloat16
+    assert torch.equal(rows, lm_head[torch.arange(16) * 3].to(torch.bfloat16))
+    z = torch.randn(5, D)
+    expected = F.linear(z.bfloat16(), rows).float()
+    torch.testing.assert_close(model.logits(z).float(), expected, rtol=1e-2, atol=1e-2)
+    assert model.propose(torch.randn(3, D), torch.tensor([1, 2, 3]), 2).shape == (3, 2)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 7])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_row_scores_equal_linear(rows: int, dtype: torch.dtype):
+    """The bf16 CPU path (w @ x^T, one row duplicated) scores as F.linear does."""
+    from vllm_clover.modeling.clover import row_scores
+
+    gen = torch.Generator().manual_seed(rows)
+    x, w = torch.randn(rows, D, generator=gen), torch.randn(40, D, generator=gen)
+    got = row_scores(x.to(dtype), w.to(dtype))
+    assert got.shape == (rows, 40) and got.dtype == dtype
+    torch.testing.assert_close(got.float(), F.linear(x, w), rtol=2e-2, atol=5e-2)
+    assert torch.equal(row_scores(x[None], w), F.linear(x[None], w))  # (..., D): F.linear

@@ -68,3 +68,23 @@ def test_medusa_reports_its_token_map_as_loaded(monkeypatch):
     with_map, without = SimpleNamespace(token_map=torch.arange(3)), SimpleNamespace(token_map=None)
     assert Medusa.load_weights(with_map, []) == {"blocks.0.weight", "token_map"}
     assert Medusa.load_weights(without, []) == {"blocks.0.weight"}
+
+
+def test_api_server_gets_a_bounded_http_shutdown(monkeypatch):
+    """serve_http is called with uvicorn's graceful-shutdown timeout unless one is given."""
+    import asyncio
+
+    from vllm.entrypoints.launchers.api_server import entry
+
+    patches.apply_patches()
+    assert getattr(entry.serve_http, patches.MARKER) == "http_shutdown_grace"
+
+    async def record(app, sock, **uvicorn_kwargs):
+        return uvicorn_kwargs
+
+    monkeypatch.setattr(entry, "serve_http", record)
+    patches._patch_http_shutdown_grace()
+    defaulted = asyncio.run(entry.serve_http("app", None, port=8000))
+    given = asyncio.run(entry.serve_http("app", None, port=8000, timeout_graceful_shutdown=9))
+    assert defaulted == {"port": 8000, "timeout_graceful_shutdown": patches.HTTP_SHUTDOWN_GRACE_S}
+    assert given["timeout_graceful_shutdown"] == 9

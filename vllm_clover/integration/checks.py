@@ -18,7 +18,7 @@ from vllm_clover.modeling.checkpoint import CONFIG_NAME, CloverCheckpointError, 
 from vllm_clover.modeling.config import CloverConfig
 
 CLOVER_MODEL_TYPE = "clover"
-DRAFT_DTYPE_ENV = "CLOVER_DRAFT_DTYPE"  # dtype of the head loop, see model.drafting_dtype
+DRAFT_DTYPE_ENV = "CLOVER_DRAFT_DTYPE"  # drafts' scoring dtype, see model.scoring_dtype
 DRAFT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DRAFT_DTYPE_CHOICES = ("auto", *DRAFT_DTYPES)
 # vLLM routes draft paths containing these substrings to other methods (config/speculative.py).

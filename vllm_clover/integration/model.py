@@ -58,16 +58,19 @@ def augmenting_layer_config(config: CloverConfig) -> LlamaConfig:
     )
 
 
-def drafting_dtype(target_dtype: torch.dtype, device: torch.device, setting: str) -> torch.dtype:
-    """The dtype the head loop runs in (the Augmenting Block always runs in the target's).
+def scoring_dtype(target_dtype: torch.dtype, device: torch.device, setting: str) -> torch.dtype:
+    """The dtype the heads score their draft-vocabulary rows in (`CloverHeads.scoring_dtype`).
 
+    Scoring N x D LM-head rows is the one large read of a head step; the head network
+    (attention decoder, residual blocks) and the Augmenting Block run in the target's dtype.
     setting: "auto" or a key of DRAFT_DTYPES (checks.draft_dtype_setting, from
     $CLOVER_DRAFT_DTYPE). "auto" picks bfloat16 for a float32 target on a CPU with native
-    bf16 matmul (AMX / AVX512-BF16): each head step reads N x D LM-head rows, and in bf16
-    that is half the bytes and runs on the bf16 units. Drafts only propose; vLLM's
-    rejection sampler verifies them against the float32 target, so the output is unchanged
-    (greedy: token for token). Examples: (float32, cpu, "auto") -> bfloat16 on this
-    project's Xeon; (bfloat16, cuda, "auto") -> bfloat16; (float32, cpu, "float32") -> float32.
+    bf16 matmul (AMX / AVX512-BF16): half the bytes, on the bf16 units (the small D x D
+    matmuls of the network are faster in fp32 at small batch there: docs/drafting-cost.md).
+    Drafts only propose; vLLM's rejection sampler verifies them against the target, so the
+    output is unchanged (greedy: token for token). Examples: (float32, cpu, "auto") ->
+    bfloat16 on this project's Xeon; (bfloat16, cuda, "auto") -> bfloat16;
+    (float32, cpu, "float32") -> float32.
     """
     if setting != "auto":
         return DRAFT_DTYPES[setting]

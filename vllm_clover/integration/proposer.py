@@ -25,7 +25,7 @@ from vllm.logger import init_logger
 from vllm.v1.spec_decode.eagle import EagleProposer
 
 from vllm_clover.integration.checks import DRAFT_DTYPE_ENV, draft_dtype_setting
-from vllm_clover.integration.model import drafting_dtype
+from vllm_clover.integration.model import scoring_dtype
 from vllm_clover.modeling.checkpoint import CloverCheckpointError, check_target_fits
 from vllm_clover.modeling.vocab_parallel import VocabParallelCloverHeads
 
@@ -119,10 +119,9 @@ class CloverProposer(EagleProposer):
             self._check_fits(lm_head.weight[: config.vocab_size],
                              None if embedding is None else embedding.weight[: config.vocab_size])
         setting = draft_dtype_setting()
-        dtype = drafting_dtype(lm_head.weight.dtype, lm_head.weight.device, setting)
-        logger.info("Clover: head loop in %s, target in %s (%s=%s)", dtype,
-                    lm_head.weight.dtype, DRAFT_DTYPE_ENV, setting)
-        heads.to(dtype)  # before attaching: .to() would copy the shared rows
+        heads.scoring_dtype = scoring_dtype(lm_head.weight.dtype, lm_head.weight.device, setting)
+        logger.info("Clover: draft rows scored in %s, head network and target in %s (%s=%s)",
+                    heads.scoring_dtype, lm_head.weight.dtype, DRAFT_DTYPE_ENV, setting)
         if isinstance(heads, VocabParallelCloverHeads):
             shard = lm_head.shard_indices  # this rank's real ids, vLLM's padding dropped
             rows = slice(0, shard.num_org_elements)

@@ -73,16 +73,16 @@ class VocabParallelCloverHeads(CloverHeads):
         return rows
 
     def vocab_weight(self) -> torch.Tensor:
-        """This rank's draft rows (n, D), n >= 0, in the heads' dtype; cached like the base."""
+        """This rank's draft rows (n, D), n >= 0, in rows_dtype; cached like the base."""
         w = self._lm_head()
         ids = self.draft_vocab_ids
-        key = (id(w), w._version, w.dtype, self.vocab_start, self.dtype,
+        key = (id(w), w._version, w.dtype, self.vocab_start, self.rows_dtype,
                None if ids is None else (id(ids), ids._version))
         if self._local_draft is None or self._local_draft[0] != key:
             if ids is None:
                 ids = torch.arange(self.vocab_start, self.vocab_end, device=w.device)
             mine = ids[(ids >= self.vocab_start) & (ids < self.vocab_end)]  # (n,) sorted
-            rows = w.index_select(0, mine - self.vocab_start).to(self.dtype)
+            rows = w.index_select(0, mine - self.vocab_start).to(self.rows_dtype)
             self._local_draft = (key, rows, mine)
         return self._local_draft[1]
 
