@@ -70,23 +70,35 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--heads", required=True, help="checkpoint written by train --medusa")
     export.add_argument("--target", required=True, help="the target they were trained for")
     export.add_argument("--out", required=True)
+    export.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"),
+                        help="dtype of the written weights (vLLM casts to the serving dtype)")
     export.add_argument("--overwrite", action="store_true")
     return parser
 
 
-def export_medusa_command(heads: str, target: str, out: str, overwrite: bool) -> None:
+def export_medusa_command(heads: str, target: str, out: str, overwrite: bool,
+                          dtype: str) -> None:
     """Medusa heads -> vLLM `MedusaModel` folder (serve with `{"method": "medusa", ...}`)."""
     import torch
 
     from vllm_clover.modeling import export_medusa, load_clover
     from vllm_clover.training.teacher import load_teacher
 
+    from vllm_clover.training.card import medusa_export_card
+
     teacher = load_teacher(target, torch.device("cpu"), torch.float32)
     try:  # CloverCheckpointError is a ValueError, as is "not a Medusa configuration"
         model = load_clover(heads, teacher.lm_head)
-        export_medusa(model, model.config, out, teacher.lm_head, overwrite=overwrite)
+        export_medusa(model, model.config, out, teacher.lm_head, overwrite=overwrite,
+                      dtype=getattr(torch, dtype))
     except (ValueError, FileExistsError) as err:
         raise TrainingError(str(err)) from err
+    source_card = Path(heads, "README.md")
+    command = (f"vllm-clover export-medusa --heads {heads} --target {target} --out {out} "
+               f"--dtype {dtype}")
+    Path(out, "README.md").write_text(medusa_export_card(
+        source_card.read_text() if source_card.is_file() else None, command, target,
+        model.config.num_heads), encoding="utf-8")
     print(f"wrote vLLM Medusa heads to {out}")
 
 
@@ -134,7 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "fetch":
             fetch(args.assets, args.cache_dir, args.force)
         elif args.command == "export-medusa":
-            export_medusa_command(args.heads, args.target, args.out, args.overwrite)
+            export_medusa_command(args.heads, args.target, args.out, args.overwrite, args.dtype)
         elif args.command == "demo":
             from vllm_clover.demo import run_demo
 

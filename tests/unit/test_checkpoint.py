@@ -372,3 +372,25 @@ def test_export_medusa_loads_in_vllm_losslessly(
         assert torch.equal(
             stand_in.draft(hidden), model.propose(hidden, torch.zeros(6, dtype=torch.long), K)
         )
+
+
+def test_save_and_export_in_bf16(tmp_path: Path) -> None:
+    """fp32 weights stored as bf16 (half the bytes); the draft vocabulary stays int64."""
+    cfg = tiny_config(draft_vocab_size=50)
+    model, lm_head = trained_model(cfg)
+    save_clover(model, cfg, tmp_path / "ckpt", dtype=torch.bfloat16)
+    state = load_file(tmp_path / "ckpt" / "model.safetensors")
+    assert {t.dtype for n, t in state.items() if n != "draft_vocab_ids"} == {torch.bfloat16}
+    assert torch.equal(state["draft_vocab_ids"], model.draft_vocab_ids)
+    loaded = load_clover(tmp_path / "ckpt", lm_head, target_name="tiny-target",
+                         dtype=torch.float32)
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor.to(torch.bfloat16).to(tensor.dtype))
+
+    medusa_cfg = CloverConfig.medusa(hidden_size=D, vocab_size=V, num_heads=K, draft_vocab_size=50)
+    medusa, _ = trained_model(medusa_cfg)
+    out = export_medusa(medusa, medusa_cfg, tmp_path / "medusa", lm_head, dtype=torch.bfloat16)
+    exported = load_file(out / "model.safetensors")
+    assert exported["lm_heads.0.weight"].dtype == torch.bfloat16
+    assert exported["token_map"].dtype == torch.int64
+    assert json.loads((out / "config.json").read_text())["torch_dtype"] == "bfloat16"

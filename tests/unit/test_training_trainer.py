@@ -102,6 +102,8 @@ def test_draft_vocab_medusa_and_eval_heads(tiny, tmp_path: Path, capsys) -> None
                  "--out", str(tmp_path / "native")]) == 0
     native = json.loads((tmp_path / "native" / "config.json").read_text())
     assert native["architectures"] == ["MedusaModel"] and native["num_heads"] == 3
+    card = (tmp_path / "native" / "README.md").read_text()
+    assert '"method": "medusa"' in card and "## Medusa-1 baseline heads" in card
     assert main(["export-medusa", "--heads", str(clover.out), "--target", str(tiny["target"]),
                  "--out", str(tmp_path / "not-medusa")]) == 2  # Clover heads are refused
     assert not (tmp_path / "not-medusa").exists()

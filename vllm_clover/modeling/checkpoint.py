@@ -73,12 +73,15 @@ def save_clover(
     model_card: str | None = None,
     *,
     overwrite: bool = False,
+    dtype: torch.dtype | None = None,
 ) -> Path:
     """Write ``config.json`` + ``model.safetensors`` (+ ``README.md``) atomically to out_dir.
 
     ``config`` must describe the same architecture as ``model`` (checked by weight
     names/shapes). If the model has an attached LM head, its fingerprint is recorded
-    (and must equal a fingerprint already set in ``config``). Returns the folder path.
+    (and must equal a fingerprint already set in ``config``). ``dtype``: store the float
+    weights in it (e.g. bfloat16: half the size; loading casts to the serving dtype).
+    Returns the folder path.
     """
     config = copy.deepcopy(config)
     _check_same_architecture(model, config)
@@ -91,7 +94,7 @@ def save_clover(
                 f"but the attached LM head has fingerprint {fingerprint}"
             )
         config.target_lm_head_fingerprint = fingerprint
-    state = {name: t.detach().cpu().contiguous() for name, t in model.state_dict().items()}
+    state = {name: _stored(t, dtype) for name, t in model.state_dict().items()}
 
     with atomic_directory(Path(out_dir), overwrite=overwrite) as tmp:
         config.to_json_file(tmp / CONFIG_NAME, use_diff=False)
@@ -100,6 +103,14 @@ def save_clover(
         if model_card is not None:
             (tmp / MODEL_CARD_NAME).write_text(model_card, encoding="utf-8")
     return Path(out_dir)
+
+
+def _stored(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """A CPU copy to save: float tensors in ``dtype`` (if given), others unchanged."""
+    tensor = tensor.detach().cpu()
+    if dtype is not None and tensor.is_floating_point():
+        tensor = tensor.to(dtype)
+    return tensor.contiguous()
 
 
 def _check_same_architecture(model: CloverHeads, config: CloverConfig) -> None:
@@ -313,6 +324,7 @@ def export_medusa(
     lm_head_weight: torch.Tensor,
     *,
     overwrite: bool = False,
+    dtype: torch.dtype | None = None,
 ) -> Path:
     """Write a vLLM-native Medusa folder (vLLM 0.32 ``MedusaModel``) from Medusa-configured heads.
 
@@ -334,7 +346,9 @@ def export_medusa(
         raise CloverCheckpointError(
             f"lm_head_weight shape {tuple(lm_head_weight.shape)} != {expected}"
         )
-    medusa_config, state = _medusa_state(model, config, lm_head_weight.detach().cpu().contiguous())
+    lm_head = _stored(lm_head_weight, dtype)
+    medusa_config, state = _medusa_state(model, config, lm_head)
+    state = {name: _stored(t, dtype) for name, t in state.items()}
 
     with atomic_directory(Path(out_dir), overwrite=overwrite) as tmp:
         (tmp / CONFIG_NAME).write_text(json.dumps(medusa_config, indent=2) + "\n", encoding="utf-8")

@@ -28,7 +28,8 @@ def model_card(cfg: TrainConfig, config: CloverConfig, summary: dict[str, Any]) 
     vocab = config.draft_vocab_size or f"full ({config.vocab_size})"
     settings = {k: v for k, v in dataclasses.asdict(cfg).items()
                 if k not in ("resume", "overwrite", "progress", "stop_after")}
-    return f"""# Clover draft heads for `{cfg.target}`
+    kind = "Medusa-1 baseline heads" if config.is_medusa else "Clover draft heads"
+    return f"""# {kind} for `{cfg.target}` (vllm-clover format)
 
 {variant_name(config)}; {config.num_heads} heads, draft vocabulary {vocab}.
 Trained with `vllm-clover train` (self-distillation against the frozen target's own
@@ -71,3 +72,24 @@ clip {cfg.grad_clip} |
 {json.dumps(settings, indent=2)}
 ```
 """
+
+
+def medusa_export_card(source_card: str | None, command: str, target: str,
+                       num_heads: int) -> str:
+    """README.md of a `vllm-clover export-medusa` folder: how to serve it, then the card of
+    the heads it was exported from (their training and held-out accuracy)."""
+    source = "(the source heads had no model card)" if source_card is None else \
+        ("\n" + source_card).replace("\n#", "\n##").lstrip("\n")
+    return f"""# vLLM-native Medusa heads for `{target}`
+
+Exported with `{command}` from Medusa-configured heads trained by `vllm-clover train
+--medusa`; loads with vLLM's own Medusa proposer (no plugin code runs for it).
+
+```python
+LLM(model="{target}", speculative_config={{"method": "medusa", "model": "<this folder>",
+    "num_speculative_tokens": {num_heads}}})
+```
+
+## Source heads
+
+{source}"""

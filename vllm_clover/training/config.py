@@ -66,6 +66,8 @@ class TrainConfig:
     dtype: str = opt("float32", "compute dtype: float32 or bfloat16 (autocast)",
                       choices=("float32", "bfloat16"))
     device: str = opt("auto", "cpu, cuda, cuda:N or auto")
+    save_dtype: str = opt("bfloat16", "dtype of the saved checkpoint's weights",
+                          choices=("float32", "bfloat16"))
     # bookkeeping
     cache_dir: str | None = opt(None, "hidden-state cache root (default: "
                                  "<vllm-clover cache>/hidden-states)")
@@ -180,6 +182,8 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type = TrainConfig) -> N
         if hints[f.name] is bool:
             flag = _flag(("no_" if f.default else "") + f.name)
             kwargs.update(action="store_false" if f.default else "store_true", default=f.default)
+            if f.default:  # the help describes the option; the flag turns it off
+                kwargs["help"] = f"turn off: {kwargs['help']}"
         else:
             flag = _flag(f.name)
             base = [t for t in typing.get_args(hints[f.name]) if t is not type(None)]

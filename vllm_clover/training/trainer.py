@@ -277,6 +277,6 @@ class TrainLoop:
         if self.runtime.is_main:
             card = model_card(self.cfg, self.heads.config, summary)
             save_clover(self.heads, self.heads.config, self.cfg.out, card,
-                        overwrite=self.cfg.overwrite)
+                        overwrite=self.cfg.overwrite, dtype=getattr(torch, self.cfg.save_dtype))
         self.runtime.barrier()
         return Path(self.cfg.out)
