@@ -55,10 +55,12 @@ def engine_step_seconds(target: str, batch: int, max_tokens: int,
     return elapsed / counters.steps, drafting
 
 
-def head_loop_seconds(heads_dir: Path, batch: int, full_vocab: bool, dtype: torch.dtype,
-                      repeats: int = 50) -> float:
-    """Seconds for one K-step `propose` on `batch` rows (fp32 heads and target, draft rows
-    scored in `dtype`), with the caches flushed before each call as a target step would."""
+def head_loop_seconds(heads_dir: Path, batch: int, num_steps: int, full_vocab: bool,
+                      dtype: torch.dtype, repeats: int = 50) -> float:
+    """Seconds for one `propose` of num_steps on `batch` rows (fp32 heads and target, draft
+    rows scored in `dtype`), with the caches flushed before each call as a target step would."""
+    if num_steps == 0:
+        return 0.0
     from safetensors.torch import load_file
 
     from vllm_clover.assets.target import fetch_reference_target
@@ -77,13 +79,13 @@ def head_loop_seconds(heads_dir: Path, batch: int, full_vocab: bool, dtype: torc
     heads.attach_target(state["model.embed_tokens.weight"].float())
     h0 = torch.randn(batch, config.hidden_size)
     t0 = torch.randint(0, config.vocab_size, (batch,))
-    heads.propose(h0, t0, config.num_heads)  # warm-up
+    heads.propose(h0, t0, num_steps)  # warm-up
     flush = torch.zeros(32 * 2**20)  # 128 MB, more than the last-level cache
     seconds = 0.0
     for _ in range(repeats):
         flush.add_(1.0)
         started = time.perf_counter()
-        heads.propose(h0, t0, config.num_heads)
+        heads.propose(h0, t0, num_steps)
         seconds += time.perf_counter() - started
     return seconds / repeats
 
@@ -93,6 +95,9 @@ def main() -> None:
     parser.add_argument("--heads", type=Path, default=REFERENCE_HEADS)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--num-speculative-tokens", type=int, nargs="+",
+                        help="K values to time (default: all trained heads); K = 0 pins "
+                        "dynamic speculation to 0: the Augmenting Block and vLLM's bookkeeping")
     parser.add_argument("--draft-dtype", default="auto",
                         choices=("auto", "float32", "bfloat16"),
                         help="draft-row scoring dtype (as $CLOVER_DRAFT_DTYPE in the engine)")
@@ -105,20 +110,24 @@ def main() -> None:
     from vllm_clover.modeling import load_clover_config
 
     target = str(fetch_reference_target())
-    k = load_clover_config(args.heads).num_heads
+    num_heads = load_clover_config(args.heads).num_heads
     dtype = scoring_dtype(torch.float32, torch.device("cpu"), args.draft_dtype)
     print(f"draft rows scored in {dtype} (--draft-dtype {args.draft_dtype})")
-    clover = {"method": "clover", "model": str(args.heads), "num_speculative_tokens": k}
-    print("| batch | target step t_v | drafting t_d (in engine) | head loop t_h (draft vocab / "
-          "full) | t_d / t_v | full-vocabulary estimate |\n|---|---|---|---|---|---|")
+    print("| batch | K | target step t_v | drafting t_d (in engine) | t_d / t_v | head loop "
+          "alone (draft vocab / full) | full-vocabulary estimate |\n|---|---|---|---|---|---|---|")
     for batch in args.batch_sizes:
         t_v, _ = engine_step_seconds(target, batch, args.max_tokens, None)
-        _, t_d = engine_step_seconds(target, batch, args.max_tokens, clover)
-        t_draft = head_loop_seconds(args.heads, batch, full_vocab=False, dtype=dtype)
-        t_full = head_loop_seconds(args.heads, batch, full_vocab=True, dtype=dtype)
-        print(f"| {batch} | {t_v * 1e3:.1f} ms | {t_d * 1e3:.1f} ms | {t_draft * 1e3:.1f} / "
-              f"{t_full * 1e3:.1f} ms | {t_d / t_v:.1%} | {(t_d - t_draft + t_full) / t_v:.0%} |",
-              flush=True)
+        for k in args.num_speculative_tokens or [num_heads]:
+            clover = {"method": "clover", "model": str(args.heads),
+                      "num_speculative_tokens": max(k, 1)}
+            if k == 0:
+                clover["num_speculative_tokens_per_batch_size"] = [[1, 1024, 0]]
+            _, t_d = engine_step_seconds(target, batch, args.max_tokens, clover)
+            t_draft = head_loop_seconds(args.heads, batch, k, full_vocab=False, dtype=dtype)
+            t_full = head_loop_seconds(args.heads, batch, k, full_vocab=True, dtype=dtype)
+            print(f"| {batch} | {k} | {t_v * 1e3:.1f} ms | {t_d * 1e3:.1f} ms | {t_d / t_v:.1%} | "
+                  f"{t_draft * 1e3:.1f} / {t_full * 1e3:.1f} ms | "
+                  f"{(t_d - t_draft + t_full) / t_v:.0%} |", flush=True)
 
 if __name__ == "__main__":
     main()

@@ -91,11 +91,17 @@ def make_untrained_clover(target_dir: Path, out_dir: Path, num_heads: int = 4,
     return save_clover(heads, config, out_dir, model_card="untrained test heads")
 
 
+# The paper's full configuration, Augmenting Block included: the engine and server tests need
+# its paged draft KV cache (prefix caching, preemption, chunked prefill, aborts). The reference
+# heads (REFERENCE_HEADS, the best configuration at our budget) have no Augmenting Block.
+FULL_CLOVER_HEADS = REFERENCE_HEADS.with_name(REFERENCE_HEADS.name + "-full")
+
+
 @pytest.fixture(scope="session")
 def clover_heads(reference_target, tmp_path_factory) -> Path:
-    """The committed reference heads if present (they accept drafts), else untrained ones."""
-    if (REFERENCE_HEADS / "config.json").is_file():
-        return REFERENCE_HEADS
+    """Committed full-configuration heads if present (they accept drafts), else untrained ones."""
+    if (FULL_CLOVER_HEADS / "config.json").is_file():
+        return FULL_CLOVER_HEADS
     return make_untrained_clover(reference_target, tmp_path_factory.mktemp("clover") / "heads")
 
 
