@@ -75,6 +75,28 @@ def test_greedy_output_equals_vanilla(reference_target, clover_heads, clover_num
     assert len(metrics["num_accepted_tokens_per_pos"]) == clover_num_heads
 
 
+@pytest.mark.parametrize("max_num_seqs", [1, 4])
+def test_heads_without_augmenting_block_draft_straight_from_the_target(
+        reference_target, mtbench_path, vanilla_tokens, max_num_seqs):
+    """The reference heads have no Augmenting Block: no draft layer, no draft KV cache (vLLM's
+    EAGLE path would assert on a drafter without attention layers); same tokens as vanilla,
+    and trained heads get drafts accepted."""
+    from vllm_clover.assets.target import REFERENCE_HEADS
+
+    config = json.loads((REFERENCE_HEADS / "config.json").read_text())
+    assert config["use_augmenting_block"] is False
+    spec = {"method": "clover", "model": str(REFERENCE_HEADS), "num_speculative_tokens": 3}
+    with in_process_llm(reference_target, speculative_config=spec, max_num_seqs=max_num_seqs,
+                        disable_log_stats=False) as llm:
+        assert set(llm.collective_rpc(
+            lambda worker: len(worker.model_runner.drafter._draft_attn_layer_names))) == {0}
+        outputs = llm.chat(_chats(mtbench_path, 8), _greedy(48), use_tqdm=False)
+        metrics = _spec_metrics(llm)
+    assert [list(o.outputs[0].token_ids) for o in outputs] == vanilla_tokens[:8]
+    assert metrics["num_draft_tokens"] == 3 * metrics["num_drafts"] > 0
+    assert metrics["num_accepted_tokens"] > 0
+
+
 def test_method_is_detected_from_the_checkpoint(reference_target, clover_heads, mtbench_path,
                                                 vanilla_tokens):
     spec = {"model": str(clover_heads), "num_speculative_tokens": 2}

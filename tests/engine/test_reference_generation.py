@@ -38,10 +38,11 @@ def test_batched_greedy_equals_one_at_a_time(llm, mtbench_path):
     assert batched == alone
 
 
-def test_demo_command_compares_clover_with_vanilla(reference_target, clover_heads):
-    """The README's main job, small: both runs, identical greedy outputs, figures printed."""
+def test_demo_command_compares_clover_with_vanilla(reference_target):
+    """The README's main job, small, with the reference heads (no Augmenting Block): both
+    runs, identical greedy outputs, figures printed."""
     code = ("from vllm_clover.cli import main; import sys; sys.exit(main(['demo', "
-            f"'--num-prompts', '2', '--max-tokens', '16', '--heads', '{clover_heads}']))")
+            "'--num-prompts', '2', '--max-tokens', '16']))")
     output = run_python(f"if __name__ == '__main__':\n    {code}")
     assert "contains 'Paris' [ok]" in output
     assert "greedy outputs identical to vanilla: 2/2 prompts" in output

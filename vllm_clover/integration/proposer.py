@@ -62,6 +62,11 @@ class CloverProposer(EagleProposer):
         K may change from step to step (dynamic speculation) and may be 0, in which case
         the Augmenting Block still runs so its KV cache stays in sync.
         """
+        if not self.model.layers:  # no Augmenting Block: h0 = H, no draft forward at all
+            rows = (common_attn_metadata.query_start_loc[1:] - 1
+                    if token_indices_to_sample is None else token_indices_to_sample)
+            return self._draft_from_target(num_speculative_tokens, target_hidden_states[rows],
+                                           next_token_ids)
         self._chain_length = num_speculative_tokens
         self._chain_start = next_token_ids
         drafts = super().propose(
@@ -74,6 +79,39 @@ class CloverProposer(EagleProposer):
         if num_speculative_tokens == 0:
             return drafts  # [num_reqs, 0]: the Augmenting Block ran, nothing to draft
         return drafts.reshape(-1, num_speculative_tokens)  # [num_reqs * K, 1] -> [num_reqs, K]
+
+    def _draft_from_target(
+        self,
+        num_speculative_tokens: int,
+        # [num_reqs, hidden_size]: H at each request's last accepted token
+        hidden_states: torch.Tensor,
+        # [num_reqs]: t0
+        next_token_ids: torch.Tensor,
+    ) -> torch.Tensor:
+        """The head loop straight on the target's hidden states: [num_reqs, K] int64.
+
+        What the base class's draft pass reduces to when there is no Augmenting Block (its
+        draft model would be the identity): no draft KV cache, no attention metadata.
+        """
+        self.num_speculative_tokens = num_speculative_tokens
+        self._last_draft_probs = None  # greedy drafts: vLLM treats them as one-hot
+        if num_speculative_tokens == 0:
+            return next_token_ids.new_empty((next_token_ids.shape[0], 0), dtype=torch.int64)
+        return self.model.heads.propose(hidden_states, next_token_ids.long(),
+                                        num_speculative_tokens)
+
+    def initialize_attn_backend(self, kv_cache_config, kernel_block_sizes=None) -> None:
+        """Attention groups for the Augmenting Block's layers; none without the block.
+
+        vLLM asserts that a drafter's attention layers share one KV-cache group, which a
+        drafter without any fails. Pointing kv_cache_gid at group 0 makes the runner hand
+        propose() the target's common attention metadata (its query_start_loc finds each
+        request's last token); nothing else reads it for a drafter without layers.
+        """
+        if self._draft_attn_layer_names:
+            super().initialize_attn_backend(kv_cache_config, kernel_block_sizes)
+        else:
+            self.kv_cache_gid = 0
 
     def _sample_draft_tokens(self, hidden_states: torch.Tensor, sampling_metadata):
         """The head loop, where the base class would sample one draft.
