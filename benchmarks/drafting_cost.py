@@ -99,7 +99,7 @@ def main() -> None:
                         help="K values to time (default: all trained heads); K = 0 pins "
                         "dynamic speculation to 0: the Augmenting Block and vLLM's bookkeeping")
     parser.add_argument("--draft-dtype", default="auto",
-                        choices=("auto", "float32", "bfloat16"),
+                        choices=("auto", "float32", "bfloat16", "int8"),
                         help="draft-row scoring dtype (as $CLOVER_DRAFT_DTYPE in the engine)")
     args = parser.parse_args()
     os.environ["CLOVER_DRAFT_DTYPE"] = args.draft_dtype  # the engine's pick = the timed one

@@ -44,11 +44,11 @@ def vanilla_tokens(reference_target, mtbench_path):
 
 def _scoring_dtype(llm) -> str:
     (dtype,) = set(llm.collective_rpc(
-        lambda worker: str(worker.model_runner.drafter.model.heads.vocab_weight().dtype)))
+        lambda worker: str(worker.model_runner.drafter.model.heads.draft_rows().dtype)))
     return dtype
 
 
-# Drafts are scored in bf16 by default on CPUs with bf16 units ("auto"), float32 on request.
+# Draft rows are scored in int8 by default on CPU ("auto"), float32 on request.
 @pytest.mark.parametrize("max_num_seqs,draft_dtype",
                          [(1, "auto"), (4, "auto"), (16, "auto"), (4, "float32")])
 def test_greedy_output_equals_vanilla(reference_target, clover_heads, clover_num_heads,

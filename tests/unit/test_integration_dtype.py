@@ -8,25 +8,25 @@ from vllm_clover.integration.model import scoring_dtype
 
 pytestmark = pytest.mark.unit
 
-CPU = torch.device("cpu")
+CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
 
-def test_auto_keeps_a_half_precision_target_dtype():
-    assert scoring_dtype(torch.bfloat16, CPU, "auto") == torch.bfloat16
-    assert scoring_dtype(torch.float16, torch.device("cuda"), "auto") == torch.float16
-
-
-def test_auto_scores_in_bf16_on_an_fp32_target_only_where_the_cpu_has_bf16_units(monkeypatch):
-    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
-    assert scoring_dtype(torch.float32, CPU, "auto") == torch.bfloat16
-    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
-    assert scoring_dtype(torch.float32, CPU, "auto") == torch.float32
-    assert scoring_dtype(torch.float32, torch.device("cuda"), "auto") == torch.float32
+def test_auto_scores_int8_on_cpu_and_in_the_target_dtype_elsewhere():
+    for target in (torch.float32, torch.bfloat16):
+        assert scoring_dtype(target, CPU, "auto") == torch.int8
+    assert scoring_dtype(torch.float16, CUDA, "auto") == torch.float16
+    assert scoring_dtype(torch.float32, CUDA, "auto") == torch.float32
 
 
 def test_an_explicit_setting_wins():
     assert scoring_dtype(torch.float32, CPU, "float32") == torch.float32
     assert scoring_dtype(torch.float32, CPU, "bfloat16") == torch.bfloat16
+    assert scoring_dtype(torch.bfloat16, CUDA, "float32") == torch.float32
+
+
+def test_int8_off_the_cpu_is_refused():
+    with pytest.raises(ValueError, match="CLOVER_DRAFT_DTYPE=int8 scores draft rows with CPU"):
+        scoring_dtype(torch.bfloat16, CUDA, "int8")
 
 
 def test_the_setting_is_read_from_the_environment_and_validated(monkeypatch):

@@ -249,6 +249,22 @@ def test_teacher_forced_forward_equals_propose(variant: str) -> None:
     assert torch.equal(model.draft_to_target(logits[0, t].argmax(-1)), drafts[0])
 
 
+def test_regressive_table_holds_the_decoder_kv_of_each_draft_token() -> None:
+    """Drafting looks k, v of its own drafts up instead of computing them; kept in sync."""
+    model, _ = build(tiny_config(**VARIANTS["two_layers_draft_vocab"]))
+    table = model.regressive_table()  # (N, 2D)
+    with torch.no_grad():
+        expected = model.decoder.key_value(model.embed_tokens(model.draft_vocab_ids))
+    assert table.shape == (40, 2 * D) and torch.equal(table, expected)
+    assert model.regressive_table() is table  # built once
+    with torch.no_grad():
+        model.decoder.v_proj.weight.mul_(2.0)  # e.g. an optimizer step, in place
+    rebuilt = model.regressive_table()
+    assert rebuilt is not table and torch.equal(rebuilt[:, D:], 2.0 * table[:, D:])
+    for variant in ("clover", "no_regressive", "no_decoder"):  # full vocab / no token input
+        assert build(tiny_config(**VARIANTS[variant]))[0].regressive_table() is None
+
+
 def test_shift_tokens_for_heads_worked_example() -> None:
     ids = torch.tensor([[10, 11, 12, 13, 14, 15]])
     out = shift_tokens_for_heads(ids, 2, pad_id=-1)
@@ -444,24 +460,54 @@ def test_bf16_heads_score_bf16_rows_of_an_fp32_lm_head():
 
 
 def test_fp32_heads_can_score_bf16_rows():
-    """The vLLM layer's CPU default: fp32 head network, draft rows gathered in bf16."""
+    """Drafting scores its own copy of the rows (scoring_dtype); training keeps fp32 ones."""
     model, lm_head = build(tiny_config(draft_vocab_size=16))
     model.set_draft_vocab(torch.arange(16) * 3)
     model.scoring_dtype = torch.bfloat16
-    rows = model.vocab_weight()
-    assert model.dtype == torch.float32 and rows.dtype == torch.bfloat16
-    assert torch.equal(rows, lm_head[torch.arange(16) * 3].to(torch.bfloat16))
+    rows = model.draft_rows()
+    assert model.dtype == torch.float32 and rows.dtype == torch.bfloat16 and rows.scale is None
+    assert torch.equal(rows.weight, lm_head[torch.arange(16) * 3].to(torch.bfloat16))
+    assert model.draft_rows() is rows and model.vocab_weight().dtype == torch.float32
     z = torch.randn(5, D)
-    expected = F.linear(z.bfloat16(), rows).float()
-    torch.testing.assert_close(model.logits(z).float(), expected, rtol=1e-2, atol=1e-2)
+    expected = F.linear(z.bfloat16(), rows.weight).float()
+    torch.testing.assert_close(rows.scores(z).float(), expected, rtol=1e-2, atol=1e-2)
     assert model.propose(torch.randn(3, D), torch.tensor([1, 2, 3]), 2).shape == (3, 2)
+
+
+def test_int8_draft_rows_score_like_the_float_rows():
+    """int8 rows (the CPU default): scores = z . W[j] up to one positive factor per row of z."""
+    model, lm_head = build(tiny_config(draft_vocab_size=16))
+    model.set_draft_vocab(torch.arange(16) * 3)
+    model.scoring_dtype = torch.int8
+    rows = model.draft_rows()
+    assert rows.dtype == torch.int8 and rows.scale.shape == (16,)
+    exact = lm_head[torch.arange(16) * 3]
+    torch.testing.assert_close(rows.weight.float() * rows.scale[:, None], exact,
+                               rtol=0, atol=float(rows.scale.max()) / 2 + 1e-6)
+    z = torch.randn(64, D)
+    z_scale = z.abs().amax(-1, keepdim=True) / 127  # the factor scores() leaves out
+    got, expected = rows.scores(z) * z_scale, F.linear(z, exact)
+    assert got.shape == (64, 16) and got.dtype == torch.float32
+    torch.testing.assert_close(got, expected, rtol=0.05, atol=0.15)
+    agree = (got.argmax(-1) == expected.argmax(-1)).float().mean()
+    assert agree >= 0.9, agree  # near-ties may differ: drafts only propose
+    drafts = model.propose(torch.randn(3, D), torch.tensor([1, 2, 3]), 2)
+    assert set(drafts.flatten().tolist()) <= set((torch.arange(16) * 3).tolist())
+
+
+def test_quantize_int8_worked_example():
+    from vllm_clover.modeling.scoring import quantize_int8
+
+    q, scale = quantize_int8(torch.tensor([[0.5, -1.0, 0.25], [0.0, 0.0, 0.0]]))
+    assert q.dtype == torch.int8 and q.tolist() == [[64, -127, 32], [0, 0, 0]]
+    torch.testing.assert_close(scale, torch.tensor([1 / 127, 1e-12 / 127]))
 
 
 @pytest.mark.parametrize("rows", [1, 2, 7])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_row_scores_equal_linear(rows: int, dtype: torch.dtype):
     """The bf16 CPU path (w @ x^T, one row duplicated) scores as F.linear does."""
-    from vllm_clover.modeling.clover import row_scores
+    from vllm_clover.modeling.scoring import row_scores
 
     gen = torch.Generator().manual_seed(rows)
     x, w = torch.randn(rows, D, generator=gen), torch.randn(40, D, generator=gen)

@@ -50,23 +50,26 @@ def _drafts(heads: CloverHeads) -> torch.Tensor:
     return heads.propose(h0, t0, K)  # (N, K)
 
 
-def _reference(cfg: CloverConfig, low_ids: bool = False) -> torch.Tensor:
+def _reference(cfg: CloverConfig, low_ids: bool = False, scoring=None) -> torch.Tensor:
     state, lm_head, draft_ids = _weights(cfg, low_ids)
     heads = CloverHeads(cfg)
     heads.load_state_dict(state)
+    heads.scoring_dtype = scoring
     if cfg.draft_vocab_size:
         heads.set_draft_vocab(draft_ids)
     heads.attach_target(lm_head)
     return _drafts(heads)
 
 
-def _rank_main(rank: int, port: int, cfg: CloverConfig, low_ids: bool, out: dict) -> None:
+def _rank_main(rank: int, port: int, cfg: CloverConfig, low_ids: bool, scoring, out: dict
+               ) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
     try:
         state, lm_head, draft_ids = _weights(cfg, low_ids)
         heads = VocabParallelCloverHeads(cfg)
         heads.load_state_dict(state)
+        heads.scoring_dtype = scoring
         if cfg.draft_vocab_size:
             heads.set_draft_vocab(draft_ids)
         start, end = (0, SPLIT) if rank == 0 else (SPLIT, V)
@@ -82,18 +85,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _sharded(cfg: CloverConfig, low_ids: bool = False) -> dict:
+def _sharded(cfg: CloverConfig, low_ids: bool = False, scoring=None) -> dict:
     with mp.Manager() as manager:
         out = manager.dict()
-        mp.spawn(_rank_main, args=(_free_port(), cfg, low_ids, out), nprocs=2, join=True)
+        mp.spawn(_rank_main, args=(_free_port(), cfg, low_ids, scoring, out), nprocs=2,
+                 join=True)
         return dict(out)
 
 
-@pytest.mark.parametrize("draft_vocab_size", [None, 20, 5])
-def test_two_ranks_draft_what_one_process_drafts(draft_vocab_size):
+# scoring: the format draft rows are scored in (None: the heads' float32; int8: the CPU default)
+@pytest.mark.parametrize("draft_vocab_size,scoring",
+                         [(None, None), (20, None), (5, None), (20, torch.int8)])
+def test_two_ranks_draft_what_one_process_drafts(draft_vocab_size, scoring):
     cfg = _config(draft_vocab_size=draft_vocab_size)
-    reference = _reference(cfg)
-    sharded = _sharded(cfg)
+    reference = _reference(cfg, scoring=scoring)
+    sharded = _sharded(cfg, scoring=scoring)
     assert torch.equal(sharded[0], reference) and torch.equal(sharded[1], reference)
 
 

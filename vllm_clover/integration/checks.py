@@ -13,13 +13,15 @@ import os
 from pathlib import Path
 
 import torch
+from vllm.platforms import current_platform
 
 from vllm_clover.modeling.checkpoint import CONFIG_NAME, CloverCheckpointError, validate_checkpoint
 from vllm_clover.modeling.config import CloverConfig
 
 CLOVER_MODEL_TYPE = "clover"
 DRAFT_DTYPE_ENV = "CLOVER_DRAFT_DTYPE"  # drafts' scoring dtype, see model.scoring_dtype
-DRAFT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DRAFT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+                "int8": torch.int8}
 DRAFT_DTYPE_CHOICES = ("auto", *DRAFT_DTYPES)
 # vLLM routes draft paths containing these substrings to other methods (config/speculative.py).
 ROUTED_PATH_SUBSTRINGS = ("eagle-", "eagle3", "dflash", "dspark")
@@ -54,7 +56,9 @@ def check_clover_spec(
     missing/corrupt config or weights, wrong weight names or shapes, hidden size or vocab
     of another target, K larger than the trained heads.
     """
-    draft_dtype_setting()
+    if draft_dtype_setting() == "int8" and not current_platform.is_cpu():
+        raise ValueError(f"{DRAFT_DTYPE_ENV}=int8 scores draft rows with CPU int8 matmuls; "
+                         f"this is a {current_platform.device_type} install: unset it (auto)")
     if not model:
         raise CloverCheckpointError('speculative_config method "clover" needs "model": '
                                     "the folder of a Clover checkpoint")

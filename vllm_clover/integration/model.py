@@ -25,7 +25,7 @@ from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.model_executor.models.llama import LlamaDecoderLayer
 from vllm.model_executor.models.utils import maybe_prefix
 
-from vllm_clover.integration.checks import DRAFT_DTYPES
+from vllm_clover.integration.checks import DRAFT_DTYPE_ENV, DRAFT_DTYPES
 from vllm_clover.modeling.clover import CloverHeads
 from vllm_clover.modeling.config import CloverConfig
 from vllm_clover.modeling.vocab_parallel import VocabParallelCloverHeads
@@ -59,25 +59,24 @@ def augmenting_layer_config(config: CloverConfig) -> LlamaConfig:
 
 
 def scoring_dtype(target_dtype: torch.dtype, device: torch.device, setting: str) -> torch.dtype:
-    """The dtype the heads score their draft-vocabulary rows in (`CloverHeads.scoring_dtype`).
+    """The format the heads score their draft-vocabulary rows in (`CloverHeads.scoring_dtype`).
 
     Scoring N x D LM-head rows is the one large read of a head step; the head network
     (attention decoder, residual blocks) and the Augmenting Block run in the target's dtype.
     setting: "auto" or a key of DRAFT_DTYPES (checks.draft_dtype_setting, from
-    $CLOVER_DRAFT_DTYPE). "auto" picks bfloat16 for a float32 target on a CPU with native
-    bf16 matmul (AMX / AVX512-BF16): half the bytes, on the bf16 units (the small D x D
-    matmuls of the network are faster in fp32 at small batch there: docs/drafting-cost.md).
-    Drafts only propose; vLLM's rejection sampler verifies them against the target, so the
-    output is unchanged (greedy: token for token). Examples: (float32, cpu, "auto") ->
-    bfloat16 on this project's Xeon; (bfloat16, cuda, "auto") -> bfloat16;
-    (float32, cpu, "float32") -> float32.
+    $CLOVER_DRAFT_DTYPE). "auto" picks int8 on a CPU (rows quantized per row, features per
+    row, int8 matmul: a quarter of an fp32 target's bytes; modeling/scoring.py), the
+    target's dtype elsewhere. Drafts only propose; vLLM's rejection sampler verifies them
+    against the target, so the output is unchanged (greedy: token for token).
+    Examples: (float32, cpu, "auto") -> int8; (bfloat16, cuda, "auto") -> bfloat16;
+    (float32, cpu, "bfloat16") -> bfloat16. int8 on another device is refused (ValueError).
     """
-    if setting != "auto":
-        return DRAFT_DTYPES[setting]
-    native_bf16 = device.type == "cpu" and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    if target_dtype == torch.float32 and native_bf16:
-        return torch.bfloat16
-    return target_dtype
+    if setting == "auto":
+        return torch.int8 if device.type == "cpu" else target_dtype
+    if DRAFT_DTYPES[setting] == torch.int8 and device.type != "cpu":
+        raise ValueError(f"{DRAFT_DTYPE_ENV}=int8 scores draft rows with CPU int8 matmuls; "
+                         f"the target is on {device.type}: use auto or {target_dtype}")
+    return DRAFT_DTYPES[setting]
 
 
 def heads_only_config(config: CloverConfig) -> CloverConfig:

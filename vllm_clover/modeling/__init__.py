@@ -12,13 +12,10 @@ from vllm_clover.modeling.checkpoint import (
     load_clover_config,
     save_clover,
 )
-from vllm_clover.modeling.clover import (
-    CloverHeads,
-    HeadTokens,
-    draft_vocab_from_counts,
-    shift_tokens_for_heads,
-)
+from vllm_clover.modeling.clover import CloverHeads
 from vllm_clover.modeling.config import CloverConfig
+from vllm_clover.modeling.scoring import draft_vocab_from_counts
+from vllm_clover.modeling.teacher_forcing import HeadTokens, shift_tokens_for_heads
 
 __all__ = [
     "CloverCheckpointError",

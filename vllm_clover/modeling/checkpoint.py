@@ -23,7 +23,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from vllm_clover.modeling.clover import CloverHeads, check_draft_vocab
+from vllm_clover.modeling.clover import CloverHeads
+from vllm_clover.modeling.scoring import check_draft_vocab
 from vllm_clover.modeling.config import CloverConfig
 from vllm_clover.fsutil import atomic_directory
 

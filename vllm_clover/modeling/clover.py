@@ -19,14 +19,13 @@ Per head step i (one function, ``CloverHeads.step``, used for training and draft
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from vllm_clover.modeling.augmenting import DecoderLayer, RMSNorm, normalize_positions
 from vllm_clover.modeling.config import CloverConfig
+from vllm_clover.modeling.scoring import DraftRows, check_draft_vocab
 
 
 class ResidualBlock(nn.Module):
@@ -77,77 +76,20 @@ class AttentionDecoder(nn.Module):
 
     def forward(self, h: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
         # h: previous hidden (..., D); e: previous-token embedding (..., D)
+        return self.attend(h, self.key_value(e))
+
+    def key_value(self, e: torch.Tensor) -> torch.Tensor:
+        """[k | v] of previous-token embeddings: (..., D) -> (..., 2D). Depends on the token
+        only, so drafting can look it up in a table (CloverHeads.regressive_table)."""
+        return torch.cat([self.k_proj(e), self.v_proj(e)], dim=-1)
+
+    def attend(self, h: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+        # h: previous hidden (..., D); kv: [k | v] from key_value (..., 2D)
         split = (self.num_heads, -1)
         q = self.q_proj(self.norm(h)).unflatten(-1, split)  # (..., nh, D/nh)
-        k = self.k_proj(e).unflatten(-1, split)  # (..., nh, D/nh)
-        v = self.v_proj(e).unflatten(-1, split)  # (..., nh, D/nh)
+        k, v = (x.unflatten(-1, split) for x in kv.chunk(2, dim=-1))  # (..., nh, D/nh) each
         gate = F.cosine_similarity(q, k, dim=-1, eps=1e-6).unsqueeze(-1)  # (..., nh, 1)
         return h + (gate * v).flatten(-2)  # (..., D)
-
-
-class HeadTokens(NamedTuple):
-    """Teacher-forcing tokens from ``shift_tokens_for_heads``; all (B, T, K)."""
-
-    input_ids: torch.Tensor  # regressive input of head i at position t: x_{t+1+i}
-    target_ids: torch.Tensor  # label of head i at position t: x_{t+2+i}
-    mask: torch.Tensor  # bool, False where x_{t+2+i} is past the end / padding
-
-
-def shift_tokens_for_heads(
-    input_ids: torch.Tensor,
-    num_heads: int,
-    attention_mask: torch.Tensor | None = None,
-    pad_id: int = 0,
-) -> HeadTokens:
-    """Which token feeds which head and which token each head must predict.
-
-    input_ids: (B, T) right-padded; attention_mask: (B, T) 1/True for real tokens.
-    Head i at position t reads x_{t+1+i} and predicts x_{t+2+i}. Out-of-range
-    entries are ``pad_id`` with mask False. Worked example, T = 6, K = 2::
-
-        t                 0    1    2    3    4    5
-        (target LM head)  x1   x2   x3   x4   x5   -
-        head 0 input      x1   x2   x3   x4   x5   pad
-        head 0 target     x2   x3   x4   x5   pad  pad
-        head 1 input      x2   x3   x4   x5   pad  pad
-        head 1 target     x3   x4   x5   pad  pad  pad
-        mask head 0       1    1    1    1    0    0
-        mask head 1       1    1    1    0    0    0
-
-    Returns HeadTokens(input_ids, target_ids, mask), each (B, T, K).
-    """
-    device = input_ids.device
-    rows = torch.arange(input_ids.shape[1], device=device).unsqueeze(1)  # (T, 1)
-    steps = rows + torch.arange(num_heads, device=device)  # (T, K): t + i
-    in_idx, tgt_idx = steps + 1, steps + 2  # (T, K) positions of x_{t+1+i}, x_{t+2+i}
-    padded = F.pad(input_ids, (0, num_heads + 1), value=pad_id)  # (B, T+K+1)
-    if attention_mask is None:
-        attention_mask = torch.ones_like(input_ids)
-    valid = F.pad(attention_mask.bool(), (0, num_heads + 1), value=False)  # (B, T+K+1)
-    return HeadTokens(padded[:, in_idx], padded[:, tgt_idx], valid[:, tgt_idx])
-
-
-def row_scores(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x @ w^T: x (..., D), w (N, D) -> (..., N), as F.linear, with a faster bf16 CPU path.
-
-    On x86 CPUs PyTorch sends a bf16 F.linear(x, w) with few rows of x to a kernel far slower
-    than its bf16 GEMM; w @ x^T with at least two columns takes the GEMM (AMX/AVX512-BF16).
-    For the draft rows of the reference heads (8192 x 576, bf16, caches cold as after a
-    target step) that is 1.07 -> 0.50 ms at M = 1 row (one column duplicated), 1.09 -> 0.49 ms
-    at M = 16, 1.45 -> 0.57 ms at M = 64; fp32 F.linear takes 0.75 ms at M = 1
-    (docs/drafting-cost.md). Elsewhere (fp32, GPU, 3-d x) it is F.linear itself.
-    """
-    if x.device.type != "cpu" or x.dtype != torch.bfloat16 or x.dim() != 2:
-        return F.linear(x, w)
-    if x.shape[0] == 1:
-        return (w @ torch.cat([x, x]).t())[:, :1].t()  # (1, N)
-    return (w @ x.t()).t()  # (M, N), a transposed view
-
-
-def draft_vocab_from_counts(token_counts: torch.Tensor, draft_vocab_size: int) -> torch.Tensor:
-    """The ``draft_vocab_size`` most frequent target ids, sorted by id: (V,) -> (N,) int64."""
-    top = torch.topk(token_counts.float(), draft_vocab_size).indices
-    return top.sort().values.long()
 
 
 class CloverHeads(nn.Module):
@@ -185,9 +127,11 @@ class CloverHeads(nn.Module):
         self.register_buffer("draft_vocab_ids", draft_ids, persistent=True)
         self.register_buffer("lm_head_weight", None, persistent=False)  # (V, D) target, shared
         self.register_buffer("input_embedding", None, persistent=False)  # (V, D) target, shared
-        # W_lm[draft_vocab_ids], gathered once: (key of its inputs, (N, D) rows); see vocab_weight
-        self._draft_rows: tuple[tuple, torch.Tensor] | None = None
-        # dtype of those gathered rows (and of the scores); None = the heads' own dtype
+        # W_lm[draft_vocab_ids], gathered once: (key of its inputs, rows); see vocab_weight
+        self._vocab_rows: tuple[tuple, torch.Tensor] | None = None
+        self._draft_rows: tuple[tuple, DraftRows] | None = None  # the same, for drafting
+        self._regressive_table: tuple[tuple, torch.Tensor] | None = None  # see its method
+        # format drafting scores the rows in (scoring.DraftRows); None = the heads' dtype
         self.scoring_dtype: torch.dtype | None = None
 
     # ------------------------------------------------------------------ target tensors
@@ -222,7 +166,7 @@ class CloverHeads(nn.Module):
 
     @property
     def rows_dtype(self) -> torch.dtype:
-        """dtype of the gathered draft-vocabulary rows: scoring_dtype, else the heads' dtype."""
+        """dtype drafting scores the draft-vocabulary rows in: scoring_dtype, else the heads'."""
         return self.scoring_dtype or self.dtype
 
     # ------------------------------------------------------------------ vocabulary
@@ -251,24 +195,40 @@ class CloverHeads(nn.Module):
     def vocab_weight(self) -> torch.Tensor:
         """Rows of W_lm the heads score against: (N, D) (a gather when a draft vocab is set).
 
-        The gather (N x D, e.g. 19 MB for N = 8192, D = 576 in fp32) is done once, in
-        ``rows_dtype`` (bf16 rows for an fp32 target: half the bytes read per head step), and
-        reused while neither W_lm nor draft_vocab_ids changes (identity and in-place
-        version). The full vocabulary is W_lm itself, never copied.
+        In the heads' dtype, for training (``logits``). The gather (N x D, e.g. 19 MB for
+        N = 8192, D = 576 in fp32) is done once and reused while neither W_lm nor
+        draft_vocab_ids changes (identity and in-place version). The full vocabulary is W_lm
+        itself, never copied.
         """
-        w = self._lm_head()
         ids = self.draft_vocab_ids
         if ids is None:
-            return w
-        key = (id(w), w._version, w.dtype, w.device, id(ids), ids._version, self.rows_dtype)
+            return self._lm_head()
+        key = self._rows_key(self.dtype)
+        if self._vocab_rows is None or self._vocab_rows[0] != key:
+            self._vocab_rows = (key, self._lm_head().index_select(0, ids).to(self.dtype))
+        return self._vocab_rows[1]
+
+    def draft_rows(self) -> DraftRows:
+        """The same rows for drafting, in ``rows_dtype`` (e.g. int8 on CPU: a quarter of the
+        bytes an fp32 target reads per head step); gathered once, cached like vocab_weight."""
+        key = self._rows_key(self.rows_dtype)
         if self._draft_rows is None or self._draft_rows[0] != key:
-            self._draft_rows = (key, w.index_select(0, ids).to(self.rows_dtype))
+            w, ids = self._lm_head(), self.draft_vocab_ids
+            rows = w if ids is None else w.index_select(0, ids)
+            self._draft_rows = (key, DraftRows.of(rows, self.rows_dtype))
         return self._draft_rows[1]
 
+    def _rows_key(self, dtype: torch.dtype) -> tuple:
+        """What gathered rows depend on: W_lm and draft_vocab_ids (identity, in-place
+        version), and the dtype they are kept in."""
+        w, ids = self._lm_head(), self.draft_vocab_ids
+        return (id(w), w._version, w.dtype, w.device, dtype,
+                None if ids is None else (id(ids), ids._version))
+
     def logits(self, z: torch.Tensor, vocab_weight: torch.Tensor | None = None) -> torch.Tensor:
-        """Head features z (..., D) -> logits (..., N) in the LM head's dtype."""
+        """Head features z (..., D) -> logits (..., N) in the heads' dtype (training)."""
         w = self.vocab_weight() if vocab_weight is None else vocab_weight
-        return row_scores(z.to(w.dtype), w)
+        return F.linear(z.to(w.dtype), w)
 
     # ------------------------------------------------------------------ network
     def embed_tokens(self, token_ids: torch.Tensor) -> torch.Tensor:
@@ -291,9 +251,9 @@ class CloverHeads(nn.Module):
         """Rows of a (V, D) target table for ids (...,) -> (..., D); sharded under TP."""
         return F.embedding(token_ids, table)
 
-    def greedy_tokens(self, z: torch.Tensor, vocab_weight: torch.Tensor) -> torch.Tensor:
-        """Target ids of the best-scoring rows: head features (N, D) -> (N,) int64."""
-        return self.draft_to_target(self.logits(z, vocab_weight).argmax(dim=-1))
+    def greedy_draft_ids(self, z: torch.Tensor, rows: DraftRows) -> torch.Tensor:
+        """Draft-vocab indices of the best-scoring rows: head features (N, D) -> (N,) int64."""
+        return rows.scores(z).argmax(dim=-1)
 
     def augment(
         self, hidden_states: torch.Tensor, positions: torch.Tensor | None = None
@@ -313,20 +273,25 @@ class CloverHeads(nn.Module):
         return self.norm(x)  # (B, T, D)
 
     def step(
-        self, i: int, h_prev: torch.Tensor, h0: torch.Tensor, prev_ids: torch.Tensor
+        self, i: int, h_prev: torch.Tensor, h0: torch.Tensor, prev_ids: torch.Tensor,
+        kv: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Head step i: (h_{i-1}, h0, previous token) -> (h_i, z_i). All (..., D), prev_ids (...,).
 
-        prev_ids are target ids of x_{t+1+i} (step 0: t0). Returns h_i (input of the
-        next step) and z_i = ResBlock_i(h_i) (feed to ``logits``).
+        prev_ids are target ids of x_{t+1+i} (step 0: t0). kv: the decoder's [k | v] of
+        prev_ids (..., 2D) when the caller has it (drafting's regressive_table), else it is
+        computed here. Returns h_i (input of the next step) and z_i = ResBlock_i(h_i)
+        (feed to ``logits``).
         """
         cfg = self.config
         if self.decoder is not None:
-            if self.step_embed is not None:
-                e = self.step_embed.weight[i].expand_as(h_prev)  # learned e_{i-1}
-            else:
-                e = self.embed_tokens(prev_ids)
-            h = self.decoder(h_prev, e)
+            if kv is None:
+                if self.step_embed is not None:
+                    e = self.step_embed.weight[i].expand_as(h_prev)  # learned e_{i-1}
+                else:
+                    e = self.embed_tokens(prev_ids)
+                kv = self.decoder.key_value(e)
+            h = self.decoder.attend(h_prev, kv)
         elif cfg.use_regressive_connection:
             h = h0 + self.regressive_proj(self.embed_tokens(prev_ids))
         else:
@@ -368,17 +333,43 @@ class CloverHeads(nn.Module):
         """Greedy regressive drafting: h0 (N, D), t0 (N,) -> draft target ids (N, num_steps) int64.
 
         h0 is the (augmented) hidden state at the last accepted position, t0 the token
-        the target produced there; each step feeds its own argmax to the next.
+        the target produced there; each step feeds its own argmax to the next, whose
+        decoder [k | v] comes from regressive_table when there is one.
         """
         self._check_steps(num_steps)
-        w = self.vocab_weight()
+        rows, table = self.draft_rows(), self.regressive_table()
         h0 = h0.to(self.dtype)
-        h, prev, drafts = h0, t0, []
+        h, prev, kv, drafts = h0, t0, None, []
         for i in range(num_steps):
-            h, z = self.step(i, h, h0, prev)
-            prev = self.greedy_tokens(z, w)  # (N,)
-            drafts.append(prev)
-        return torch.stack(drafts, dim=-1).long()  # (N, num_steps)
+            h, z = self.step(i, h, h0, prev, kv)
+            best = self.greedy_draft_ids(z, rows)  # (N,) draft-vocab indices
+            drafts.append(best)
+            if table is not None:
+                kv = F.embedding(best, table)  # (N, 2D)
+            else:
+                prev = self.draft_to_target(best)  # (N,) target ids
+        return self.draft_to_target(torch.stack(drafts, dim=-1)).long()  # (N, num_steps)
+
+    def regressive_table(self) -> torch.Tensor | None:
+        """The decoder's [k | v] of every draft-vocabulary token: (N, 2D), or None.
+
+        From the second head step on, a draft's input token is the previous draft, always a
+        draft-vocabulary id, and k, v depend on that token only: a row lookup replaces the
+        regressive embedding and the k, v products (docs/drafting-cost.md). Built once and
+        rebuilt when W_lm, the draft vocabulary or W_K, W_V change (identity, in-place
+        version), like draft_rows; 2 N D values in the heads' dtype (36 MB for the reference
+        heads, fp32). None without a draft vocabulary (a table of the whole vocabulary would
+        be too large) or when the decoder reads no token (learned step embeddings).
+        """
+        if self.draft_vocab_ids is None or self.decoder is None or self.step_embed is not None:
+            return None
+        sources = (self.decoder.k_proj.weight, self.decoder.v_proj.weight, self.input_embedding)
+        key = (self._rows_key(self.dtype),
+               *((id(t), t._version) for t in sources if t is not None))
+        if self._regressive_table is None or self._regressive_table[0] != key:
+            embedding = self.embed_tokens(self.draft_vocab_ids)  # (N, D)
+            self._regressive_table = (key, self.decoder.key_value(embedding).contiguous())
+        return self._regressive_table[1]
 
     def _check_steps(self, num_steps: int) -> None:
         if not 1 <= num_steps <= self.config.num_heads:
@@ -388,15 +379,3 @@ class CloverHeads(nn.Module):
                 f"[1, {self.config.num_heads}])"
             )
 
-
-def check_draft_vocab(token_ids: torch.Tensor, size: int, vocab_size: int) -> None:
-    """ValueError unless token_ids is (size,) int64, strictly increasing, in [0, vocab_size)."""
-    if token_ids.dim() != 1 or token_ids.numel() != size or token_ids.dtype != torch.int64:
-        raise ValueError(
-            f"draft_vocab_ids must be ({size},) int64, "
-            f"got {tuple(token_ids.shape)} {token_ids.dtype}"
-        )
-    if size > 1 and not bool((token_ids[1:] > token_ids[:-1]).all()):
-        raise ValueError("draft_vocab_ids must be unique and sorted by token id")
-    if int(token_ids.min()) < 0 or int(token_ids.max()) >= vocab_size:
-        raise ValueError(f"draft_vocab_ids must lie in [0, {vocab_size})")

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from vllm_clover.modeling.clover import CloverHeads
 from vllm_clover.modeling.config import CloverConfig
+from vllm_clover.modeling.scoring import DraftRows
 
 
 class VocabParallelCloverHeads(CloverHeads):
@@ -36,8 +37,8 @@ class VocabParallelCloverHeads(CloverHeads):
         super().__init__(config)
         self.group = group  # the tensor-parallel group (None: the default group)
         self.vocab_start, self.vocab_end = 0, config.vocab_size
-        # (key of its inputs, (n, D) this rank's draft rows, (n,) their target ids)
-        self._local_draft: tuple[tuple, torch.Tensor, torch.Tensor] | None = None
+        # (key of its inputs, this rank's n draft rows, draft index of the first of them)
+        self._local_draft: tuple[tuple, DraftRows, int] | None = None
 
     def attach_shard(
         self,
@@ -72,34 +73,38 @@ class VocabParallelCloverHeads(CloverHeads):
         dist.all_reduce(rows, group=self.group)
         return rows
 
-    def vocab_weight(self) -> torch.Tensor:
+    def draft_rows(self) -> DraftRows:
         """This rank's draft rows (n, D), n >= 0, in rows_dtype; cached like the base."""
-        w = self._lm_head()
-        ids = self.draft_vocab_ids
-        key = (id(w), w._version, w.dtype, self.vocab_start, self.rows_dtype,
-               None if ids is None else (id(ids), ids._version))
+        key = (self._rows_key(self.rows_dtype), self.vocab_start)
         if self._local_draft is None or self._local_draft[0] != key:
-            if ids is None:
-                ids = torch.arange(self.vocab_start, self.vocab_end, device=w.device)
-            mine = ids[(ids >= self.vocab_start) & (ids < self.vocab_end)]  # (n,) sorted
-            rows = w.index_select(0, mine - self.vocab_start).to(self.rows_dtype)
-            self._local_draft = (key, rows, mine)
+            w, ids = self._lm_head(), self.draft_vocab_ids
+            if ids is None:  # the draft index of a token is its id
+                ids = torch.arange(self.config.vocab_size, device=w.device)
+            held = (ids >= self.vocab_start) & (ids < self.vocab_end)  # (N,), one run of True
+            rows = DraftRows.of(w.index_select(0, ids[held] - self.vocab_start), self.rows_dtype)
+            first = int(held.int().argmax()) if bool(held.any()) else 0
+            self._local_draft = (key, rows, first)
         return self._local_draft[1]
 
-    def greedy_tokens(self, z: torch.Tensor, vocab_weight: torch.Tensor) -> torch.Tensor:
-        """Target ids of the best draft rows over all ranks: z (N, D) -> (N,) int64."""
-        mine = self._local_draft[2]  # (n,) target ids of vocab_weight's rows
-        if mine.numel():
-            scores = self.logits(z, vocab_weight).float()  # (N, n)
+    def greedy_draft_ids(self, z: torch.Tensor, rows: DraftRows) -> torch.Tensor:
+        """Draft-vocab indices of the best rows over all ranks: z (N, D) -> (N,) int64.
+
+        Draft ids are sorted and each rank holds a contiguous id range, so rank r's rows are
+        draft indices [first_r, first_r + n_r). Scores are comparable across ranks: z is the
+        same on every rank (int8 scoring drops the same positive factor per row of z).
+        """
+        first = self._local_draft[2]
+        if rows.weight.shape[0]:
+            scores = rows.scores(z).float()  # (N, n)
             best = scores.argmax(dim=-1)  # (N,) first maximum = lowest id among ties
-            score, token = scores.gather(-1, best[:, None]).squeeze(-1), mine[best]
+            score, index = scores.gather(-1, best[:, None]).squeeze(-1), first + best
         else:  # this rank holds no draft row
             score = z.new_full(z.shape[:1], float("-inf"), dtype=torch.float32)
-            token = torch.zeros(z.shape[:1], dtype=torch.long, device=z.device)
+            index = torch.zeros(z.shape[:1], dtype=torch.long, device=z.device)
         world = dist.get_world_size(self.group)
         scores = [torch.empty_like(score) for _ in range(world)]
-        tokens = [torch.empty_like(token) for _ in range(world)]
+        indices = [torch.empty_like(index) for _ in range(world)]
         dist.all_gather(scores, score, group=self.group)
-        dist.all_gather(tokens, token, group=self.group)
+        dist.all_gather(indices, index, group=self.group)
         winner = torch.stack(scores).argmax(dim=0)  # (N,) rank; lower ranks hold lower ids
-        return torch.stack(tokens).gather(0, winner[None]).squeeze(0)  # (N,)
+        return torch.stack(indices).gather(0, winner[None]).squeeze(0)  # (N,)

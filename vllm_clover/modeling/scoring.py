@@ -1,0 +1,102 @@
+"""The draft vocabulary, and scoring head features against its LM-head rows.
+
+A head step ends with ``argmax_j z . W_lm[j]`` over the N draft-vocabulary rows (N x D, e.g.
+8192 x 576). At the batch sizes of decoding that product reads far more bytes (the rows)
+than it computes, so drafting can score a copy of the rows in a smaller format:
+``DraftRows`` holds them as float (fp32 / bf16 / fp16) or as int8 with one scale per row.
+Only drafting uses it; training scores the rows in the heads' own dtype (``logits``).
+Drafts only propose: vLLM's rejection sampler verifies them against the target, so the
+scoring format changes how often drafts are accepted, never the output.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+INT8_MAX = 127.0
+
+
+def row_scores(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x @ w^T: x (..., D), w (N, D) -> (..., N), as F.linear, with a faster bf16 CPU path.
+
+    On x86 CPUs PyTorch sends a bf16 F.linear(x, w) with few rows of x to a kernel far slower
+    than its bf16 GEMM; w @ x^T with at least two columns takes the GEMM (AMX/AVX512-BF16).
+    For the draft rows of the reference heads (8192 x 576, bf16, caches cold as after a
+    target step) that is 1.07 -> 0.50 ms at M = 1 row (one column duplicated), 1.09 -> 0.49 ms
+    at M = 16, 1.45 -> 0.57 ms at M = 64; fp32 F.linear takes 0.75 ms at M = 1
+    (docs/drafting-cost.md). Elsewhere (fp32, GPU, 3-d x) it is F.linear itself.
+    """
+    if x.device.type != "cpu" or x.dtype != torch.bfloat16 or x.dim() != 2:
+        return F.linear(x, w)
+    if x.shape[0] == 1:
+        return (w @ torch.cat([x, x]).t())[:, :1].t()  # (1, N)
+    return (w @ x.t()).t()  # (M, N), a transposed view
+
+
+def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-row int8: x (M, D) float -> (q (M, D) int8, scale (M,) float32).
+
+    x[m] ~= q[m] * scale[m], the row's largest |value| mapped to 127. Example: the row
+    [0.5, -1.0, 0.25] has scale 1/127 and q = [64, -127, 32] (0.5 * 127 = 63.5 rounds to 64).
+    """
+    x = x.float()
+    scale = x.abs().amax(dim=-1).clamp_min(1e-12) / INT8_MAX  # (M,)
+    return torch.round(x / scale[:, None]).to(torch.int8), scale
+
+
+class DraftRows(NamedTuple):
+    """W_lm's draft-vocabulary rows in the format drafting scores them in.
+
+    weight: (N, D), a float dtype, or int8 with ``scale`` (N,) float32 such that
+    ``weight[j] * scale[j] ~= W_lm[j]`` (``quantize_int8``). Build with ``DraftRows.of``.
+    """
+
+    weight: torch.Tensor
+    scale: torch.Tensor | None = None
+
+    @classmethod
+    def of(cls, rows: torch.Tensor, dtype: torch.dtype) -> DraftRows:
+        """Rows (N, D) in `dtype`: a cast, or int8 quantization for torch.int8."""
+        if dtype != torch.int8:
+            return cls(rows.to(dtype))
+        return cls(*quantize_int8(rows))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.weight.dtype
+
+    def scores(self, z: torch.Tensor) -> torch.Tensor:
+        """Head features z (M, D) -> float scores (M, N) whose row-wise argmax is the draft.
+
+        Float rows: z @ weight^T in the rows' dtype (``row_scores``). int8 rows: z is
+        quantized per row as well and the product runs on int8 units (``torch._int_mm``,
+        int32 sums, exact); each column is then multiplied by its row's scale. z's own scale
+        is left out: it multiplies a whole row of scores by one positive number, which moves
+        no argmax, so the result is z . W[j] up to that factor per row of z.
+        """
+        if self.scale is None:
+            return row_scores(z.to(self.weight.dtype), self.weight)
+        q, _ = quantize_int8(z)  # (M, D)
+        return torch._int_mm(self.weight, q.t()).t().float() * self.scale  # (M, N)
+
+
+def draft_vocab_from_counts(token_counts: torch.Tensor, draft_vocab_size: int) -> torch.Tensor:
+    """The ``draft_vocab_size`` most frequent target ids, sorted by id: (V,) -> (N,) int64."""
+    top = torch.topk(token_counts.float(), draft_vocab_size).indices
+    return top.sort().values.long()
+
+
+def check_draft_vocab(token_ids: torch.Tensor, size: int, vocab_size: int) -> None:
+    """ValueError unless token_ids is (size,) int64, strictly increasing, in [0, vocab_size)."""
+    if token_ids.dim() != 1 or token_ids.numel() != size or token_ids.dtype != torch.int64:
+        raise ValueError(
+            f"draft_vocab_ids must be ({size},) int64, "
+            f"got {tuple(token_ids.shape)} {token_ids.dtype}"
+        )
+    if size > 1 and not bool((token_ids[1:] > token_ids[:-1]).all()):
+        raise ValueError("draft_vocab_ids must be unique and sorted by token id")
+    if int(token_ids.min()) < 0 or int(token_ids.max()) >= vocab_size:
+        raise ValueError(f"draft_vocab_ids must lie in [0, {vocab_size})")
