@@ -88,3 +88,35 @@ def test_api_server_gets_a_bounded_http_shutdown(monkeypatch):
     given = asyncio.run(entry.serve_http("app", None, port=8000, timeout_graceful_shutdown=9))
     assert defaulted == {"port": 8000, "timeout_graceful_shutdown": patches.HTTP_SHUTDOWN_GRACE_S}
     assert given["timeout_graceful_shutdown"] == 9
+
+
+def _runner_stub(max_spec_len: int, **sampling):
+    """What GPUModelRunner._sample reads of its runner; records which sampler it called."""
+    from types import SimpleNamespace
+
+    calls = []
+    metadata = SimpleNamespace(**{"max_num_logprobs": None, "logprob_token_ids": None,
+                                  "spec_token_ids": [[], []], **sampling})
+    runner = SimpleNamespace(
+        use_async_scheduling=False,
+        input_batch=SimpleNamespace(sampling_metadata=metadata,
+                                    update_async_output_token_ids=lambda: None),
+        sampler=lambda logits, sampling_metadata: calls.append("plain") or "plain output",
+        rejection_sampler=lambda *args: calls.append("rejection") or "rejection output",
+        _get_spec_decode_draft_probs=lambda spec: None)
+    return runner, SimpleNamespace(max_spec_len=max_spec_len), calls
+
+
+@pytest.mark.parametrize("max_spec_len,sampling,expected", [
+    (0, {}, "plain"),  # K = 0 this step: bonus tokens only
+    (2, {}, "rejection"),  # drafts to verify
+    (0, {"max_num_logprobs": 5}, "rejection"),  # logprobs: vLLM's own layout
+    (0, {"spec_token_ids": [[7], []]}, "rejection"),
+])
+def test_a_step_without_drafts_samples_with_the_plain_sampler(max_spec_len, sampling, expected):
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    patches.apply_patches()
+    runner, spec_decode_metadata, calls = _runner_stub(max_spec_len, **sampling)
+    output = GPUModelRunner._sample(runner, torch.zeros(2, 8), spec_decode_metadata)
+    assert calls == [expected] and output == f"{expected} output"
