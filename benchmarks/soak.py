@@ -7,9 +7,9 @@ or --duration seconds have passed. Every --sample-every seconds it records the r
 memory (RSS) of every server process (API server, engine core, worker) and the
 speculative-decoding counters of /metrics. Prints a summary and writes JSON; exits 1 on any
 failed request, or if the servers' total RSS grew by more than --max-rss-growth-mib from
-the end of the warm-up to the end of the run.
+the end of the warm-up (240 s by default) to the end of the run (600 s).
 
-    python benchmarks/soak.py --duration 240 --out docs/soak.json
+    python benchmarks/soak.py --out docs/soak.json
 """
 
 from __future__ import annotations
@@ -283,12 +283,14 @@ def print_summary(result: dict) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--duration", type=float, default=240, help="seconds of load at most")
+    parser.add_argument("--duration", type=float, default=600, help="seconds of load at most")
     parser.add_argument("--requests", type=int, default=5000, help="requests at most")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--spec-tokens", type=int, default=3, help="K; 0 = no speculation")
-    parser.add_argument("--sample-every", type=float, default=10)
-    parser.add_argument("--warmup", type=float, default=30, help="seconds before the RSS baseline")
+    parser.add_argument("--sample-every", type=float, default=15)
+    parser.add_argument("--warmup", type=float, default=240,
+                        help="seconds before the RSS baseline (docs/serving.md: the worker's RSS "
+                        "grows in steps while it meets new batch shapes, then levels off)")
     parser.add_argument("--max-rss-growth-mib", type=float, default=100)
     parser.add_argument("--log", type=Path, default=Path("soak-server.log"))
     parser.add_argument("--out", type=Path, default=None, help="write the JSON result here")
