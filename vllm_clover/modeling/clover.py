@@ -79,9 +79,10 @@ class AttentionDecoder(nn.Module):
         return self.attend(h, self.key_value(e))
 
     def key_value(self, e: torch.Tensor) -> torch.Tensor:
-        """[k | v] of previous-token embeddings: (..., D) -> (..., 2D). Depends on the token
-        only, so drafting can look it up in a table (CloverHeads.regressive_table)."""
-        return torch.cat([self.k_proj(e), self.v_proj(e)], dim=-1)
+        """[k | v] of previous-token embeddings: (..., D) -> (..., 2D), one product with
+        [W_K; W_V]. Depends on the token only, so drafting can look it up in a table
+        (CloverHeads.regressive_table)."""
+        return F.linear(e, torch.cat([self.k_proj.weight, self.v_proj.weight]))
 
     def attend(self, h: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
         # h: previous hidden (..., D); kv: [k | v] from key_value (..., 2D)
