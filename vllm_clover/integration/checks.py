@@ -47,6 +47,13 @@ def draft_dtype_setting() -> str:
     return setting
 
 
+def check_draft_dtype_fits(setting: str, device_type: str) -> None:
+    """ValueError for int8 draft scoring (CPU int8 matmuls) on any device but the CPU."""
+    if setting == "int8" and device_type != "cpu":
+        raise ValueError(f"{DRAFT_DTYPE_ENV}=int8 scores draft rows with CPU int8 matmuls; "
+                         f"this is a {device_type} install: unset it (auto)")
+
+
 def check_clover_spec(
     model: str | None, num_speculative_tokens: int | None, target_hf_config
 ) -> CloverConfig:
@@ -56,9 +63,7 @@ def check_clover_spec(
     missing/corrupt config or weights, wrong weight names or shapes, hidden size or vocab
     of another target, K larger than the trained heads.
     """
-    if draft_dtype_setting() == "int8" and not current_platform.is_cpu():
-        raise ValueError(f"{DRAFT_DTYPE_ENV}=int8 scores draft rows with CPU int8 matmuls; "
-                         f"this is a {current_platform.device_type} install: unset it (auto)")
+    check_draft_dtype_fits(draft_dtype_setting(), current_platform.device_type)
     if not model:
         raise CloverCheckpointError('speculative_config method "clover" needs "model": '
                                     "the folder of a Clover checkpoint")

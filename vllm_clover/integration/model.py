@@ -25,7 +25,7 @@ from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.model_executor.models.llama import LlamaDecoderLayer
 from vllm.model_executor.models.utils import maybe_prefix
 
-from vllm_clover.integration.checks import DRAFT_DTYPE_ENV, DRAFT_DTYPES
+from vllm_clover.integration.checks import DRAFT_DTYPES, check_draft_dtype_fits
 from vllm_clover.modeling.clover import CloverHeads
 from vllm_clover.modeling.config import CloverConfig
 from vllm_clover.modeling.vocab_parallel import VocabParallelCloverHeads
@@ -73,9 +73,7 @@ def scoring_dtype(target_dtype: torch.dtype, device: torch.device, setting: str)
     """
     if setting == "auto":
         return torch.int8 if device.type == "cpu" else target_dtype
-    if DRAFT_DTYPES[setting] == torch.int8 and device.type != "cpu":
-        raise ValueError(f"{DRAFT_DTYPE_ENV}=int8 scores draft rows with CPU int8 matmuls; "
-                         f"the target is on {device.type}: use auto or {target_dtype}")
+    check_draft_dtype_fits(setting, device.type)
     return DRAFT_DTYPES[setting]
 
 
