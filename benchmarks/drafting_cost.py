@@ -7,11 +7,11 @@ Clover's drafting per decoding step = Augmenting Block over the new tokens + K h
                         one batch, fixed length: ignore_eos, after a warm-up)
     drafting     t_d  : Clover with K heads on the same requests: wall seconds inside the
                         model runner's `propose_draft_token_ids` per call (one call per step;
-                        the timer of `vllm-clover bench`, vllm_clover/bench/measure.py)
-    head loop    t_h  : `CloverHeads.propose(h0, t0, K)`, the very module vLLM runs, timed
-                        alone on (batch, hidden) inputs, with the draft vocabulary and without,
-                        draft rows scored in the dtype the vLLM layer picks (`--draft-dtype`,
-                        default auto, see integration/model.scoring_dtype), caches cold
+                        the timer of `vllm-clover bench`, integration/patches/hooks.py)
+    head loop    t_h  : `HeadLoop.propose(h0, t0, K, tables)`, the very module vLLM runs,
+                        timed alone on (batch, hidden) inputs, with the draft vocabulary and
+                        without, draft rows scored in the dtype the vLLM layer picks
+                        (`--draft-dtype`, default auto, see modeling/tables.py), caches cold
 
     drafting fraction = t_d / t_v
     full-vocabulary estimate = (t_d - t_h[draft vocab] + t_h[full vocab]) / t_v
@@ -31,7 +31,8 @@ from pathlib import Path
 
 import torch
 
-from vllm_clover.assets.target import REFERENCE_HEADS
+from vllm_clover.bundled import REFERENCE_HEADS
+
 
 def engine_step_seconds(target: str, batch: int, max_tokens: int,
                         spec: dict | None) -> tuple[float, float | None]:
@@ -64,28 +65,27 @@ def head_loop_seconds(heads_dir: Path, batch: int, num_steps: int, full_vocab: b
     from safetensors.torch import load_file
 
     from vllm_clover.assets.target import fetch_reference_target
-    from vllm_clover.integration.model import heads_only_config
-    from vllm_clover.modeling import CloverHeads, load_clover_config
+    from vllm_clover.modeling import HeadLoop, TargetTables, load_clover_config
 
-    config = heads_only_config(load_clover_config(heads_dir))
+    config = load_clover_config(heads_dir)
     if full_vocab:
         config = copy.deepcopy(config)
         config.draft_vocab_size = None
-    heads = CloverHeads(config)
-    heads.scoring_dtype = dtype
+    heads, tables = HeadLoop(config), TargetTables(config)
+    tables.scoring_dtype = dtype
     if config.draft_vocab_size:
-        heads.set_draft_vocab(load_file(str(heads_dir / "model.safetensors"))["draft_vocab_ids"])
+        tables.set_draft_vocab(load_file(str(heads_dir / "model.safetensors"))["draft_vocab_ids"])
     state = load_file(str(fetch_reference_target() / "model.safetensors"))
-    heads.attach_target(state["model.embed_tokens.weight"].float())
+    tables.attach(state["model.embed_tokens.weight"].float())
     h0 = torch.randn(batch, config.hidden_size)
     t0 = torch.randint(0, config.vocab_size, (batch,))
-    heads.propose(h0, t0, num_steps)  # warm-up
+    heads.propose(h0, t0, num_steps, tables)  # warm-up
     flush = torch.zeros(32 * 2**20)  # 128 MB, more than the last-level cache
     seconds = 0.0
     for _ in range(repeats):
         flush.add_(1.0)
         started = time.perf_counter()
-        heads.propose(h0, t0, num_steps)
+        heads.propose(h0, t0, num_steps, tables)
         seconds += time.perf_counter() - started
     return seconds / repeats
 
@@ -106,12 +106,12 @@ def main() -> None:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
     from vllm_clover.assets.target import fetch_reference_target
-    from vllm_clover.integration.model import scoring_dtype
     from vllm_clover.modeling import load_clover_config
+    from vllm_clover.modeling.tables import scoring_dtype_for
 
     target = str(fetch_reference_target())
     num_heads = load_clover_config(args.heads).num_heads
-    dtype = scoring_dtype(torch.float32, torch.device("cpu"), args.draft_dtype)
+    dtype = scoring_dtype_for(args.draft_dtype, torch.float32, "cpu")
     print(f"draft rows scored in {dtype} (--draft-dtype {args.draft_dtype})")
     print("| batch | K | target step t_v | drafting t_d (in engine) | t_d / t_v | head loop "
           "alone (draft vocab / full) | full-vocabulary estimate |\n|---|---|---|---|---|---|---|")
@@ -128,6 +128,7 @@ def main() -> None:
             print(f"| {batch} | {k} | {t_v * 1e3:.1f} ms | {t_d * 1e3:.1f} ms | {t_d / t_v:.1%} | "
                   f"{t_draft * 1e3:.1f} / {t_full * 1e3:.1f} ms | "
                   f"{(t_d - t_draft + t_full) / t_v:.0%} |", flush=True)
+
 
 if __name__ == "__main__":
     main()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from vllm_clover.assets.target import REFERENCE_HEADS
+from vllm_clover.bundled import REFERENCE_HEADS
 
 
 def parse_band(text: str) -> list[int]:

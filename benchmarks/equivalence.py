@@ -15,7 +15,7 @@ import json
 import os
 from pathlib import Path
 
-from vllm_clover.assets.target import REFERENCE_HEADS
+from vllm_clover.bundled import REFERENCE_HEADS
 
 NEAR_TIE = 1e-4
 

@@ -31,7 +31,8 @@ import httpx
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
-from vllm_clover.assets.target import REFERENCE_HEADS, REFERENCE_TARGET
+from vllm_clover.assets.target import REFERENCE_TARGET
+from vllm_clover.bundled import REFERENCE_HEADS
 
 REPO = Path(__file__).resolve().parents[1]
 MAX_TOKENS = (16, 32, 64, 96, 128)

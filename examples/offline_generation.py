@@ -12,7 +12,8 @@ import argparse
 
 from vllm import LLM, SamplingParams
 
-from vllm_clover.assets.target import REFERENCE_HEADS, REFERENCE_TARGET, fetch_reference_target
+from vllm_clover.assets.target import REFERENCE_TARGET, fetch_reference_target
+from vllm_clover.bundled import REFERENCE_HEADS
 from vllm_clover.engine import set_cpu_env_defaults
 
 PROMPTS = [

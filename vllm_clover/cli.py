@@ -76,32 +76,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def export_medusa_command(heads: str, target: str, out: str, overwrite: bool,
-                          dtype: str) -> None:
-    """Medusa heads -> vLLM `MedusaModel` folder (serve with `{"method": "medusa", ...}`)."""
-    import torch
-
-    from vllm_clover.modeling import export_medusa, load_clover
-    from vllm_clover.training.teacher import load_teacher
-
-    from vllm_clover.training.card import medusa_export_card
-
-    teacher = load_teacher(target, torch.device("cpu"), torch.float32)
-    try:  # CloverCheckpointError is a ValueError, as is "not a Medusa configuration"
-        model = load_clover(heads, teacher.lm_head)
-        export_medusa(model, model.config, out, teacher.lm_head, overwrite=overwrite,
-                      dtype=getattr(torch, dtype))
-    except (ValueError, FileExistsError) as err:
-        raise TrainingError(str(err)) from err
-    source_card = Path(heads, "README.md")
-    command = (f"vllm-clover export-medusa --heads {heads} --target {target} --out {out} "
-               f"--dtype {dtype}")
-    Path(out, "README.md").write_text(medusa_export_card(
-        source_card.read_text() if source_card.is_file() else None, command, target,
-        model.config.num_heads), encoding="utf-8")
-    print(f"wrote vLLM Medusa heads to {out}")
-
-
 def add_training_commands(commands: argparse._SubParsersAction) -> None:
     """`train`, `generate-data`, `eval-heads`: one flag per config field (training/config.py)."""
     helps = {"train": (TrainConfig, "distil Clover (or --medusa) heads from a frozen target"),
@@ -146,7 +120,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "fetch":
             fetch(args.assets, args.cache_dir, args.force)
         elif args.command == "export-medusa":
-            export_medusa_command(args.heads, args.target, args.out, args.overwrite, args.dtype)
+            from vllm_clover.training.medusa_export import export_medusa_command
+
+            out = export_medusa_command(args.heads, args.target, args.out, args.overwrite,
+                                        args.dtype)
+            print(f"wrote vLLM Medusa heads to {out}")
         elif args.command == "demo":
             from vllm_clover.demo import run_demo
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from vllm_clover.assets.data import fetch_mtbench, mtbench_questions
-from vllm_clover.assets.target import REFERENCE_HEADS, fetch_reference_target
+from vllm_clover.assets.target import fetch_reference_target
+from vllm_clover.bundled import REFERENCE_HEADS
 from vllm_clover.bench.measure import Run, engine, identical_outputs, timed_chat
 
 SANITY_QUESTION = "What is the capital of France?"

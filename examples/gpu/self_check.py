@@ -27,7 +27,8 @@ import os
 import sys
 
 from vllm_clover.assets.data import mtbench_questions
-from vllm_clover.assets.target import REFERENCE_HEADS, REFERENCE_TARGET, fetch_reference_target
+from vllm_clover.assets.target import REFERENCE_TARGET, fetch_reference_target
+from vllm_clover.bundled import REFERENCE_HEADS
 from vllm_clover.bench.measure import Counters, counters_from_metrics
 
 # Largest top-2 logprob gap (nats) that counts as a tie, per dtype: float32 logits are exact

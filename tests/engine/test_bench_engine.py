@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from conftest import run_python
+from helpers import run_python
 
 pytestmark = pytest.mark.engine
 

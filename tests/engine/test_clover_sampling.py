@@ -17,7 +17,7 @@ from collections import Counter
 import pytest
 import torch
 
-from conftest import in_process_llm
+from helpers import in_process_llm
 
 pytestmark = pytest.mark.engine
 

@@ -10,7 +10,7 @@ import pytest
 
 from vllm_clover.assets.data import mtbench_questions
 
-from conftest import in_process_llm
+from helpers import in_process_llm
 
 pytestmark = pytest.mark.engine
 

@@ -5,7 +5,7 @@ import pytest
 from vllm_clover.assets.data import mtbench_questions
 from vllm_clover.demo import SANITY_ANSWER, SANITY_QUESTION
 
-from conftest import in_process_llm, run_python
+from helpers import in_process_llm, run_python
 
 pytestmark = pytest.mark.engine
 

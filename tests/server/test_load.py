@@ -30,7 +30,7 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import http_get, run_python, running_server
+from helpers import http_get, run_python, running_server
 
 pytestmark = pytest.mark.server
 
@@ -213,7 +213,7 @@ def vanilla_tokens(reference_target, valid_bodies, tmp_path_factory) -> list[lis
     """The same requests without speculation (vLLM engine, same settings): token ids.
 
     A fresh process with vLLM's usual engine processes: the in-process engine
-    (conftest.in_process_llm) starts faster but decodes this batch ~4x slower on CPU.
+    (helpers.in_process_llm) starts faster but decodes this batch ~4x slower on CPU.
     """
     bodies = tmp_path_factory.mktemp("reference") / "bodies.json"
     bodies.write_text(json.dumps(valid_bodies))

@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from conftest import REPO, http_get as _get, running_server
+from helpers import REPO, http_get as _get, running_server
 
 pytestmark = pytest.mark.server
 

@@ -8,10 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from vllm_clover.assets.target import REFERENCE_HEADS
 from vllm_clover.bench.config import (
     QUICK_PRESET,
-    REFERENCE_MEDUSA,
     BenchConfig,
     BenchError,
     Method,
@@ -28,6 +26,7 @@ from vllm_clover.bench.report import (
     markdown_document,
     markdown_table,
 )
+from vllm_clover.bundled import REFERENCE_HEADS, REFERENCE_MEDUSA
 from vllm_clover.cli import build_parser, main
 
 pytestmark = pytest.mark.unit
@@ -205,11 +204,11 @@ def test_methods_and_their_speculative_configs():
 def test_bad_methods_and_checkpoints(tmp_path):
     with pytest.raises(BenchError, match="unknown method.*'eagle'"):
         resolve_methods(["eagle"], "", "", 4, [])
-    with pytest.raises(BenchError, match="checkpoint directory not found: /nope"):
+    with pytest.raises(BenchError, match="clover: checkpoint folder not found: /nope"):
         checkpoint_heads("/nope", "clover", "clover")
-    with pytest.raises(BenchError, match="no config.json"):
+    with pytest.raises(BenchError, match="missing config.json"):
         checkpoint_heads(tmp_path, "clover", "clover")
-    with pytest.raises(BenchError, match="is a 'clover' checkpoint, expected 'medusa'"):
+    with pytest.raises(BenchError, match="model_type must be 'medusa', got 'clover'"):
         checkpoint_heads(REFERENCE_HEADS, "medusa", "medusa")
     with pytest.raises(BenchError, match="NAME=DIR"):
         parse_named_dir("just-a-dir")

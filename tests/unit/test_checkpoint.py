@@ -1,59 +1,48 @@
-"""Unit tests for the Clover checkpoint format, its validation and the Medusa export."""
+"""The Clover checkpoint format: save, load, validation errors, the LM-head fingerprint, and
+checkpoints written before the network was split into its three parts."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
+import helpers
 import pytest
 import torch
+from helpers import D, K, V
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from vllm_clover.bundled import FULL_CLOVER_HEADS, REFERENCE_HEADS
 from vllm_clover.modeling import (
     CloverCheckpointError,
     CloverConfig,
-    CloverHeads,
-    export_medusa,
+    CloverModel,
     lm_head_fingerprint,
     load_clover,
     save_clover,
     shift_tokens_for_heads,
 )
 from vllm_clover.modeling import checkpoint as checkpoint_module
+from vllm_clover.modeling.checkpoint import read_config_json
 
 pytestmark = pytest.mark.unit
 
-D, V, K = 32, 120, 3
-
-
 def tiny_config(**overrides) -> CloverConfig:
-    fields = dict(
-        hidden_size=D,
-        vocab_size=V,
-        num_heads=K,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=48,
-        decoder_num_heads=4,
-        target_name="tiny-target",
-    )
-    fields.update(overrides)
-    return CloverConfig(**fields)
+    return helpers.tiny_config(**{"target_name": "tiny-target", **overrides})
 
 
 def trained_model(
     cfg: CloverConfig, dtype: torch.dtype = torch.float32
-) -> tuple[CloverHeads, torch.Tensor]:
+) -> tuple[CloverModel, torch.Tensor]:
     """A model with random weights (a draft vocab if configured) and its target LM head."""
     torch.manual_seed(0)
-    model = CloverHeads(cfg)
+    model = CloverModel(cfg)
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.1 * torch.randn_like(p))
     if cfg.draft_vocab_size:
-        model.set_draft_vocab(torch.randperm(V)[: cfg.draft_vocab_size].sort().values)
+        model.tables.set_draft_vocab(torch.randperm(V)[: cfg.draft_vocab_size].sort().values)
     model.to(dtype)
     lm_head = torch.randn(V, D).to(dtype)
     model.attach_target(lm_head)
@@ -61,7 +50,7 @@ def trained_model(
 
 
 @pytest.fixture
-def saved(tmp_path: Path) -> tuple[Path, CloverHeads, torch.Tensor]:
+def saved(tmp_path: Path) -> tuple[Path, CloverModel, torch.Tensor]:
     cfg = tiny_config(draft_vocab_size=50)
     model, lm_head = trained_model(cfg)
     out = save_clover(model, cfg, tmp_path / "ckpt", model_card="# tiny clover\n")
@@ -83,7 +72,7 @@ def test_save_load_round_trip(
         assert torch.equal(loaded(hidden, head_inputs), model(hidden, head_inputs))
     h0, t0 = torch.randn(3, D), torch.randint(0, V, (3,))
     assert torch.equal(loaded.propose(h0, t0, K), model.propose(h0, t0, K))
-    assert loaded.dtype == dtype and loaded.lm_head_weight.data_ptr() == lm_head.data_ptr()
+    assert loaded.dtype == dtype and loaded.tables.lm_head_weight.data_ptr() == lm_head.data_ptr()
     assert loaded.config.target_lm_head_fingerprint == lm_head_fingerprint(lm_head)
 
 
@@ -103,7 +92,7 @@ def test_checkpoint_folder_contents(saved) -> None:
     )
     with safe_open(out / "model.safetensors", framework="pt") as f:
         names = set(f.keys())
-    assert names == set(model.state_dict())
+    assert names == set(model.checkpoint_state())
     assert "draft_vocab_ids" in names and not any("lm_head" in n or "embed" in n for n in names)
 
 
@@ -251,129 +240,6 @@ def test_fingerprint_is_dtype_robust_and_sensitive() -> None:
     assert lm_head_fingerprint(weight[:-1]) != reference
 
 
-# ---------------------------------------------------------------- Medusa export
-def test_export_medusa_refuses_clover_components(tmp_path: Path) -> None:
-    for flag in ("use_augmenting_block", "use_attention_decoder", "use_regressive_connection"):
-        flags = dict(
-            use_augmenting_block=False, use_attention_decoder=False, use_regressive_connection=False
-        )
-        cfg = tiny_config(**{**flags, flag: True})
-        model, lm_head = trained_model(cfg)
-        with pytest.raises(ValueError, match="Clover component"):
-            export_medusa(model, cfg, tmp_path / flag, lm_head)
-    assert list(tmp_path.iterdir()) == []
-
-
-@pytest.mark.parametrize("draft_vocab_size", [None, 50])
-def test_export_medusa_names_and_shapes(tmp_path: Path, draft_vocab_size: int | None) -> None:
-    cfg = CloverConfig.medusa(
-        hidden_size=D, vocab_size=V, num_heads=K, draft_vocab_size=draft_vocab_size
-    )
-    model, lm_head = trained_model(cfg)
-    out = export_medusa(model, cfg, tmp_path / "medusa", lm_head)
-    config = json.loads((out / "config.json").read_text())
-    assert config["architectures"] == ["MedusaModel"] and config["model_type"] == "medusa"
-    assert (
-        config["hidden_size"],
-        config["vocab_size"],
-        config["num_heads"],
-        config["num_hidden_layers"],
-    ) == (D, V, K, 1)
-    state = load_file(out / "model.safetensors")
-    expected = {
-        f"blocks.{i}.layers.0.{p}": (D, D) if p == "weight" else (D,)
-        for i in range(K)
-        for p in ("weight", "bias")
-    }
-    if draft_vocab_size is None:
-        expected.update({f"lm_heads.{i}.weight": (V, D) for i in range(K)})
-    else:
-        expected.update(
-            {"lm_heads.0.weight": (draft_vocab_size, D), "token_map": (draft_vocab_size,)}
-        )
-        assert (
-            config["truncated_vocab_size"] == draft_vocab_size
-            and config["original_lm_head"] is True
-        )
-        assert torch.equal(state["token_map"], model.draft_vocab_ids)
-    assert {n: tuple(t.shape) for n, t in state.items()} == expected
-
-
-@pytest.fixture(scope="module")
-def vllm_medusa():
-    """vLLM's own Medusa code (skipped when vLLM is not installed)."""
-    medusa = pytest.importorskip("vllm.model_executor.models.medusa")
-    configs = pytest.importorskip("vllm.transformers_utils.configs.medusa")
-    return SimpleNamespace(
-        Medusa=medusa.Medusa, ResidualBlock=medusa.ResidualBlock, MedusaConfig=configs.MedusaConfig
-    )
-
-
-class MedusaStandIn(torch.nn.Module):
-    """vLLM's Medusa layout with nn.Linear in place of ParallelLMHead (which needs a TP group)."""
-
-    def __init__(self, config, vllm_medusa: SimpleNamespace) -> None:
-        super().__init__()
-        self.config = config
-        self._remap_old_checkpoint_key = vllm_medusa.Medusa._remap_old_checkpoint_key
-        residual_block_cls = vllm_medusa.ResidualBlock
-        d, n = config.hidden_size, config.num_heads
-        self.blocks = torch.nn.ModuleList(
-            [residual_block_cls(config, d, config.num_hidden_layers) for _ in range(n)]
-        )
-        self.orig_vocab_size, self.truncated_vocab_size = (
-            config.vocab_size,
-            config.truncated_vocab_size,
-        )
-        if getattr(config, "original_lm_head", False):
-            self.lm_head = torch.nn.Linear(d, self.truncated_vocab_size, bias=False)
-            self.lm_heads = [self.lm_head] * n
-        else:
-            self.lm_heads = torch.nn.ModuleList(
-                [torch.nn.Linear(d, config.vocab_size, bias=False) for _ in range(n)]
-            )
-        self.token_map = None
-
-    def draft(self, hidden: torch.Tensor) -> torch.Tensor:
-        """MedusaProposer.propose: per-head argmax over the full vocab (token_map scatter)."""
-        drafts = []
-        for block, head in zip(self.blocks, self.lm_heads, strict=True):
-            logits = head(block(hidden))
-            if self.token_map is not None:
-                full = torch.full((*logits.shape[:-1], self.orig_vocab_size), -torch.inf)
-                full[..., self.token_map] = logits
-                logits = full
-            drafts.append(logits.argmax(-1))
-        return torch.stack(drafts, dim=1)
-
-
-@pytest.mark.parametrize("draft_vocab_size", [None, 50])
-def test_export_medusa_loads_in_vllm_losslessly(
-    tmp_path: Path, vllm_medusa, draft_vocab_size: int | None
-) -> None:
-    cfg = CloverConfig.medusa(
-        hidden_size=D, vocab_size=V, num_heads=K, draft_vocab_size=draft_vocab_size
-    )
-    model, lm_head = trained_model(cfg)
-    out = export_medusa(model, cfg, tmp_path / "medusa", lm_head)
-    config = vllm_medusa.MedusaConfig.from_pretrained(str(out))
-    assert (config.num_heads, config.num_hidden_layers, config.medusa_fc_bias) == (K, 1, True)
-    assert config.truncated_vocab_size == (draft_vocab_size or V)
-    stand_in = MedusaStandIn(config, vllm_medusa)
-    weights = load_file(out / "model.safetensors").items()
-    from vllm_clover.integration.patches import apply_patches
-
-    apply_patches()  # as in every vLLM process: the medusa_token_map patch reports token_map
-    with torch.no_grad():
-        loaded = vllm_medusa.Medusa.load_weights(stand_in, weights)  # vLLM's own loader
-    assert loaded == {n for n, _ in stand_in.named_parameters()}
-    hidden = torch.randn(6, D)
-    with torch.no_grad():
-        assert torch.equal(
-            stand_in.draft(hidden), model.propose(hidden, torch.zeros(6, dtype=torch.long), K)
-        )
-
-
 def test_save_and_export_in_bf16(tmp_path: Path) -> None:
     """fp32 weights stored as bf16 (half the bytes); the draft vocabulary stays int64."""
     cfg = tiny_config(draft_vocab_size=50)
@@ -381,16 +247,41 @@ def test_save_and_export_in_bf16(tmp_path: Path) -> None:
     save_clover(model, cfg, tmp_path / "ckpt", dtype=torch.bfloat16)
     state = load_file(tmp_path / "ckpt" / "model.safetensors")
     assert {t.dtype for n, t in state.items() if n != "draft_vocab_ids"} == {torch.bfloat16}
-    assert torch.equal(state["draft_vocab_ids"], model.draft_vocab_ids)
+    assert torch.equal(state["draft_vocab_ids"], model.tables.draft_vocab_ids)
     loaded = load_clover(tmp_path / "ckpt", lm_head, target_name="tiny-target",
                          dtype=torch.float32)
-    for name, tensor in model.state_dict().items():
-        assert torch.equal(loaded.state_dict()[name], tensor.to(torch.bfloat16).to(tensor.dtype))
+    for name, tensor in model.checkpoint_state().items():
+        assert torch.equal(loaded.checkpoint_state()[name],
+                           tensor.to(torch.bfloat16).to(tensor.dtype))
 
-    medusa_cfg = CloverConfig.medusa(hidden_size=D, vocab_size=V, num_heads=K, draft_vocab_size=50)
-    medusa, _ = trained_model(medusa_cfg)
-    out = export_medusa(medusa, medusa_cfg, tmp_path / "medusa", lm_head, dtype=torch.bfloat16)
-    exported = load_file(out / "model.safetensors")
-    assert exported["lm_heads.0.weight"].dtype == torch.bfloat16
-    assert exported["token_map"].dtype == torch.int64
-    assert json.loads((out / "config.json").read_text())["torch_dtype"] == "bfloat16"
+
+# ---------------------------------------------------------------- config reader
+def test_read_config_json_is_the_one_reader(saved, tmp_path: Path) -> None:
+    out, _, _ = saved
+    assert read_config_json(out)["model_type"] == "clover"
+    with pytest.raises(CloverCheckpointError, match="model_type must be 'medusa', got 'clover'"):
+        read_config_json(out, "medusa")
+    (tmp_path / "list").mkdir()
+    (tmp_path / "list" / "config.json").write_text("[1, 2]")
+    with pytest.raises(CloverCheckpointError, match="got 'list'"):
+        read_config_json(tmp_path / "list")
+
+
+# ---------------------------------------------------------------- older checkpoints
+@pytest.mark.parametrize("folder", [REFERENCE_HEADS, FULL_CLOVER_HEADS], ids=lambda p: p.name)
+def test_checkpoints_written_by_the_single_module_network_load(folder: Path, reference_target,
+                                                               tmp_path: Path) -> None:
+    """The bundled heads were written before the network was split into Augmenting Block, head
+    loop and tables (format version 1, flat names): they load, draft, and save back to the
+    same names and tensors."""
+    lm_head = load_file(reference_target / "model.safetensors")["model.embed_tokens.weight"]
+    model = load_clover(folder, lm_head.float(), dtype=torch.float32)
+    stored = load_file(folder / "model.safetensors")
+    assert set(model.checkpoint_state()) == set(stored)
+    assert (model.augmenting is not None) == model.config.use_augmenting_block
+    h0 = torch.randn(2, model.config.hidden_size)
+    drafts = model.propose(h0, torch.tensor([1, 2]), model.config.num_heads)
+    assert set(drafts.flatten().tolist()) <= set(stored["draft_vocab_ids"].tolist())
+    again = save_clover(model, model.config, tmp_path / "again", dtype=torch.bfloat16)
+    resaved = load_file(again / "model.safetensors")
+    assert all(torch.equal(resaved[n], t) for n, t in stored.items())

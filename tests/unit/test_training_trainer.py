@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -23,7 +24,7 @@ from vllm_clover.training.data import (
 )
 from vllm_clover.training.teacher import load_teacher
 from vllm_clover.training.tiny import torch_threads, tiny_workspace
-from vllm_clover.training.trainer import TrainLoop
+from vllm_clover.training.trainer import TrainLoop, lr_factor
 
 pytestmark = pytest.mark.unit
 
@@ -141,3 +142,10 @@ def test_trainer_never_imports_vllm() -> None:
             "bad = [m for m in sys.modules if m == 'vllm' or m.startswith('vllm.')]\n"
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_lr_schedule_warmup_then_cosine() -> None:
+    values = [lr_factor(s, 10, 2) for s in range(10)]
+    assert values[:3] == [0.5, 1.0, 1.0]
+    assert math.isclose(values[6], 0.5) and values[9] < 0.05
+    assert all(a >= b for a, b in zip(values[1:], values[2:], strict=False))

@@ -1,4 +1,4 @@
-"""Tensor-parallel head loop: 2 gloo processes, each holding half the vocabulary, draft
+"""Tensor-parallel target tables: 2 gloo processes, each holding part of the vocabulary, draft
 exactly what one process with the whole LM head drafts (float32, random trained-like weights).
 """
 
@@ -12,8 +12,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from vllm_clover.modeling import CloverConfig, CloverHeads
-from vllm_clover.modeling.vocab_parallel import VocabParallelCloverHeads
+from vllm_clover.modeling import CloverConfig, HeadLoop, TargetTables
+from vllm_clover.modeling.vocab_parallel import VocabParallelTables
 
 pytestmark = pytest.mark.unit
 
@@ -35,30 +35,32 @@ def _weights(cfg: CloverConfig, low_ids: bool = False) -> tuple[dict, torch.Tens
     low_ids: draw the draft vocabulary from rank 0's ids only.
     """
     gen = torch.Generator().manual_seed(0)
-    heads = CloverHeads(cfg)
-    state = {k: 0.3 * torch.randn(v.shape, generator=gen) if v.is_floating_point() else v
-             for k, v in heads.state_dict().items()}
+    heads = HeadLoop(cfg)
+    state = {k: 0.3 * torch.randn(v.shape, generator=gen) for k, v in heads.state_dict().items()}
     lm_head = torch.randn(V, D, generator=gen)
     pool = SPLIT if low_ids else V
     draft_ids = torch.randperm(pool, generator=gen)[: cfg.draft_vocab_size or V].sort().values
     return state, lm_head, draft_ids
 
 
-def _drafts(heads: CloverHeads) -> torch.Tensor:
+def _drafts(cfg: CloverConfig, state: dict, draft_ids: torch.Tensor, tables: TargetTables,
+            scoring) -> torch.Tensor:
+    """The same head loop drafting through `tables` (whole or one rank's shard)."""
+    heads = HeadLoop(cfg)
+    heads.load_state_dict(state)
+    tables.scoring_dtype = scoring
+    if cfg.draft_vocab_size:
+        tables.set_draft_vocab(draft_ids)
     gen = torch.Generator().manual_seed(1)
     h0, t0 = torch.randn(N, D, generator=gen), torch.randint(0, V, (N,), generator=gen)
-    return heads.propose(h0, t0, K)  # (N, K)
+    return heads.propose(h0, t0, K, tables)  # (N, K)
 
 
 def _reference(cfg: CloverConfig, low_ids: bool = False, scoring=None) -> torch.Tensor:
     state, lm_head, draft_ids = _weights(cfg, low_ids)
-    heads = CloverHeads(cfg)
-    heads.load_state_dict(state)
-    heads.scoring_dtype = scoring
-    if cfg.draft_vocab_size:
-        heads.set_draft_vocab(draft_ids)
-    heads.attach_target(lm_head)
-    return _drafts(heads)
+    tables = TargetTables(cfg)
+    tables.attach(lm_head)
+    return _drafts(cfg, state, draft_ids, tables, scoring)
 
 
 def _rank_main(rank: int, port: int, cfg: CloverConfig, low_ids: bool, scoring, out: dict
@@ -67,14 +69,10 @@ def _rank_main(rank: int, port: int, cfg: CloverConfig, low_ids: bool, scoring, 
     dist.init_process_group("gloo", rank=rank, world_size=2)
     try:
         state, lm_head, draft_ids = _weights(cfg, low_ids)
-        heads = VocabParallelCloverHeads(cfg)
-        heads.load_state_dict(state)
-        heads.scoring_dtype = scoring
-        if cfg.draft_vocab_size:
-            heads.set_draft_vocab(draft_ids)
+        tables = VocabParallelTables(cfg)
         start, end = (0, SPLIT) if rank == 0 else (SPLIT, V)
-        heads.attach_shard(lm_head[start:end], start)
-        out[rank] = _drafts(heads)
+        tables.attach_shard(lm_head[start:end], start)
+        out[rank] = _drafts(cfg, state, draft_ids, tables, scoring)
     finally:
         dist.destroy_process_group()
 
@@ -113,6 +111,10 @@ def test_a_rank_without_draft_rows_still_takes_part():
 
 
 def test_a_shard_that_does_not_fit_is_refused():
-    heads = VocabParallelCloverHeads(_config())
+    tables = VocabParallelTables(_config())
     with pytest.raises(ValueError, match="does not fit vocab 50"):
-        heads.attach_shard(torch.zeros(30, D), 25)
+        tables.attach_shard(torch.zeros(30, D), 25)
+    with pytest.raises(TypeError, match="use attach_shard"):
+        tables.attach(torch.zeros(V, D))
+    with pytest.raises(NotImplementedError, match="not sharded"):
+        tables.vocab_weight(torch.float32)

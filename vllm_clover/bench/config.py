@@ -7,19 +7,16 @@ batch size) is a `BenchError` naming it, raised here, so no engine start is wast
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_clover.assets.target import REFERENCE_HEADS, REFERENCE_TARGET
+from vllm_clover.bundled import REFERENCE_HEADS, REFERENCE_MEDUSA
 
 STANDARD_METHODS = ("vanilla", "ngram", "medusa", "clover")
-# vLLM's native Medusa heads for the reference target, committed next to the Clover ones.
-REFERENCE_MEDUSA = REFERENCE_HEADS.parent / f"{REFERENCE_TARGET}-medusa"
 # Prompt lookup: match the last 2..4 tokens against the context (vLLM's default is 5..5).
 NGRAM_LOOKUP = {"prompt_lookup_min": 2, "prompt_lookup_max": 4}
-# The protocol of DESIGN.md section 4, and a few-minute version of it for a 2-core CPU.
+# The evaluation protocol (docs/benchmarks.md), and a few-minute version of it for 2 cores.
 FULL_PRESET = {"batch_sizes": (1, 4, 16, 64), "temperatures": (0.0, 1.0), "max_tokens": 128,
                "min_prompts": 16, "prompts_per_seq": 2}
 QUICK_PRESET = {"batch_sizes": (1, 4), "temperatures": (0.0,), "max_tokens": 32,
@@ -93,22 +90,16 @@ def validate(config: BenchConfig) -> None:
 
 def checkpoint_heads(path: str | Path, model_type: str, label: str) -> int:
     """Number of heads of the `model_type` checkpoint at `path` (BenchError if unusable)."""
-    folder = Path(path)
-    if not folder.is_dir():
-        raise BenchError(f"{label}: checkpoint directory not found: {folder}")
-    config_file = folder / "config.json"
-    if not config_file.is_file():
-        raise BenchError(f"{label}: {folder} has no config.json (not a checkpoint)")
+    from vllm_clover.modeling.checkpoint import CloverCheckpointError, read_config_json
+
     try:
-        config = json.loads(config_file.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise BenchError(f"{label}: unreadable {config_file}: {err}") from err
-    if config.get("model_type") != model_type:
-        raise BenchError(f"{label}: {folder} is a {config.get('model_type')!r} checkpoint, "
-                         f"expected {model_type!r}")
+        config = read_config_json(path, model_type)
+    except CloverCheckpointError as err:
+        raise BenchError(f"{label}: {err}") from err
     heads = config.get("num_heads")
     if not isinstance(heads, int) or heads < 1:
-        raise BenchError(f"{label}: {config_file} has no valid num_heads ({heads!r})")
+        raise BenchError(f"{label}: {Path(path) / 'config.json'} has no valid num_heads "
+                         f"({heads!r})")
     return heads
 
 

@@ -8,21 +8,19 @@ checks it when it attaches them (`CloverProposer._maybe_share_lm_head`).
 
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
 
-import torch
 from vllm.platforms import current_platform
 
-from vllm_clover.modeling.checkpoint import CONFIG_NAME, CloverCheckpointError, validate_checkpoint
+from vllm_clover.modeling.checkpoint import (
+    CloverCheckpointError,
+    check_target_shape,
+    read_config_json,
+    validate_checkpoint,
+)
 from vllm_clover.modeling.config import CloverConfig
+from vllm_clover.modeling.tables import check_draft_dtype_fits, draft_dtype_setting
 
-CLOVER_MODEL_TYPE = "clover"
-DRAFT_DTYPE_ENV = "CLOVER_DRAFT_DTYPE"  # drafts' scoring dtype, see model.scoring_dtype
-DRAFT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-                "int8": torch.int8}
-DRAFT_DTYPE_CHOICES = ("auto", *DRAFT_DTYPES)
 # vLLM routes draft paths containing these substrings to other methods (config/speculative.py).
 ROUTED_PATH_SUBSTRINGS = ("eagle-", "eagle3", "dflash", "dspark")
 
@@ -32,26 +30,10 @@ def is_clover_checkpoint(model: str | None) -> bool:
     if not model or not os.path.isdir(model):
         return False
     try:
-        config = json.loads((Path(model) / CONFIG_NAME).read_text())
-    except (OSError, ValueError):
+        read_config_json(model, CloverConfig.model_type)
+    except CloverCheckpointError:
         return False
-    return config.get("model_type") == CLOVER_MODEL_TYPE
-
-
-def draft_dtype_setting() -> str:
-    """$CLOVER_DRAFT_DTYPE (default "auto"), or a ValueError naming the allowed values."""
-    setting = os.environ.get(DRAFT_DTYPE_ENV, "auto")
-    if setting not in DRAFT_DTYPE_CHOICES:
-        raise ValueError(f"{DRAFT_DTYPE_ENV}={setting!r} is not one of "
-                         f"{', '.join(DRAFT_DTYPE_CHOICES)}")
-    return setting
-
-
-def check_draft_dtype_fits(setting: str, device_type: str) -> None:
-    """ValueError for int8 draft scoring (CPU int8 matmuls) on any device but the CPU."""
-    if setting == "int8" and device_type != "cpu":
-        raise ValueError(f"{DRAFT_DTYPE_ENV}=int8 scores draft rows with CPU int8 matmuls; "
-                         f"this is a {device_type} install: unset it (auto)")
+    return True
 
 
 def check_clover_spec(
@@ -74,16 +56,7 @@ def check_clover_spec(
             f"Clover checkpoint path {model!r} contains one of {ROUTED_PATH_SUBSTRINGS}, which "
             "vLLM 0.32 routes to another speculative method; rename the folder")
     config = validate_checkpoint(model)
-    target_hidden = target_hf_config.hidden_size
-    target_vocab = target_hf_config.vocab_size
-    if config.hidden_size != target_hidden:
-        raise CloverCheckpointError(
-            f"hidden size mismatch: Clover checkpoint {model} was trained for hidden_size="
-            f"{config.hidden_size} (target {config.target_name!r}), the target has {target_hidden}")
-    if config.vocab_size != target_vocab:
-        raise CloverCheckpointError(
-            f"vocab size mismatch: Clover checkpoint {model} was trained for vocab_size="
-            f"{config.vocab_size} (target {config.target_name!r}), the target has {target_vocab}")
+    check_target_shape(config, model, target_hf_config.hidden_size, target_hf_config.vocab_size)
     if num_speculative_tokens is not None and num_speculative_tokens > config.num_heads:
         raise CloverCheckpointError(
             f"num_speculative_tokens={num_speculative_tokens} but Clover checkpoint {model} "

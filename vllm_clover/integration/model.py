@@ -1,19 +1,19 @@
-"""`CloverDraftModel`: the Clover network inside vLLM.
+"""`CloverDraftModel`: the Clover network inside vLLM (vLLM layers + the shared head loop).
 
 The Augmenting Block is re-expressed with vLLM's own `LlamaDecoderLayer` (paged attention
-with a KV cache that vLLM allocates and manages, parallel linear layers); the head loop
-(Regressive Connection, Attention Decoder, per-head blocks, shared LM head, draft vocab) is
-the very `CloverHeads` module the trainer trains, with the Augmenting Block switched off.
-Checkpoint weight names are those of docs/checkpoint-format.md:
+with a KV cache that vLLM allocates and manages, parallel linear layers); the head loop is the
+very `HeadLoop` the trainer trains, reading the target through a `TargetTables` (one rank's
+shard of it under tensor parallelism). Checkpoint weight names (docs/checkpoint-format.md) are
+routed by `split_checkpoint_state`:
 
     layers.{j}.*, norm.weight   -> self.layers / self.norm (vLLM layers, q/k/v and
                                    gate/up stacked into qkv_proj / gate_up_proj)
-    everything else             -> self.heads (decoder.*, blocks.*, draft_vocab_ids, ...)
+    draft_vocab_ids             -> self.tables
+    everything else             -> self.heads (decoder.*, blocks.*, ...)
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterable
 
 import torch
@@ -25,12 +25,12 @@ from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.model_executor.models.llama import LlamaDecoderLayer
 from vllm.model_executor.models.utils import maybe_prefix
 
-from vllm_clover.integration.checks import DRAFT_DTYPES, check_draft_dtype_fits
-from vllm_clover.modeling.clover import CloverHeads
+from vllm_clover.modeling.clover import split_checkpoint_state
 from vllm_clover.modeling.config import CloverConfig
-from vllm_clover.modeling.vocab_parallel import VocabParallelCloverHeads
+from vllm_clover.modeling.head_loop import HeadLoop
+from vllm_clover.modeling.tables import TargetTables
+from vllm_clover.modeling.vocab_parallel import VocabParallelTables
 
-AUGMENTING_PREFIXES = ("layers.", "norm.")
 # Checkpoint projections that vLLM's Llama layer fuses: (fused param, checkpoint name, shard).
 STACKED_PARAMS = (
     ("qkv_proj", "q_proj", "q"),
@@ -42,7 +42,11 @@ STACKED_PARAMS = (
 
 
 def augmenting_layer_config(config: CloverConfig) -> LlamaConfig:
-    """The Llama layer shape vLLM's LlamaDecoderLayer reads, from a CloverConfig."""
+    """The Llama layer shape vLLM's LlamaDecoderLayer reads, from a CloverConfig.
+
+    vLLM's layer puts `attention_bias` on q/k/v/o and lets `qkv_bias` override it for q/k/v
+    (Qwen2: q/k/v biased, o_proj not), the same semantics as CloverConfig's two fields.
+    """
     return LlamaConfig(
         hidden_size=config.hidden_size,
         intermediate_size=config.intermediate_size,
@@ -54,48 +58,23 @@ def augmenting_layer_config(config: CloverConfig) -> LlamaConfig:
         max_position_embeddings=config.max_position_embeddings,
         rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta},
         attention_bias=config.attention_bias,
+        qkv_bias=config.qkv_bias,
         vocab_size=config.vocab_size,
     )
 
 
-def scoring_dtype(target_dtype: torch.dtype, device: torch.device, setting: str) -> torch.dtype:
-    """The format the heads score their draft-vocabulary rows in (`CloverHeads.scoring_dtype`).
-
-    Scoring N x D LM-head rows is the one large read of a head step; the head network
-    (attention decoder, residual blocks) and the Augmenting Block run in the target's dtype.
-    setting: "auto" or a key of DRAFT_DTYPES (checks.draft_dtype_setting, from
-    $CLOVER_DRAFT_DTYPE). "auto" picks int8 on a CPU (rows quantized per row, features per
-    row, int8 matmul: a quarter of an fp32 target's bytes; modeling/scoring.py), the
-    target's dtype elsewhere. Drafts only propose; vLLM's rejection sampler verifies them
-    against the target, so the output is unchanged (greedy: token for token).
-    Examples: (float32, cpu, "auto") -> int8; (bfloat16, cuda, "auto") -> bfloat16;
-    (float32, cpu, "bfloat16") -> bfloat16. int8 on another device is refused (ValueError).
-    """
-    if setting == "auto":
-        return torch.int8 if device.type == "cpu" else target_dtype
-    check_draft_dtype_fits(setting, device.type)
-    return DRAFT_DTYPES[setting]
-
-
-def heads_only_config(config: CloverConfig) -> CloverConfig:
-    """The same Clover config with the Augmenting Block off: what `CloverHeads` runs here."""
-    heads = copy.deepcopy(config)
-    heads.use_augmenting_block = False
-    return heads
-
-
-def build_heads(config: CloverConfig, tensor_parallel_size: int) -> CloverHeads:
-    """The head loop: replicated on every rank; under TP its vocabulary operations read the
-    rank's LM-head shard and talk over the TP group (modeling/vocab_parallel.py)."""
+def build_tables(config: CloverConfig, tensor_parallel_size: int) -> TargetTables:
+    """The head loop's view of the target: whole, or under TP this rank's row shard, whose
+    vocabulary operations talk over the TP group (modeling/vocab_parallel.py)."""
     if tensor_parallel_size == 1:
-        return CloverHeads(config)
+        return TargetTables(config)
     from vllm.distributed import get_tp_group
 
-    return VocabParallelCloverHeads(config, group=get_tp_group().device_group)
+    return VocabParallelTables(config, group=get_tp_group().device_group)
 
 
 class CloverDraftModel(nn.Module):
-    """Augmenting Block (vLLM layers, own KV cache) + Clover head loop (shared PyTorch)."""
+    """Augmenting Block (vLLM layers, own KV cache) + head loop + target tables."""
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
@@ -112,8 +91,8 @@ class CloverDraftModel(nn.Module):
             for j in range(depth)
         )
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps) if depth else None
-        self.heads = build_heads(heads_only_config(config),
-                                 vllm_config.parallel_config.tensor_parallel_size)
+        self.heads = HeadLoop(config)
+        self.tables = build_tables(config, vllm_config.parallel_config.tensor_parallel_size)
 
     def forward(
         self,
@@ -138,16 +117,12 @@ class CloverDraftModel(nn.Module):
         return hidden_states, hidden_states
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        """Route checkpoint tensors to the vLLM layers or the head module; strict."""
-        head_state, augmenting = {}, []
-        for name, tensor in weights:
-            if name.startswith(AUGMENTING_PREFIXES):
-                augmenting.append((name, tensor))
-            else:
-                head_state[name] = tensor
-        self.heads.load_state_dict(head_state, strict=True)
+        """Route checkpoint tensors to the vLLM layers, the head loop and the tables; strict."""
+        parts = split_checkpoint_state(dict(weights))
+        self.heads.load_state_dict(parts.heads, strict=True)
+        self.tables.load_state_dict(parts.tables, strict=True)
         loaded = {f"heads.{name}" for name, _ in self.heads.named_parameters()}
-        return loaded | self._load_augmenting(augmenting)
+        return loaded | self._load_augmenting(list(parts.augmenting.items()))
 
     def _load_augmenting(self, weights: list[tuple[str, torch.Tensor]]) -> set[str]:
         """Load `layers.{j}.*` / `norm.weight`, fusing q/k/v and gate/up as vLLM stores them."""

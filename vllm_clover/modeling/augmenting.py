@@ -1,4 +1,4 @@
-"""Augmenting Block: a small Llama-style decoder stack over the target's hidden states.
+"""The Augmenting Block: decoder layer(s) and a norm over the target's hidden states.
 
 Written from scratch (nanoGPT/gpt-fast style), with parameter names that match
 vLLM's ``LlamaDecoderLayer`` so the vLLM wrapper can load the same weights:
@@ -128,13 +128,65 @@ class DecoderLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
+class AugmentingBlock(nn.Module):
+    """h0 = norm(layer_L(... layer_1(H))) at every position: the Augmenting Block.
+
+    Initialise it as a copy of the target's last L decoder layers and final norm
+    (``init_from_target``), so that at step 0 it reproduces the target's own last layers.
+    State-dict names are the checkpoint's: ``layers.{j}.*`` and ``norm.weight``.
+    """
+
+    def __init__(self, config: CloverConfig) -> None:
+        super().__init__()
+        depth = config.num_augmenting_layers
+        self.layers = nn.ModuleList([DecoderLayer(config) for _ in range(depth)])
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, T, D) -> h0 (B, T, D). positions: (T,) or (B, T), default arange(T); only
+        RoPE reads them, the mask is causal over the T axis (right padding only)."""
+        b, t, _ = x.shape
+        pos = normalize_positions(positions, b, t, x.device)  # (B, T)
+        for layer in self.layers:
+            x = layer(x, pos)
+        return self.norm(x)  # (B, T, D)
+
+    @torch.no_grad()
+    def init_from_target(
+        self,
+        layer_states: Mapping[str, torch.Tensor] | Sequence[Mapping[str, torch.Tensor]],
+        norm_weight: torch.Tensor,
+    ) -> None:
+        """Copy the target's last decoder layer(s) and final norm into this block.
+
+        ``layer_states[j]`` initialises ``layers.{j}`` (pass the target's last L layers in
+        order, e.g. from ``select_last_layers``); a single mapping is accepted when L == 1.
+        Keys may carry any prefix ('model.layers.31.'). Raises ValueError on a missing key
+        or a shape mismatch; values are cast to the parameter dtype.
+        """
+        if isinstance(layer_states, Mapping):
+            layer_states = [layer_states]
+        if len(layer_states) != len(self.layers):
+            raise ValueError(
+                f"got {len(layer_states)} target layer states for {len(self.layers)} "
+                "augmenting layers"
+            )
+        for j, (layer, raw) in enumerate(zip(self.layers, layer_states, strict=True)):
+            state = _strip_layer_prefix(raw)
+            for name, param in layer.named_parameters():
+                if name not in state:
+                    raise ValueError(f"target layer state for layers.{j} is missing '{name}'")
+                _copy_checked(param, state[name], f"layers.{j}.{name}")
+        _copy_checked(self.norm.weight, norm_weight, "norm.weight")
+
+
 def normalize_positions(
     positions: torch.Tensor | None, batch: int, seq: int, device: torch.device
 ) -> torch.Tensor:
     """None -> arange(T); (T,) -> broadcast to (B, T); (B, T) -> as is. Returns (B, T) int64."""
     if positions is None:
         positions = torch.arange(seq, device=device)
-    if positions.dim() == 1:
+    if positions.dim() == 1 and positions.shape[0] == seq:
         positions = positions.unsqueeze(0).expand(batch, seq)
     if positions.shape != (batch, seq):
         raise ValueError(
@@ -175,37 +227,6 @@ def select_last_layers(
     if len(by_index) < num_layers:
         raise ValueError(f"target state dict has {len(by_index)} decoder layers, need {num_layers}")
     return [by_index[i] for i in sorted(by_index)[-num_layers:]]
-
-
-@torch.no_grad()
-def init_augmenting_from_target(
-    model: nn.Module,
-    layer_states: Mapping[str, torch.Tensor] | Sequence[Mapping[str, torch.Tensor]],
-    norm_weight: torch.Tensor,
-) -> None:
-    """Copy the target's last decoder layer(s) and final norm into ``model.layers``/``model.norm``.
-
-    ``layer_states[j]`` initialises ``layers.{j}`` (pass the target's last L layers in
-    order, e.g. from ``select_last_layers``); a single mapping is accepted when L == 1.
-    Keys may carry any prefix ('model.layers.31.'). Raises ValueError on a missing key
-    or a shape mismatch; values are cast to the parameter dtype.
-    """
-    layers = getattr(model, "layers", None)
-    if not layers:
-        raise ValueError("model has no Augmenting Block (use_augmenting_block is off)")
-    if isinstance(layer_states, Mapping):
-        layer_states = [layer_states]
-    if len(layer_states) != len(layers):
-        raise ValueError(
-            f"got {len(layer_states)} target layer states for {len(layers)} augmenting layers"
-        )
-    for j, (layer, raw) in enumerate(zip(layers, layer_states, strict=True)):
-        state = _strip_layer_prefix(raw)
-        for name, param in layer.named_parameters():
-            if name not in state:
-                raise ValueError(f"target layer state for layers.{j} is missing '{name}'")
-            _copy_checked(param, state[name], f"layers.{j}.{name}")
-    _copy_checked(model.norm.weight, norm_weight, "norm.weight")
 
 
 def _copy_checked(param: torch.Tensor, value: torch.Tensor, name: str) -> None:

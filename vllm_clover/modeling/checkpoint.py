@@ -1,4 +1,4 @@
-"""Clover checkpoint folder: save, load with validation, LM-head fingerprint, Medusa export.
+"""The Clover checkpoint folder: save, read and validate, load; the target LM-head fingerprint.
 
 A checkpoint is a Hugging Face-style folder (see docs/checkpoint-format.md)::
 
@@ -23,10 +23,10 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from vllm_clover.modeling.clover import CloverHeads
-from vllm_clover.modeling.scoring import check_draft_vocab
-from vllm_clover.modeling.config import CloverConfig
 from vllm_clover.fsutil import atomic_directory
+from vllm_clover.modeling.clover import CloverModel
+from vllm_clover.modeling.config import CloverConfig
+from vllm_clover.modeling.tables import check_draft_vocab
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -68,7 +68,7 @@ def lm_head_fingerprint(weight: torch.Tensor, num_rows: int = 64) -> str:
 
 # ---------------------------------------------------------------------- save
 def save_clover(
-    model: CloverHeads,
+    model: CloverModel,
     config: CloverConfig,
     out_dir: str | os.PathLike,
     model_card: str | None = None,
@@ -85,9 +85,9 @@ def save_clover(
     Returns the folder path.
     """
     config = copy.deepcopy(config)
-    _check_same_architecture(model, config)
-    if model.lm_head_weight is not None:
-        fingerprint = lm_head_fingerprint(model.lm_head_weight)
+    check_same_architecture(model, config)
+    if model.tables.lm_head_weight is not None:
+        fingerprint = lm_head_fingerprint(model.tables.lm_head_weight)
         recorded = config.target_lm_head_fingerprint
         if recorded and recorded != fingerprint:
             raise CloverCheckpointError(
@@ -95,7 +95,7 @@ def save_clover(
                 f"but the attached LM head has fingerprint {fingerprint}"
             )
         config.target_lm_head_fingerprint = fingerprint
-    state = {name: _stored(t, dtype) for name, t in model.state_dict().items()}
+    state = {name: stored_tensor(t, dtype) for name, t in model.checkpoint_state().items()}
 
     with atomic_directory(Path(out_dir), overwrite=overwrite) as tmp:
         config.to_json_file(tmp / CONFIG_NAME, use_diff=False)
@@ -106,7 +106,7 @@ def save_clover(
     return Path(out_dir)
 
 
-def _stored(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+def stored_tensor(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
     """A CPU copy to save: float tensors in ``dtype`` (if given), others unchanged."""
     tensor = tensor.detach().cpu()
     if dtype is not None and tensor.is_floating_point():
@@ -114,7 +114,7 @@ def _stored(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
     return tensor.contiguous()
 
 
-def _check_same_architecture(model: CloverHeads, config: CloverConfig) -> None:
+def check_same_architecture(model: CloverModel, config: CloverConfig) -> None:
     """``config`` must equal ``model.config`` except for the target-identity fields."""
 
     def architecture(cfg: CloverConfig) -> dict[str, object]:
@@ -135,29 +135,43 @@ def _check_same_architecture(model: CloverHeads, config: CloverConfig) -> None:
 def _expected_shapes(config: CloverConfig) -> dict[str, tuple[int, ...]]:
     """Weight names -> shapes a model built from ``config`` has (built on the meta device)."""
     with torch.device("meta"):
-        reference = CloverHeads(config)
-    return {name: tuple(t.shape) for name, t in reference.state_dict().items()}
+        reference = CloverModel(config)
+    return {name: tuple(t.shape) for name, t in reference.checkpoint_state().items()}
 
 
 # ---------------------------------------------------------------------- load
-def load_clover_config(path: str | os.PathLike) -> CloverConfig:
-    """Read and validate ``path/config.json``; CloverCheckpointError on any problem."""
-    config_file = Path(path) / CONFIG_NAME
-    if not Path(path).is_dir():
-        raise CloverCheckpointError(f"Clover checkpoint folder not found: {path}")
+def read_config_json(path: str | os.PathLike, model_type: str = "clover") -> dict:
+    """``path/config.json`` of a checkpoint folder as a dict, if its model_type matches.
+
+    The one reader of checkpoint configs (Clover's, and the Medusa folders the bench runs);
+    CloverCheckpointError names the problem: no folder, no or unreadable config.json, or a
+    checkpoint of another kind.
+    """
+    folder = Path(path)
+    config_file = folder / CONFIG_NAME
+    if not folder.is_dir():
+        raise CloverCheckpointError(f"checkpoint folder not found: {path}")
     if not config_file.is_file():
-        raise CloverCheckpointError(f"missing {CONFIG_NAME} in Clover checkpoint {path}")
+        raise CloverCheckpointError(f"missing {CONFIG_NAME} in checkpoint {path}")
     try:
         raw = json.loads(config_file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise CloverCheckpointError(f"unreadable {config_file}: {err}") from err
-    if not isinstance(raw, dict) or raw.get("model_type") != CloverConfig.model_type:
-        found = raw.get("model_type") if isinstance(raw, dict) else type(raw).__name__
-        raise CloverCheckpointError(f"{config_file}: model_type must be 'clover', got {found!r}")
+    found = raw.get("model_type") if isinstance(raw, dict) else type(raw).__name__
+    if found != model_type:
+        raise CloverCheckpointError(
+            f"{config_file}: model_type must be {model_type!r}, got {found!r}")
+    return raw
+
+
+def load_clover_config(path: str | os.PathLike) -> CloverConfig:
+    """Read and validate ``path/config.json``; CloverCheckpointError on any problem."""
+    raw = read_config_json(path, CloverConfig.model_type)
     try:
         return CloverConfig.from_dict(raw)
     except (TypeError, ValueError) as err:
-        raise CloverCheckpointError(f"invalid Clover config {config_file}: {err}") from err
+        raise CloverCheckpointError(
+            f"invalid Clover config {Path(path) / CONFIG_NAME}: {err}") from err
 
 
 def load_clover(
@@ -168,7 +182,7 @@ def load_clover(
     *,
     dtype: torch.dtype | None = None,
     device: torch.device | str | None = None,
-) -> CloverHeads:
+) -> CloverModel:
     """Load a Clover checkpoint for the target whose LM head weight (V, D) is given.
 
     Validates the folder, the weights file, names and shapes, and that the target
@@ -182,16 +196,17 @@ def load_clover(
     state = _read_weights(Path(path) / WEIGHTS_NAME)
     _check_weight_names(config, state, path)
     with torch.device("meta"):
-        model = CloverHeads(config)
-    model.load_state_dict(state, strict=True, assign=True)
-    if model.draft_vocab_ids is not None:
-        try:
-            check_draft_vocab(model.draft_vocab_ids, config.draft_vocab_size, config.vocab_size)
-        except ValueError as err:
-            raise CloverCheckpointError(f"{path}: {err}") from err
-    stored = next((t.dtype for t in state.values() if t.is_floating_point()), torch.float32)
-    model.to(device=device or lm_head_weight.device, dtype=dtype or stored)
-    model.attach_target(lm_head_weight, input_embedding)
+        model = CloverModel(config)
+    model.load_checkpoint_state(state, assign=True)
+    ids = model.tables.draft_vocab_ids
+    try:
+        if ids is not None:
+            check_draft_vocab(ids, config.draft_vocab_size, config.vocab_size)
+        stored = next((t.dtype for t in state.values() if t.is_floating_point()), torch.float32)
+        model.to(device=device or lm_head_weight.device, dtype=dtype or stored)
+        model.attach_target(lm_head_weight, input_embedding)
+    except ValueError as err:
+        raise CloverCheckpointError(f"{path}: {err}") from err
     return model
 
 
@@ -214,43 +229,30 @@ def check_target_fits(
     target_name: str | None = None,
 ) -> None:
     """The given target tensors fit the checkpoint: hidden size, vocab, LM-head fingerprint."""
-    _check_target_shapes(config, path, lm_head_weight, input_embedding)
-    _check_target_identity(config, path, lm_head_weight, target_name)
-
-
-def _check_target_shapes(
-    config: CloverConfig,
-    path: str | os.PathLike,
-    lm_head_weight: torch.Tensor,
-    input_embedding: torch.Tensor | None,
-) -> None:
-    """Hidden size and vocab of the given target tensors against the checkpoint config."""
     if lm_head_weight.dim() != 2:
         raise CloverCheckpointError(
             f"{path}: lm_head_weight must be (vocab, hidden), got {tuple(lm_head_weight.shape)}"
         )
     vocab, hidden = lm_head_weight.shape
-    if hidden != config.hidden_size:
-        raise CloverCheckpointError(
-            f"hidden size mismatch: checkpoint {path} was trained for "
-            f"hidden_size={config.hidden_size} (target {config.target_name!r}) but the target "
-            f"LM head has hidden size {hidden}"
-        )
-    if vocab != config.vocab_size:
-        raise CloverCheckpointError(
-            f"vocab size mismatch: checkpoint {path} was trained for "
-            f"vocab_size={config.vocab_size} (target {config.target_name!r}) but the target "
-            f"LM head has {vocab} rows "
-            "(slice off any vocab padding before loading)"
-        )
+    check_target_shape(config, path, hidden, vocab,
+                       " (slice off any vocab padding before loading)")
     if input_embedding is not None and tuple(input_embedding.shape) != (vocab, hidden):
         raise CloverCheckpointError(
             f"{path}: input_embedding shape {tuple(input_embedding.shape)} != {(vocab, hidden)}"
         )
-    if config.needs_input_embedding and input_embedding is None:
-        raise CloverCheckpointError(
-            f"{path}: regressive_embedding='input_embedding' needs the target input embedding"
-        )
+    _check_target_identity(config, path, lm_head_weight, target_name)
+
+
+def check_target_shape(config: CloverConfig, path: str | os.PathLike, hidden_size: int,
+                       vocab_size: int, hint: str = "") -> None:
+    """The target's hidden size and vocabulary are the ones the heads were trained for."""
+    for what, trained, actual in (("hidden size", config.hidden_size, hidden_size),
+                                  ("vocab size", config.vocab_size, vocab_size)):
+        if trained != actual:
+            raise CloverCheckpointError(
+                f"{what} mismatch: Clover checkpoint {path} was trained for "
+                f"{what.replace(' ', '_')}={trained} (target {config.target_name!r}), "
+                f"the target has {actual}{hint}")
 
 
 def _check_target_identity(
@@ -315,72 +317,3 @@ def _check_weight_names(
     ]
     if bad:
         raise CloverCheckpointError(f"{path}: weight shape mismatch: {'; '.join(bad)}")
-
-
-# ---------------------------------------------------------------------- Medusa export
-def export_medusa(
-    model: CloverHeads,
-    config: CloverConfig,
-    out_dir: str | os.PathLike,
-    lm_head_weight: torch.Tensor,
-    *,
-    overwrite: bool = False,
-    dtype: torch.dtype | None = None,
-) -> Path:
-    """Write a vLLM-native Medusa folder (vLLM 0.32 ``MedusaModel``) from Medusa-configured heads.
-
-    Only allowed when all Clover components are off (``config.is_medusa``). Full
-    vocabulary: ``blocks.{i}.layers.0.{weight,bias}`` + one ``lm_heads.{i}.weight``
-    (V, D) copy per head. Draft vocabulary: vLLM's ``original_lm_head`` path with one
-    ``lm_heads.0.weight`` (N, D) = W_lm[draft_vocab_ids], ``token_map`` (N,) and
-    ``truncated_vocab_size`` = N; vLLM scatters the N logits back to V ids.
-    """
-    if not config.is_medusa:
-        raise ValueError(
-            "export_medusa needs a Medusa-configured model (use_augmenting_block, "
-            "use_attention_decoder and use_regressive_connection all off); this config has a "
-            "Clover component on"
-        )
-    _check_same_architecture(model, config)
-    expected = (config.vocab_size, config.hidden_size)
-    if tuple(lm_head_weight.shape) != expected:
-        raise CloverCheckpointError(
-            f"lm_head_weight shape {tuple(lm_head_weight.shape)} != {expected}"
-        )
-    lm_head = _stored(lm_head_weight, dtype)
-    medusa_config, state = _medusa_state(model, config, lm_head)
-    state = {name: _stored(t, dtype) for name, t in state.items()}
-
-    with atomic_directory(Path(out_dir), overwrite=overwrite) as tmp:
-        (tmp / CONFIG_NAME).write_text(json.dumps(medusa_config, indent=2) + "\n", encoding="utf-8")
-        save_file(state, tmp / WEIGHTS_NAME, metadata={"format": "pt"})
-    return Path(out_dir)
-
-
-def _medusa_state(
-    model: CloverHeads, config: CloverConfig, lm_head: torch.Tensor
-) -> tuple[dict[str, object], dict[str, torch.Tensor]]:
-    """config.json dict and tensors of a vLLM Medusa checkpoint (lm_head: (V, D) on CPU)."""
-    medusa_config: dict[str, object] = {
-        "architectures": ["MedusaModel"],
-        "model_type": "medusa",
-        "hidden_size": config.hidden_size,
-        "vocab_size": config.vocab_size,
-        "num_heads": config.num_heads,
-        "num_hidden_layers": 1,
-        "medusa_fc_bias": True,
-        "torch_dtype": str(lm_head.dtype).removeprefix("torch."),
-    }
-    state: dict[str, torch.Tensor] = {}
-    for i, block in enumerate(model.blocks):
-        state[f"blocks.{i}.layers.0.weight"] = block.layers[0].weight.detach().cpu().contiguous()
-        state[f"blocks.{i}.layers.0.bias"] = block.layers[0].bias.detach().cpu().contiguous()
-    if model.draft_vocab_ids is None:
-        for i in range(config.num_heads):
-            state[f"lm_heads.{i}.weight"] = lm_head.clone()  # safetensors refuses shared storage
-    else:
-        token_map = model.draft_vocab_ids.detach().cpu().long().contiguous()
-        state["lm_heads.0.weight"] = lm_head.index_select(0, token_map).contiguous()
-        state["token_map"] = token_map
-        medusa_config.update(truncated_vocab_size=int(token_map.numel()), original_lm_head=True)
-    return medusa_config, state

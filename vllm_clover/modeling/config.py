@@ -1,4 +1,4 @@
-"""Typed configuration of a Clover draft network (``model_type = "clover"``).
+"""The typed configuration of a Clover network (``model_type = "clover"``).
 
 One ``CloverConfig`` describes everything needed to rebuild the draft network
 from its checkpoint: which Clover components are on, the shape of the
@@ -175,11 +175,6 @@ class CloverConfig(PretrainedConfig):
             or self.use_attention_decoder
             or self.use_regressive_connection
         )
-
-    @property
-    def num_draft_tokens(self) -> int:
-        """Size of the logits of one head: draft_vocab_size, or vocab_size if None."""
-        return self.draft_vocab_size or self.vocab_size
 
     @property
     def num_hidden_layers(self) -> int:

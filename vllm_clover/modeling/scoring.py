@@ -1,4 +1,4 @@
-"""The draft vocabulary, and scoring head features against its LM-head rows.
+"""The formats drafting scores head features against the draft rows in (float, int8 per row).
 
 A head step ends with ``argmax_j z . W_lm[j]`` over the N draft-vocabulary rows (N x D, e.g.
 8192 x 576). At the batch sizes of decoding that product reads far more bytes (the rows)
@@ -24,10 +24,8 @@ def row_scores(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
     On x86 CPUs PyTorch sends a bf16 F.linear(x, w) with few rows of x to a kernel far slower
     than its bf16 GEMM; w @ x^T with at least two columns takes the GEMM (AMX/AVX512-BF16).
-    For the draft rows of the reference heads (8192 x 576, bf16, caches cold as after a
-    target step) that is 1.07 -> 0.50 ms at M = 1 row (one column duplicated), 1.09 -> 0.49 ms
-    at M = 16, 1.45 -> 0.57 ms at M = 64; fp32 F.linear takes 0.75 ms at M = 1
-    (docs/drafting-cost.md). Elsewhere (fp32, GPU, 3-d x) it is F.linear itself.
+    The timings that chose this path are in docs/drafting-cost.md. Elsewhere (fp32, GPU,
+    3-d x) it is F.linear itself.
     """
     if x.device.type != "cpu" or x.dtype != torch.bfloat16 or x.dim() != 2:
         return F.linear(x, w)
@@ -81,22 +79,3 @@ class DraftRows(NamedTuple):
             return row_scores(z.to(self.weight.dtype), self.weight)
         q, _ = quantize_int8(z)  # (M, D)
         return torch._int_mm(self.weight, q.t()).t().float() * self.scale  # (M, N)
-
-
-def draft_vocab_from_counts(token_counts: torch.Tensor, draft_vocab_size: int) -> torch.Tensor:
-    """The ``draft_vocab_size`` most frequent target ids, sorted by id: (V,) -> (N,) int64."""
-    top = torch.topk(token_counts.float(), draft_vocab_size).indices
-    return top.sort().values.long()
-
-
-def check_draft_vocab(token_ids: torch.Tensor, size: int, vocab_size: int) -> None:
-    """ValueError unless token_ids is (size,) int64, strictly increasing, in [0, vocab_size)."""
-    if token_ids.dim() != 1 or token_ids.numel() != size or token_ids.dtype != torch.int64:
-        raise ValueError(
-            f"draft_vocab_ids must be ({size},) int64, "
-            f"got {tuple(token_ids.shape)} {token_ids.dtype}"
-        )
-    if size > 1 and not bool((token_ids[1:] > token_ids[:-1]).all()):
-        raise ValueError("draft_vocab_ids must be unique and sorted by token id")
-    if int(token_ids.min()) < 0 or int(token_ids.max()) >= vocab_size:
-        raise ValueError(f"draft_vocab_ids must lie in [0, {vocab_size})")

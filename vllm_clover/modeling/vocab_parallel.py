@@ -1,4 +1,4 @@
-"""The Clover head loop on one tensor-parallel rank, the target's vocabulary split by rows.
+"""The target tables on one tensor-parallel rank: the vocabulary split by rows.
 
 Under tensor parallelism vLLM splits the target's LM head (and input embedding) by rows:
 rank r holds the rows of target ids [start_r, end_r). The head loop's small layers
@@ -16,7 +16,7 @@ Rank 0 scores rows 1 and 4 -> [0.2, 0.7], rank 1 rows 6 and 9 -> [0.7, 0.1]. Can
 (0.7, id 4) from rank 0, (0.7, id 6) from rank 1 -> id 4 on both ranks, which is what
 argmax over [0.2, 0.7, 0.7, 0.1] picks unsharded. Two collectives per head step, on (N, D)
 and (N,) tensors; the (V, D) LM head is never gathered. Drafting only (`propose`): the
-teacher-forced `forward` of training is not sharded.
+teacher-forced training logits (`vocab_weight`) are not sharded.
 """
 
 from __future__ import annotations
@@ -25,20 +25,23 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from vllm_clover.modeling.clover import CloverHeads
 from vllm_clover.modeling.config import CloverConfig
 from vllm_clover.modeling.scoring import DraftRows
+from vllm_clover.modeling.tables import TargetTables
 
 
-class VocabParallelCloverHeads(CloverHeads):
-    """`CloverHeads` whose target tables are one rank's row shard [vocab_start, vocab_end)."""
+class VocabParallelTables(TargetTables):
+    """`TargetTables` holding one rank's row shard [vocab_start, vocab_end) of the target."""
 
     def __init__(self, config: CloverConfig, group: dist.ProcessGroup | None = None) -> None:
         super().__init__(config)
         self.group = group  # the tensor-parallel group (None: the default group)
         self.vocab_start, self.vocab_end = 0, config.vocab_size
-        # (key of its inputs, this rank's n draft rows, draft index of the first of them)
-        self._local_draft: tuple[tuple, DraftRows, int] | None = None
+        self.first_draft_index = 0  # draft index of this rank's first draft row
+
+    def attach(self, lm_head_weight: torch.Tensor,
+               input_embedding: torch.Tensor | None = None) -> None:
+        raise TypeError("VocabParallelTables holds a shard: use attach_shard")
 
     def attach_shard(
         self,
@@ -57,13 +60,8 @@ class VocabParallelCloverHeads(CloverHeads):
                              f"does not fit vocab {self.config.vocab_size} x hidden {d}")
         if input_embedding_shard is not None and input_embedding_shard.shape != (n, d):
             raise ValueError("the input-embedding shard must match the LM-head shard's shape")
-        if self.config.needs_input_embedding and input_embedding_shard is None:
-            raise ValueError(
-                "regressive_embedding='input_embedding' needs the target input embedding")
         self.vocab_start, self.vocab_end = vocab_start, vocab_start + n
-        self.lm_head_weight = lm_head_shard.detach()
-        self.input_embedding = None if input_embedding_shard is None else (
-            input_embedding_shard.detach())
+        self._share(lm_head_shard, input_embedding_shard)
 
     def lookup_rows(self, token_ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
         """Full rows (..., D) for ids (...,) from every rank's shard (one all-reduce)."""
@@ -73,31 +71,36 @@ class VocabParallelCloverHeads(CloverHeads):
         dist.all_reduce(rows, group=self.group)
         return rows
 
-    def draft_rows(self) -> DraftRows:
-        """This rank's draft rows (n, D), n >= 0, in rows_dtype; cached like the base."""
-        key = (self._rows_key(self.rows_dtype), self.vocab_start)
-        if self._local_draft is None or self._local_draft[0] != key:
-            w, ids = self._lm_head(), self.draft_vocab_ids
-            if ids is None:  # the draft index of a token is its id
-                ids = torch.arange(self.config.vocab_size, device=w.device)
-            held = (ids >= self.vocab_start) & (ids < self.vocab_end)  # (N,), one run of True
-            rows = DraftRows.of(w.index_select(0, ids[held] - self.vocab_start), self.rows_dtype)
-            first = int(held.int().argmax()) if bool(held.any()) else 0
-            self._local_draft = (key, rows, first)
-        return self._local_draft[1]
+    def vocab_weight(self, dtype: torch.dtype) -> torch.Tensor:
+        raise NotImplementedError("training logits are not sharded: vocab_weight would index "
+                                  "this rank's shard with global draft ids")
+
+    def draft_rows(self, default_dtype: torch.dtype) -> DraftRows:
+        """This rank's draft rows (n, D), n >= 0; cached like the base class's."""
+        dtype = self.scoring_dtype or default_dtype
+        return self._cached("draft_rows", (dtype, self.vocab_start),
+                            lambda: self._local_draft_rows(dtype))
+
+    def _local_draft_rows(self, dtype: torch.dtype) -> DraftRows:
+        ids = self.draft_vocab_ids
+        if ids is None:  # the draft index of a token is its id
+            ids = torch.arange(self.config.vocab_size, device=self.lm_head.device)
+        held = (ids >= self.vocab_start) & (ids < self.vocab_end)  # (N,), one run of True
+        self.first_draft_index = int(held.int().argmax()) if bool(held.any()) else 0
+        return DraftRows.of(self.lm_head.index_select(0, ids[held] - self.vocab_start), dtype)
 
     def greedy_draft_ids(self, z: torch.Tensor, rows: DraftRows) -> torch.Tensor:
-        """Draft-vocab indices of the best rows over all ranks: z (N, D) -> (N,) int64.
+        """Draft-vocab indices of the best rows over all ranks: z (M, D) -> (M,) int64.
 
         Draft ids are sorted and each rank holds a contiguous id range, so rank r's rows are
         draft indices [first_r, first_r + n_r). Scores are comparable across ranks: z is the
         same on every rank (int8 scoring drops the same positive factor per row of z).
         """
-        first = self._local_draft[2]
         if rows.weight.shape[0]:
-            scores = rows.scores(z).float()  # (N, n)
-            best = scores.argmax(dim=-1)  # (N,) first maximum = lowest id among ties
-            score, index = scores.gather(-1, best[:, None]).squeeze(-1), first + best
+            scores = rows.scores(z).float()  # (M, n)
+            best = scores.argmax(dim=-1)  # (M,) first maximum = lowest id among ties
+            score = scores.gather(-1, best[:, None]).squeeze(-1)
+            index = self.first_draft_index + best
         else:  # this rank holds no draft row
             score = z.new_full(z.shape[:1], float("-inf"), dtype=torch.float32)
             index = torch.zeros(z.shape[:1], dtype=torch.long, device=z.device)
@@ -106,5 +109,5 @@ class VocabParallelCloverHeads(CloverHeads):
         indices = [torch.empty_like(index) for _ in range(world)]
         dist.all_gather(scores, score, group=self.group)
         dist.all_gather(indices, index, group=self.group)
-        winner = torch.stack(scores).argmax(dim=0)  # (N,) rank; lower ranks hold lower ids
-        return torch.stack(indices).gather(0, winner[None]).squeeze(0)  # (N,)
+        winner = torch.stack(scores).argmax(dim=0)  # (M,) rank; lower ranks hold lower ids
+        return torch.stack(indices).gather(0, winner[None]).squeeze(0)  # (M,)

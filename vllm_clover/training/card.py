@@ -72,24 +72,3 @@ clip {cfg.grad_clip} |
 {json.dumps(settings, indent=2)}
 ```
 """
-
-
-def medusa_export_card(source_card: str | None, command: str, target: str,
-                       num_heads: int) -> str:
-    """README.md of a `vllm-clover export-medusa` folder: how to serve it, then the card of
-    the heads it was exported from (their training and held-out accuracy)."""
-    source = "(the source heads had no model card)" if source_card is None else \
-        ("\n" + source_card).replace("\n#", "\n##").lstrip("\n")
-    return f"""# vLLM-native Medusa heads for `{target}`
-
-Exported with `{command}` from Medusa-configured heads trained by `vllm-clover train
---medusa`; loads with vLLM's own Medusa proposer (no plugin code runs for it).
-
-```python
-LLM(model="{target}", speculative_config={{"method": "medusa", "model": "<this folder>",
-    "num_speculative_tokens": {num_heads}}})
-```
-
-## Source heads
-
-{source}"""

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from vllm_clover.modeling import CloverHeads, HeadTokens, load_clover, shift_tokens_for_heads
+from vllm_clover.modeling import CloverModel, HeadTokens, load_clover, shift_tokens_for_heads
 from vllm_clover.modeling.checkpoint import CloverCheckpointError
 from vllm_clover.training.config import EvalConfig, TrainingError
 from vllm_clover.training.data import Batch, TokenizedSequence
@@ -68,23 +68,23 @@ class EvalResult:
 
 
 @torch.no_grad()
-def evaluate(heads: CloverHeads, prepared: Prepared, sequences: Sequence[TokenizedSequence],
+def evaluate(model: CloverModel, prepared: Prepared, sequences: Sequence[TokenizedSequence],
              batch_size: int, device: torch.device) -> EvalResult:
-    """Teacher-forced metrics of ``heads`` over ``sequences`` (see module docstring)."""
-    k = heads.config.num_heads
-    was_training = heads.training
-    heads.eval()
+    """Teacher-forced metrics of ``model`` over ``sequences`` (see module docstring)."""
+    k = model.config.num_heads
+    was_training = model.training
+    model.eval()
     stats, starts, accepted = HeadStats.zeros(k), 0, 0
     ones = torch.ones(k, device=device)
     for i in range(0, len(sequences), batch_size):
         batch = prepared.batch(list(sequences[i:i + batch_size])).to(device)
         tokens, valid = graded_positions(batch, k)
-        features = heads.head_features(batch.hidden, tokens.input_ids)  # (B, T, K, D)
-        _, batch_stats, preds = distill_loss(heads, features, batch, valid, ones, ones, 0.0)
+        features = model.head_features(batch.hidden, tokens.input_ids)  # (B, T, K, D)
+        _, batch_stats, preds = distill_loss(model, features, batch, valid, ones, ones, 0.0)
         stats.add_(batch_stats)
         s, a = chain_acceptance(preds, tokens, valid, batch)
         starts, accepted = starts + s, accepted + a
-    heads.train(was_training)
+    model.train(was_training)
     return EvalResult(stats, starts, accepted)
 
 
@@ -118,12 +118,12 @@ def eval_heads(cfg: EvalConfig) -> dict[str, dict]:
     for path in cfg.heads:
         try:
             embedding = teacher.input_embedding
-            heads = load_clover(path, teacher.lm_head.to(runtime.device),
+            model = load_clover(path, teacher.lm_head.to(runtime.device),
                                 None if embedding is None else embedding.to(runtime.device),
                                 dtype=torch.float32)
         except CloverCheckpointError as err:
             raise TrainingError(str(err)) from err
-        result = evaluate(heads, prepared, sequences, cfg.batch_size, runtime.device)
+        result = evaluate(model, prepared, sequences, cfg.batch_size, runtime.device)
         results[str(path)] = result.summary()
     print(format_table(results))
     if cfg.json:

@@ -1,6 +1,6 @@
 """Distillation loss of the Clover heads against the target's own distribution.
 
-Indexing (see vllm_clover/modeling/clover.py): head i (0-based) at position t reads
+Indexing (see vllm_clover/modeling/head_loop.py): head i (0-based) at position t reads
 x_{t+1+i} and guesses x_{t+2+i}. The target's distribution for that token is
 ``softmax(W_lm @ H_{t+1+i})``, so the soft label of head i at t comes from the *cached hidden
 state at t+1+i* through the LM head; no logits are cached. Worked example, K = 2, T = 6::
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from vllm_clover.modeling import CloverHeads, HeadTokens, shift_tokens_for_heads
+from vllm_clover.modeling import CloverModel, HeadTokens, shift_tokens_for_heads
 from vllm_clover.training.data import Batch
 
 
@@ -43,11 +43,6 @@ def graded_positions(batch: Batch, num_heads: int) -> tuple[HeadTokens, torch.Te
     tokens = shift_tokens_for_heads(batch.input_ids, num_heads, batch.attention_mask)
     label_is_assistant = shift_tokens_for_heads(batch.loss_mask.long(), num_heads).target_ids
     return tokens, tokens.mask & label_is_assistant.bool()  # (B, T, K)
-
-
-def graded_counts(batch: Batch, num_heads: int) -> torch.Tensor:
-    """(K,) float: number of graded positions per head (the loss normaliser n_i)."""
-    return graded_positions(batch, num_heads)[1].sum(dim=(0, 1)).float()
 
 
 @dataclass
@@ -102,19 +97,20 @@ def target_distributions(batch: Batch, valid: torch.Tensor, vocab_weight: torch.
     return rows, F.softmax(logits.float(), dim=-1)
 
 
-def distill_loss(heads: CloverHeads, features: torch.Tensor, batch: Batch, valid: torch.Tensor,
+def distill_loss(model: CloverModel, features: torch.Tensor, batch: Batch, valid: torch.Tensor,
                  weights: torch.Tensor, normaliser: torch.Tensor, hidden_loss_weight: float,
                  soft_labels: bool = True) -> tuple[torch.Tensor, HeadStats, torch.Tensor]:
     """Loss of one micro-batch (see module docstring), its stats and the head predictions.
 
-    features: (B, T, K, D) head features z from ``heads.head_features``; valid: (B, T, K)
+    features: (B, T, K, D) head features z from ``model.head_features``; valid: (B, T, K)
     from ``graded_positions``; weights, normaliser: (K,). ``soft_labels=False`` is the
     Medusa-1 ablation: one-hot labels x_{t+2+i} from the data instead of the target's
     distribution (a label outside the draft vocabulary contributes nothing). Returns (scalar
     loss to backward, HeadStats, predictions (B, T, K) int64 target ids, -1 where not graded).
     """
     k = features.shape[2]
-    w = heads.vocab_weight()  # (N, D)
+    tables = model.tables
+    w = tables.vocab_weight(model.dtype)  # (N, D)
     stats = HeadStats.zeros(k, features.device)
     preds = torch.full(valid.shape, -1, dtype=torch.long, device=features.device)  # (B, T, K)
     loss = features.float().sum() * 0.0  # every parameter gets a gradient (DDP needs it)
@@ -129,15 +125,15 @@ def distill_loss(heads: CloverHeads, features: torch.Tensor, batch: Batch, valid
         if soft_labels:
             p_target = probs[rows[b, t + 1 + i]]  # (M, N) target distribution for x_{t+2+i}
         else:
-            label = heads.target_to_draft(batch.input_ids[b, t + 2 + i])  # (M,), -1: none
+            label = tables.target_to_draft(batch.input_ids[b, t + 2 + i])  # (M,), -1: none
             p_target = F.one_hot(label.clamp(min=0), w.shape[0]).float()  # (M, N)
             p_target *= (label >= 0).unsqueeze(-1)
-        log_q = F.log_softmax(heads.logits(z, w).float(), dim=-1)  # (M, N)
+        log_q = F.log_softmax(model.logits(z).float(), dim=-1)  # (M, N)
         ce = -(p_target * log_q).sum()
         hl = F.smooth_l1_loss(z.float(), h, reduction="none").mean(-1).sum()
         loss = loss + weights[i] * (ce + hidden_loss_weight * hl) / normaliser[i].clamp(min=1)
         with torch.no_grad():
-            best = heads.draft_to_target(log_q.topk(min(5, log_q.shape[-1]), dim=-1).indices)
+            best = tables.draft_to_target(log_q.topk(min(5, log_q.shape[-1]), dim=-1).indices)
             want = batch.target_top1[b, t + 1 + i]  # (M,) target argmax for x_{t+2+i}
             preds[b, t, i] = best[:, 0]
             stats.ce[i], stats.hidden[i], stats.count[i] = ce.detach(), hl.detach(), b.numel()

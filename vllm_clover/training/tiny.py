@@ -99,8 +99,8 @@ def tiny_workspace(root: Path, num_conversations: int = 24, seed: int = 0
 
 @contextlib.contextmanager
 def torch_threads(n: int) -> Iterator[None]:
-    """Run tiny models with ``n`` intra-op threads (on a shared 2-core box, 1 is ~100x faster
-    than 2 threads fighting another process), restoring the previous setting afterwards."""
+    """Run tiny models with ``n`` intra-op threads (on a shared 2-core box, one thread is far
+    faster than two fighting another process), restoring the previous setting afterwards."""
     import torch
 
     before = torch.get_num_threads()

@@ -25,13 +25,7 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
-from vllm_clover.modeling import (
-    CloverConfig,
-    CloverHeads,
-    draft_vocab_from_counts,
-    init_augmenting_from_target,
-    save_clover,
-)
+from vllm_clover.modeling import CloverConfig, CloverModel, draft_vocab_from_counts, save_clover
 from vllm_clover.training.card import model_card
 from vllm_clover.training.config import TrainConfig, TrainingError
 from vllm_clover.training.data import plan_steps, token_counts
@@ -69,12 +63,12 @@ class TrainResult:
 class HeadFeatures(nn.Module):
     """DDP needs a forward: (H (B, T, D), head inputs (B, T, K)) -> z (B, T, K, D)."""
 
-    def __init__(self, heads: CloverHeads) -> None:
+    def __init__(self, model: CloverModel) -> None:
         super().__init__()
-        self.heads = heads
+        self.model = model
 
     def forward(self, hidden: torch.Tensor, head_input_ids: torch.Tensor) -> torch.Tensor:
-        return self.heads.head_features(hidden, head_input_ids)
+        return self.model.head_features(hidden, head_input_ids)
 
 
 def lr_factor(step: int, total: int, warmup: int) -> float:
@@ -88,8 +82,9 @@ def lr_factor(step: int, total: int, warmup: int) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def build_heads(cfg: TrainConfig, prepared: Prepared, device: torch.device) -> CloverHeads:
-    """Fresh heads for the target (seeded), Augmenting Block copied, draft vocab from counts."""
+def build_model(cfg: TrainConfig, prepared: Prepared, device: torch.device) -> CloverModel:
+    """A fresh network for the target (seeded), Augmenting Block copied from its last
+    layer(s), draft vocabulary from the training data's token counts."""
     teacher = prepared.teacher
     try:
         config = CloverConfig.from_target_config(
@@ -102,15 +97,15 @@ def build_heads(cfg: TrainConfig, prepared: Prepared, device: torch.device) -> C
     except (ValueError, AttributeError) as err:
         raise TrainingError(f"target {cfg.target!r} does not fit Clover: {err}") from err
     torch.manual_seed(cfg.seed)
-    heads = CloverHeads(config)
-    if config.use_augmenting_block:
-        init_augmenting_from_target(heads, *augmenting_init(teacher, config.num_augmenting_layers))
+    model = CloverModel(config)
+    if model.augmenting is not None:
+        model.augmenting.init_from_target(*augmenting_init(teacher, config.num_augmenting_layers))
     if config.draft_vocab_size:
         counts = token_counts(prepared.train, config.vocab_size)
-        heads.set_draft_vocab(draft_vocab_from_counts(counts, config.draft_vocab_size))
-    heads.to(device)
-    heads.attach_target(teacher.lm_head.to(device))
-    return heads
+        model.tables.set_draft_vocab(draft_vocab_from_counts(counts, config.draft_vocab_size))
+    model.to(device)
+    model.attach_target(teacher.lm_head.to(device))
+    return model
 
 
 def train(cfg: TrainConfig) -> TrainResult:
@@ -129,17 +124,17 @@ def _train(cfg: TrainConfig, runtime: Runtime) -> TrainResult:
     seed_everything(cfg.seed)
     dtype = torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32
     prepared = prepare(DataSpec.from_config(cfg), runtime, dtype)
-    heads = build_heads(cfg, prepared, runtime.device)
+    model = build_model(cfg, prepared, runtime.device)
     prepared.teacher.release()
     global_batch = cfg.batch_size * cfg.grad_accum * runtime.world_size
     plan = plan_steps([len(s) for s in prepared.train], global_batch, cfg.epochs, cfg.seed,
                       cfg.max_tokens)
-    optimizer = torch.optim.AdamW(heads.parameters(), lr=cfg.lr, betas=(0.9, 0.999),
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.999),
                                   weight_decay=cfg.weight_decay)
     warmup = max(1, round(cfg.warmup_fraction * len(plan)))
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_factor(s, len(plan), warmup))
-    modules = {"model": heads, "optimizer": optimizer, "scheduler": scheduler}
+    modules = {"model": model, "optimizer": optimizer, "scheduler": scheduler}
     start, tokens_seen = 0, 0
     if resumed is not None:
         if resumed["total_steps"] != len(plan):
@@ -149,7 +144,7 @@ def _train(cfg: TrainConfig, runtime: Runtime) -> TrainResult:
             module.load_state_dict(resumed[name])
         start, tokens_seen = resumed["step"], resumed["tokens_seen"]
         set_rng_state(resumed["rng"])
-    loop = TrainLoop(cfg, runtime, prepared, heads, optimizer, scheduler, plan)
+    loop = TrainLoop(cfg, runtime, prepared, model, optimizer, scheduler, plan)
     return loop.run(start, tokens_seen, modules)
 
 
@@ -157,12 +152,12 @@ class TrainLoop:
     """The optimizer-step loop; one instance per run (state lives in the optimizer/scheduler)."""
 
     def __init__(self, cfg: TrainConfig, runtime: Runtime, prepared: Prepared,
-                 heads: CloverHeads, optimizer: torch.optim.Optimizer, scheduler: Any,
+                 model: CloverModel, optimizer: torch.optim.Optimizer, scheduler: Any,
                  plan: list[list[int]]) -> None:
-        self.cfg, self.runtime, self.prepared, self.heads = cfg, runtime, prepared, heads
+        self.cfg, self.runtime, self.prepared, self.model = cfg, runtime, prepared, model
         self.optimizer, self.scheduler, self.plan = optimizer, scheduler, plan
         self.weights = head_weights(cfg.num_heads, cfg.head_weight_base).to(runtime.device)
-        wrapped = HeadFeatures(heads)
+        wrapped = HeadFeatures(model)
         if runtime.distributed:
             ids = [runtime.device.index] if runtime.device.type == "cuda" else None
             wrapped = DistributedDataParallel(wrapped, device_ids=ids, broadcast_buffers=False)
@@ -190,13 +185,13 @@ class TrainLoop:
             with sync, torch.autocast(rt.device.type, torch.bfloat16,
                                       enabled=cfg.dtype == "bfloat16"):
                 features = self.wrapped(batch.hidden, tokens.input_ids)  # (B, T, K, D)
-                loss, micro, _ = distill_loss(self.heads, features, batch, valid, self.weights,
+                loss, micro, _ = distill_loss(self.model, features, batch, valid, self.weights,
                                               normaliser.float(), cfg.hidden_loss_weight,
                                               cfg.soft_labels)
                 (loss * rt.world_size).backward()  # DDP averages; we want the global sum
             stats.add_(micro)
         if cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.heads.parameters(), cfg.grad_clip)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -216,7 +211,7 @@ class TrainLoop:
         """Held-out metrics on rank 0 (others wait); None without a held-out set."""
         result = None
         if self.runtime.is_main and self.prepared.eval:
-            result = evaluate(self.heads, self.prepared, self.prepared.eval,
+            result = evaluate(self.model, self.prepared, self.prepared.eval,
                               self.cfg.batch_size, self.runtime.device).summary()
         self.runtime.barrier()
         return result
@@ -275,8 +270,8 @@ class TrainLoop:
                    "eval_sequences": len(self.prepared.eval), "world_size": self.runtime.world_size,
                    "final_loss": self.history[-1]["loss"] if self.history else float("nan")}
         if self.runtime.is_main:
-            card = model_card(self.cfg, self.heads.config, summary)
-            save_clover(self.heads, self.heads.config, self.cfg.out, card,
+            card = model_card(self.cfg, self.model.config, summary)
+            save_clover(self.model, self.model.config, self.cfg.out, card,
                         overwrite=self.cfg.overwrite, dtype=getattr(torch, self.cfg.save_dtype))
         self.runtime.barrier()
         return Path(self.cfg.out)

@@ -1,0 +1,59 @@
+"""CloverConfig: validation, the Medusa constructor, serialisation, reading a target config."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import D, V, tiny_config
+
+from vllm_clover.modeling import CloverConfig
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (dict(decoder_num_heads=5), "decoder_num_heads=5"),
+        (dict(num_heads=0), "num_heads must be >= 1"),
+        (dict(regressive_embedding="tied"), "regressive_embedding"),
+        (dict(draft_vocab_size=V + 1), "draft_vocab_size"),
+        (dict(num_key_value_heads=3), "num_key_value_heads=3"),
+        (dict(hidden_act="gelu"), "silu"),
+        (dict(target_hidden_size=D + 1), "target_hidden_size"),
+    ],
+)
+def test_config_validation(overrides: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        tiny_config(**overrides)
+
+
+def test_config_medusa_and_round_trip() -> None:
+    med = CloverConfig.medusa(hidden_size=D, vocab_size=V, num_heads=4)
+    assert med.is_medusa and med.num_hidden_layers == 0 and med.architectures == ["CloverModel"]
+    assert not tiny_config().is_medusa and tiny_config().num_hidden_layers == 1
+    with pytest.raises(ValueError, match="num_hidden_layers is derived"):
+        tiny_config(num_hidden_layers=2)
+    cfg = tiny_config(draft_vocab_size=40, target_name="tiny", target_lm_head_fingerprint="v1:x")
+    again = CloverConfig.from_dict(cfg.to_dict())
+    assert again.to_dict() == cfg.to_dict() and again.model_type == "clover"
+
+
+def test_needs_input_embedding_only_for_the_input_embedding_regressive_connection() -> None:
+    assert not tiny_config().needs_input_embedding
+    assert tiny_config(regressive_embedding="input_embedding").needs_input_embedding
+    assert not tiny_config(regressive_embedding="input_embedding",
+                           use_regressive_connection=False).needs_input_embedding
+
+
+def test_from_target_config_copies_the_layer_shape() -> None:
+    transformers = pytest.importorskip("transformers")
+    target = transformers.LlamaConfig(
+        hidden_size=D, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=V, rope_theta=500.0, rms_norm_eps=1e-5)
+    cfg = CloverConfig.from_target_config(target, num_heads=2, num_augmenting_layers=2)
+    assert (cfg.rope_theta, cfg.rms_norm_eps, cfg.num_key_value_heads, cfg.head_dim) == (
+        500.0, 1e-5, 2, 8)
+    assert (cfg.num_heads, cfg.num_augmenting_layers, cfg.qkv_bias) == (2, 2, False)
+    qwen = transformers.Qwen2Config(hidden_size=D, intermediate_size=48, num_hidden_layers=2,
+                                    num_attention_heads=4, num_key_value_heads=2, vocab_size=V)
+    assert CloverConfig.from_target_config(qwen).qkv_bias is True

@@ -1,0 +1,109 @@
+"""The head loop: greedy drafting against hand-written formulas, the ablations' step, the
+regressive k, v table, and its step limit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import D, K, V, random_clover, tiny_config
+
+from vllm_clover.modeling import CloverModel
+
+pytestmark = pytest.mark.unit
+
+VARIANTS = {
+    "clover": {},
+    "no_decoder": dict(use_attention_decoder=False),
+    "no_regressive": dict(use_regressive_connection=False),
+    "draft_vocab": dict(draft_vocab_size=40),
+    "medusa": dict(use_attention_decoder=False, use_regressive_connection=False),
+}
+
+
+def manual_greedy(model: CloverModel, lm_head: torch.Tensor, h0: torch.Tensor,
+                  t0: torch.Tensor, steps: int) -> torch.Tensor:
+    """Greedy drafting written out with explicit formulas (full Clover, lm_head embedding)."""
+    heads, cfg = model.heads, model.config
+    dec, eps, nh = heads.decoder, cfg.rms_norm_eps, cfg.decoder_num_heads
+    ids = model.tables.draft_vocab_ids
+    w_vocab = lm_head if ids is None else lm_head[ids]
+    h, prev, out = h0, t0, []
+    for i in range(steps):
+        row = lm_head[prev]
+        e = row / torch.sqrt(row.pow(2).mean(-1, keepdim=True) + eps)
+        hn = h / torch.sqrt(h.pow(2).mean(-1, keepdim=True) + eps) * dec.norm.weight
+        q = (hn @ dec.q_proj.weight.T).reshape(-1, nh, D // nh)
+        k = (e @ dec.k_proj.weight.T).reshape(-1, nh, D // nh)
+        v = (e @ dec.v_proj.weight.T).reshape(-1, nh, D // nh)
+        cos = (q * k).sum(-1) / (q.norm(dim=-1) * k.norm(dim=-1))
+        h = h + (cos.unsqueeze(-1) * v).reshape(-1, D)
+        lin = heads.blocks[i].layers[0]
+        z = h + F.silu(h @ lin.weight.T + lin.bias)
+        best = (z @ w_vocab.T).argmax(-1)
+        prev = best if ids is None else ids[best]
+        out.append(prev)
+    return torch.stack(out, -1)
+
+
+@pytest.mark.parametrize("draft_vocab_size", [None, 40])
+def test_propose_equals_manual_greedy(draft_vocab_size: int | None) -> None:
+    model, lm_head = random_clover(
+        tiny_config(use_augmenting_block=False, draft_vocab_size=draft_vocab_size))
+    h0, t0 = torch.randn(6, D), torch.randint(0, V, (6,))
+    with torch.no_grad():
+        expected = manual_greedy(model, lm_head, h0, t0, K)
+    assert torch.equal(model.heads.propose(h0, t0, K, model.tables), expected)
+
+
+def test_ablation_step_formulas() -> None:
+    """No decoder: h_i = h0 + W_R e; no regressive: e = learned step vector; Medusa: h_i = h0."""
+    h_prev, h0, prev = torch.randn(4, D), torch.randn(4, D), torch.randint(0, V, (4,))
+    with torch.no_grad():
+        model, _ = random_clover(tiny_config(**VARIANTS["no_decoder"]))
+        heads, tables = model.heads, model.tables
+        h, _ = heads.step(1, h_prev, h0, prev, tables)
+        e = tables.embed(prev, heads.dtype)
+        torch.testing.assert_close(h, h0 + e @ heads.regressive_proj.weight.T)
+
+        model, _ = random_clover(tiny_config(**VARIANTS["no_regressive"]))
+        heads = model.heads
+        h, _ = heads.step(2, h_prev, h0, prev, model.tables)
+        torch.testing.assert_close(h, heads.decoder(h_prev, heads.step_embed.weight[2].expand(4, D)))
+
+        model, _ = random_clover(tiny_config(**VARIANTS["medusa"]))
+        h, z = model.heads.step(1, h_prev, h0, prev, model.tables)
+        assert torch.equal(h, h0) and torch.equal(z, model.heads.blocks[1](h0))
+
+
+def test_propose_rejects_more_steps_than_heads() -> None:
+    model, _ = random_clover(tiny_config())
+    with pytest.raises(ValueError, match="3 trained heads"):
+        model.propose(torch.randn(1, D), torch.zeros(1, dtype=torch.long), num_steps=K + 1)
+    with pytest.raises(ValueError, match=r"must be in \[1, 3\]"):
+        model.heads.teacher_forced(torch.randn(1, 2, D), torch.zeros(1, 2, 0, dtype=torch.long),
+                                   model.tables)
+
+
+def test_regressive_table_holds_the_decoder_kv_of_each_draft_token() -> None:
+    """Drafting looks k, v of its own drafts up instead of computing them; kept in sync."""
+    model, _ = random_clover(tiny_config(**VARIANTS["draft_vocab"]))
+    heads, tables = model.heads, model.tables
+    table = heads.regressive_table(tables)  # (N, 2D)
+    with torch.no_grad():
+        expected = heads.decoder.key_value(tables.embed(tables.draft_vocab_ids, heads.dtype))
+    assert table.shape == (40, 2 * D) and torch.equal(table, expected)
+    assert heads.regressive_table(tables) is table  # built once
+    with torch.no_grad():
+        heads.decoder.v_proj.weight.mul_(2.0)  # e.g. an optimizer step, in place
+    rebuilt = heads.regressive_table(tables)
+    assert rebuilt is not table and torch.equal(rebuilt[:, D:], 2.0 * table[:, D:])
+    for variant in ("clover", "no_regressive", "no_decoder"):  # full vocab / no token input
+        other, _ = random_clover(tiny_config(**VARIANTS[variant]))
+        assert other.heads.regressive_table(other.tables) is None
+
+
+def test_head_loop_owns_no_vocabulary_sized_tensor() -> None:
+    model, _ = random_clover(tiny_config(draft_vocab_size=40))
+    sizes = [t.numel() for t in model.heads.state_dict().values()]
+    assert max(sizes) <= D * D and "draft_vocab_ids" not in model.heads.state_dict()

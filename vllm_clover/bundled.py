@@ -1,0 +1,19 @@
+"""The heads bundled with the repository (its checkpoints/ folder) for the reference target.
+
+They live in the source checkout, not in the installed package: a checkout (the two README
+commands use one) has them; elsewhere pass your own checkpoint folder.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from vllm_clover.assets.target import REFERENCE_TARGET
+
+CHECKPOINTS_DIR = Path(__file__).resolve().parents[1] / "checkpoints"
+# The reference Clover heads: the best configuration at our training budget (docs/heads.md).
+REFERENCE_HEADS = CHECKPOINTS_DIR / f"{REFERENCE_TARGET}-clover"
+# The paper's full configuration, Augmenting Block included (its own paged KV cache in vLLM).
+FULL_CLOVER_HEADS = CHECKPOINTS_DIR / f"{REFERENCE_TARGET}-clover-full"
+# Medusa-1 heads trained on the same data and budget, in vLLM's native Medusa format.
+REFERENCE_MEDUSA = CHECKPOINTS_DIR / f"{REFERENCE_TARGET}-medusa"

@@ -1,0 +1,211 @@
+"""The Clover head loop: Attention Decoder and per-head blocks, one ``step`` per draft token.
+
+Indexing convention (used everywhere in this package)::
+
+    H_t       target hidden state at position t (post final norm, after reading x_0..x_t)
+    t0        x_{t+1}: the token the target's own LM head produced from H_t
+    head i    (0-based) predicts x_{t+2+i}; its regressive input is x_{t+1+i}
+              (head 0 reads t0 = x_{t+1}, head 1 reads x_{t+2}, ...)
+
+Per head step i (``HeadLoop.step``, the one function training and drafting share)::
+
+    h0  = AugmentingBlock(H)_t            (or H_t when the block is off)
+    e   = emb(x_{t+1+i})                  regressive embedding of the previous token
+    h_i = h_{i-1} + cos(q, k) * v         attention decoder, q = W_Q norm(h_{i-1}),
+                                          k = W_K e, v = W_V e (per decoder head)
+    z_i = h_i + SiLU(W_i h_i + b_i)       per-head residual block
+    logits_i = z_i @ W_lm[draft_vocab_ids]^T
+
+The loop owns only its small D x D layers. Everything vocabulary-sized (the embedding rows,
+the scored rows, the draft vocabulary) is read through a ``TargetTables`` passed to each
+call, so the same loop runs in training, in vLLM, and on a tensor-parallel rank.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from vllm_clover.modeling.augmenting import RMSNorm
+from vllm_clover.modeling.config import CloverConfig
+from vllm_clover.modeling.tables import TargetTables
+
+
+class ResidualBlock(nn.Module):
+    """Medusa's head block ``x + SiLU(Linear(x))`` with bias, zero-initialised (= identity).
+
+    Same layout as vLLM's ``medusa.ResidualBlock`` with ``medusa_fc_bias=True``:
+    ``layers.{j}.weight`` (D, D) and ``layers.{j}.bias`` (D,).
+    """
+
+    def __init__(self, hidden_size: int, num_layers: int = 1) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(
+            [nn.Linear(hidden_size, hidden_size, bias=True) for _ in range(num_layers)]
+        )
+        self.act = nn.SiLU()
+        for layer in self.layers:
+            nn.init.zeros_(layer.weight)
+            nn.init.zeros_(layer.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = x + self.act(layer(x))
+        return x
+
+
+class AttentionDecoder(nn.Module):
+    """One query, one key: ``h + concat_h(cos(q_h, k_h) * v_h)``, no output projection.
+
+    With a single key per query a softmax is constant, so each decoder head is gated by
+    the cosine similarity of its query and key slice. Init: W_Q, W_K = I + N(0, noise_std),
+    W_V = 0, so the decoder is exactly the identity on h at initialisation.
+    """
+
+    def __init__(
+        self, hidden_size: int, num_heads: int, eps: float, noise_std: float = 1e-3
+    ) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.norm = RMSNorm(hidden_size, eps)
+        self.q_proj = nn.Linear(hidden_size, hidden_size, bias=False)
+        self.k_proj = nn.Linear(hidden_size, hidden_size, bias=False)
+        self.v_proj = nn.Linear(hidden_size, hidden_size, bias=False)
+        with torch.no_grad():
+            eye = torch.eye(hidden_size)
+            self.q_proj.weight.copy_(eye + noise_std * torch.randn_like(eye))
+            self.k_proj.weight.copy_(eye + noise_std * torch.randn_like(eye))
+            self.v_proj.weight.zero_()
+
+    def forward(self, h: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+        # h: previous hidden (..., D); e: previous-token embedding (..., D)
+        return self.attend(h, self.key_value(e))
+
+    def key_value(self, e: torch.Tensor) -> torch.Tensor:
+        """[k | v] of previous-token embeddings: (..., D) -> (..., 2D), one product with
+        [W_K; W_V]. Depends on the token only, so drafting can look it up in a table."""
+        return F.linear(e, torch.cat([self.k_proj.weight, self.v_proj.weight]))
+
+    def attend(self, h: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+        # h: previous hidden (..., D); kv: [k | v] from key_value (..., 2D)
+        split = (self.num_heads, -1)
+        q = self.q_proj(self.norm(h)).unflatten(-1, split)  # (..., nh, D/nh)
+        k, v = (x.unflatten(-1, split) for x in kv.chunk(2, dim=-1))  # (..., nh, D/nh) each
+        gate = F.cosine_similarity(q, k, dim=-1, eps=1e-6).unsqueeze(-1)  # (..., nh, 1)
+        return h + (gate * v).flatten(-2)  # (..., D)
+
+
+class HeadLoop(nn.Module):
+    """K heads made sequential: Attention Decoder (or W_R, or nothing) + per-head blocks.
+
+    Entry points: ``teacher_forced`` (training: every position, inputs from the data) and
+    ``propose`` (drafting: greedy, each step fed its own previous draft); both run ``step``.
+    """
+
+    def __init__(self, config: CloverConfig) -> None:
+        super().__init__()
+        self.config = config
+        d, k = config.hidden_size, config.num_heads
+        self.decoder = (
+            AttentionDecoder(d, config.decoder_num_heads, config.rms_norm_eps)
+            if config.use_attention_decoder
+            else None
+        )
+        self.regressive_proj = None  # W_R, only without the attention decoder
+        if config.use_regressive_connection and not config.use_attention_decoder:
+            self.regressive_proj = nn.Linear(d, d, bias=False)
+            nn.init.zeros_(self.regressive_proj.weight)
+        self.step_embed = None  # learned e_{i-1}, only without the regressive connection
+        if config.use_attention_decoder and not config.use_regressive_connection:
+            self.step_embed = nn.Embedding(k, d)
+        self.blocks = nn.ModuleList([ResidualBlock(d) for _ in range(k)])
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.blocks[0].layers[0].weight.dtype
+
+    def step(
+        self, i: int, h_prev: torch.Tensor, h0: torch.Tensor, prev_ids: torch.Tensor,
+        tables: TargetTables, kv: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Head step i: (h_{i-1}, h0, previous token) -> (h_i, z_i). All (..., D), prev_ids (...,).
+
+        prev_ids are target ids of x_{t+1+i} (step 0: t0). kv: the decoder's [k | v] of
+        prev_ids (..., 2D) when the caller has it (``regressive_table``), else it is
+        computed here. Returns h_i (input of the next step) and z_i = ResBlock_i(h_i)
+        (score it with ``tables.logits`` or ``tables.draft_rows``).
+        """
+        if self.decoder is not None:
+            if kv is None:
+                if self.step_embed is not None:
+                    e = self.step_embed.weight[i].expand_as(h_prev)  # learned e_{i-1}
+                else:
+                    e = tables.embed(prev_ids, self.dtype)
+                kv = self.decoder.key_value(e)
+            h = self.decoder.attend(h_prev, kv)
+        elif self.regressive_proj is not None:
+            h = h0 + self.regressive_proj(tables.embed(prev_ids, self.dtype))
+        else:
+            h = h0  # Medusa-1
+        return h, self.blocks[i](h)
+
+    def teacher_forced(
+        self, h0: torch.Tensor, head_input_ids: torch.Tensor, tables: TargetTables
+    ) -> torch.Tensor:
+        """z for every position and head: h0 (B, T, D), ids (B, T, K') -> (B, T, K', D).
+
+        head_input_ids from ``shift_tokens_for_heads`` (column i = x_{t+1+i}).
+        """
+        num_steps = head_input_ids.shape[-1]
+        self.check_steps(num_steps)
+        h, features = h0, []
+        for i in range(num_steps):
+            h, z = self.step(i, h, h0, head_input_ids[..., i], tables)
+            features.append(z)
+        return torch.stack(features, dim=2)  # (B, T, K', D)
+
+    @torch.no_grad()
+    def propose(self, h0: torch.Tensor, t0: torch.Tensor, num_steps: int,
+                tables: TargetTables) -> torch.Tensor:
+        """Greedy regressive drafting: h0 (M, D), t0 (M,) -> draft target ids (M, num_steps).
+
+        h0 is the (augmented) hidden state at the last accepted position, t0 the token the
+        target produced there; each step feeds its own argmax to the next, whose decoder
+        [k | v] comes from ``regressive_table`` when there is one.
+        """
+        self.check_steps(num_steps)
+        rows, table = tables.draft_rows(self.dtype), self.regressive_table(tables)
+        h0 = h0.to(self.dtype)
+        h, prev, kv, drafts = h0, t0, None, []
+        for i in range(num_steps):
+            h, z = self.step(i, h, h0, prev, tables, kv)
+            best = tables.greedy_draft_ids(z, rows)  # (M,) draft-vocab indices
+            drafts.append(best)
+            if table is not None:
+                kv = F.embedding(best, table)  # (M, 2D)
+            else:
+                prev = tables.draft_to_target(best)  # (M,) target ids
+        return tables.draft_to_target(torch.stack(drafts, dim=-1)).long()  # (M, num_steps)
+
+    def regressive_table(self, tables: TargetTables) -> torch.Tensor | None:
+        """The decoder's [k | v] of every draft-vocabulary token: (N, 2D), or None.
+
+        From the second head step on, a draft's input token is the previous draft, always a
+        draft-vocabulary id, and k, v depend on that token only: a row lookup replaces the
+        regressive embedding and the k, v products (docs/drafting-cost.md). None without a
+        draft vocabulary or when the decoder reads no token (learned step embeddings).
+        """
+        if self.decoder is None or self.step_embed is not None:
+            return None
+        sources = (self.decoder.k_proj.weight, self.decoder.v_proj.weight)
+        return tables.draft_token_table(self.decoder.key_value, sources, self.dtype)
+
+    def check_steps(self, num_steps: int) -> None:
+        """ValueError unless 1 <= num_steps <= the number of trained heads."""
+        if not 1 <= num_steps <= self.config.num_heads:
+            raise ValueError(
+                f"asked for {num_steps} draft steps but this Clover model has "
+                f"{self.config.num_heads} trained heads (num_speculative_tokens must be in "
+                f"[1, {self.config.num_heads}])"
+            )

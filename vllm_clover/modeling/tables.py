@@ -1,0 +1,245 @@
+"""The target tables the heads read (LM head, input embedding) and the draft vocabulary.
+
+The head loop never owns a vocabulary-sized tensor. It reads two tables of the target, shared
+and never copied whole, through a ``TargetTables`` object:
+
+    W_lm  (V, D)  the target's LM head: heads score draft tokens against its rows, and
+                  (regressive_embedding="lm_head") embed the previous token with a row
+    E     (V, D)  the target's input embedding (regressive_embedding="input_embedding")
+
+and restricts drafting to a draft vocabulary of N target ids (``draft_vocab_ids``, sorted;
+the checkpoint stores it). This object owns attaching the tables, mapping between draft
+indices and target ids, the gathered-row caches (rebuilt when a table, the vocabulary or a
+weight they were derived from changes), and the format and dtype drafting scores the rows in
+(the scoring policy below). Tensor parallelism swaps it for ``VocabParallelTables``.
+
+Worked example, draft_vocab_ids = [2, 5, 9] (N = 3) of V = 10:
+
+    draft index -> target id     [0, 2, 1] -> [2, 9, 5]            (draft_to_target)
+    target id -> draft index     [5, 3, 9] -> [1, -1, 2]           (target_to_draft)
+    rows scored by the heads     W_lm[[2, 5, 9]]  (3, D)           (vocab_weight, draft_rows)
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from vllm_clover.modeling.config import CloverConfig
+from vllm_clover.modeling.scoring import DraftRows
+
+# ---------------------------------------------------------------------- scoring dtype policy
+DRAFT_DTYPE_ENV = "CLOVER_DRAFT_DTYPE"
+DRAFT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+                "int8": torch.int8}
+DRAFT_DTYPE_CHOICES = ("auto", *DRAFT_DTYPES)
+
+
+def draft_dtype_setting() -> str:
+    """$CLOVER_DRAFT_DTYPE (default "auto"), or a ValueError naming the allowed values."""
+    setting = os.environ.get(DRAFT_DTYPE_ENV, "auto")
+    if setting not in DRAFT_DTYPE_CHOICES:
+        raise ValueError(f"{DRAFT_DTYPE_ENV}={setting!r} is not one of "
+                         f"{', '.join(DRAFT_DTYPE_CHOICES)}")
+    return setting
+
+
+def check_draft_dtype_fits(setting: str, device_type: str) -> None:
+    """ValueError for int8 draft scoring (CPU int8 matmuls) on any device but the CPU."""
+    if setting == "int8" and device_type != "cpu":
+        raise ValueError(f"{DRAFT_DTYPE_ENV}=int8 scores draft rows with CPU int8 matmuls; "
+                         f"this is a {device_type} install: unset it (auto)")
+
+
+def scoring_dtype_for(setting: str, target_dtype: torch.dtype, device_type: str) -> torch.dtype:
+    """The format drafting scores the draft-vocabulary rows in.
+
+    Scoring N x D LM-head rows is the one large read of a head step; the head network runs
+    in the target's dtype. "auto" picks int8 on a CPU (rows and head features quantized per
+    row, int8 matmul: a quarter of an fp32 target's bytes, modeling/scoring.py) and the
+    target's dtype elsewhere; any other setting is a key of DRAFT_DTYPES. Drafts only
+    propose: vLLM verifies them against the target, so this never changes the output.
+    Examples: ("auto", float32, "cpu") -> int8; ("auto", bfloat16, "cuda") -> bfloat16;
+    ("bfloat16", float32, "cpu") -> bfloat16; ("int8", ..., "cuda") -> ValueError.
+    """
+    if setting == "auto":
+        return torch.int8 if device_type == "cpu" else target_dtype
+    check_draft_dtype_fits(setting, device_type)
+    return DRAFT_DTYPES[setting]
+
+
+def versions_key(*tensors: torch.Tensor | None) -> tuple:
+    """What a value derived from these tensors depends on: identity, in-place version, dtype,
+    device of each (None stays None). A cached value is stale when its key differs."""
+    return tuple(None if t is None else (id(t), t._version, t.dtype, t.device) for t in tensors)
+
+
+# ---------------------------------------------------------------------- the draft vocabulary
+def draft_vocab_from_counts(token_counts: torch.Tensor, draft_vocab_size: int) -> torch.Tensor:
+    """The ``draft_vocab_size`` most frequent target ids, sorted by id: (V,) -> (N,) int64."""
+    top = torch.topk(token_counts.float(), draft_vocab_size).indices
+    return top.sort().values.long()
+
+
+def check_draft_vocab(token_ids: torch.Tensor, size: int, vocab_size: int) -> None:
+    """ValueError unless token_ids is (size,) int64, strictly increasing, in [0, vocab_size)."""
+    if token_ids.dim() != 1 or token_ids.numel() != size or token_ids.dtype != torch.int64:
+        raise ValueError(
+            f"draft_vocab_ids must be ({size},) int64, "
+            f"got {tuple(token_ids.shape)} {token_ids.dtype}"
+        )
+    if size > 1 and not bool((token_ids[1:] > token_ids[:-1]).all()):
+        raise ValueError("draft_vocab_ids must be unique and sorted by token id")
+    if int(token_ids.min()) < 0 or int(token_ids.max()) >= vocab_size:
+        raise ValueError(f"draft_vocab_ids must lie in [0, {vocab_size})")
+
+
+# ---------------------------------------------------------------------- the tables
+class TargetTables(nn.Module):
+    """The target's LM head and input embedding as the heads see them, via the draft vocab.
+
+    Buffers: ``draft_vocab_ids`` (N,) int64, saved in the checkpoint (None: full vocabulary);
+    ``lm_head_weight`` and ``input_embedding`` (V, D), shared with the target, never saved
+    (``attach``; attach after any ``.to(dtype)``, which would copy them).
+    """
+
+    def __init__(self, config: CloverConfig) -> None:
+        super().__init__()
+        self.config = config
+        ids = torch.arange(config.draft_vocab_size) if config.draft_vocab_size else None
+        self.register_buffer("draft_vocab_ids", ids, persistent=True)  # (N,) sorted target ids
+        self.register_buffer("lm_head_weight", None, persistent=False)  # (V, D), shared
+        self.register_buffer("input_embedding", None, persistent=False)  # (V, D), shared
+        self.scoring_dtype: torch.dtype | None = None  # None: score in the features' dtype
+        self._cache: dict[str, tuple[tuple, Any]] = {}
+
+    # ------------------------------------------------------------------ attaching
+    def attach(self, lm_head_weight: torch.Tensor,
+               input_embedding: torch.Tensor | None = None) -> None:
+        """Share the target's LM head (V, D) and, if given, its input embedding (V, D)."""
+        expected = (self.config.vocab_size, self.config.hidden_size)
+        for name, w in (("lm_head_weight", lm_head_weight), ("input_embedding", input_embedding)):
+            if w is not None and tuple(w.shape) != expected:
+                raise ValueError(
+                    f"{name} has shape {tuple(w.shape)}, expected (vocab, hidden) = {expected}")
+        self._share(lm_head_weight, input_embedding)
+
+    def _share(self, lm_head: torch.Tensor, input_embedding: torch.Tensor | None) -> None:
+        if self.config.needs_input_embedding and input_embedding is None:
+            raise ValueError(
+                "regressive_embedding='input_embedding' needs the target input embedding")
+        self.lm_head_weight = lm_head.detach()
+        self.input_embedding = None if input_embedding is None else input_embedding.detach()
+
+    @property
+    def lm_head(self) -> torch.Tensor:
+        """The attached LM head (RuntimeError before ``attach``)."""
+        if self.lm_head_weight is None:
+            raise RuntimeError("Clover: attach the target's LM head (attach_target / "
+                               "TargetTables.attach) before running the heads")
+        return self.lm_head_weight
+
+    def choose_scoring(self, setting: str) -> torch.dtype:
+        """Set and return the drafting format for this LM head's dtype and device
+        (``scoring_dtype_for``; setting as $CLOVER_DRAFT_DTYPE)."""
+        w = self.lm_head
+        self.scoring_dtype = scoring_dtype_for(setting, w.dtype, w.device.type)
+        return self.scoring_dtype
+
+    # ------------------------------------------------------------------ vocabulary
+    def set_draft_vocab(self, token_ids: torch.Tensor) -> None:
+        """Set the (N,) draft vocabulary: unique target ids, strictly increasing."""
+        if self.draft_vocab_ids is None:
+            raise ValueError("draft_vocab_size is None: this model uses the full vocabulary")
+        check_draft_vocab(token_ids, self.config.draft_vocab_size, self.config.vocab_size)
+        self.draft_vocab_ids.copy_(token_ids)
+
+    def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Draft-vocab indices (any shape) -> target token ids. Identity for the full vocab."""
+        return draft_ids if self.draft_vocab_ids is None else self.draft_vocab_ids[draft_ids]
+
+    def target_to_draft(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """Target ids (any shape) -> draft-vocab indices, -1 where not in the draft vocab."""
+        if self.draft_vocab_ids is None:
+            return token_ids
+        ids = self.draft_vocab_ids
+        pos = torch.searchsorted(ids, token_ids).clamp_(max=ids.numel() - 1)
+        return torch.where(ids[pos] == token_ids, pos, torch.full_like(pos, -1))
+
+    # ------------------------------------------------------------------ rows
+    def embed(self, token_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Regressive embedding of target ids (...,) -> (..., D) in ``dtype``.
+
+        "lm_head": the W_lm row divided by its RMS; "input_embedding": the raw row of E.
+        """
+        if self.config.regressive_embedding == "input_embedding":
+            if self.input_embedding is None:
+                raise RuntimeError("Clover: attach the target's input embedding as well")
+            return self.lookup_rows(token_ids, self.input_embedding).to(dtype)
+        rows = self.lookup_rows(token_ids, self.lm_head).float()  # (..., D)
+        rows = rows * torch.rsqrt(rows.pow(2).mean(-1, keepdim=True) + self.config.rms_norm_eps)
+        return rows.to(dtype)
+
+    def lookup_rows(self, token_ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+        """Rows of a (V, D) target table for ids (...,) -> (..., D); sharded under TP."""
+        return F.embedding(token_ids, table)
+
+    def vocab_weight(self, dtype: torch.dtype) -> torch.Tensor:
+        """The (N, D) rows of W_lm the heads score against, in ``dtype`` (training).
+
+        Gathered once and reused while neither W_lm nor the vocabulary changes; the full
+        vocabulary is W_lm itself, never copied.
+        """
+        if self.draft_vocab_ids is None:
+            return self.lm_head
+        return self._cached("vocab_weight", (dtype,), lambda: self._gather_rows().to(dtype))
+
+    def logits(self, z: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Head features z (..., D) -> logits (..., N) with the rows in ``dtype`` (training)."""
+        w = self.vocab_weight(dtype)
+        return F.linear(z.to(w.dtype), w)
+
+    def draft_rows(self, default_dtype: torch.dtype) -> DraftRows:
+        """The same rows for drafting, in ``scoring_dtype`` (``default_dtype`` if unset);
+        gathered once and cached like vocab_weight."""
+        dtype = self.scoring_dtype or default_dtype
+        return self._cached("draft_rows", (dtype,),
+                            lambda: DraftRows.of(self._gather_rows(), dtype))
+
+    def greedy_draft_ids(self, z: torch.Tensor, rows: DraftRows) -> torch.Tensor:
+        """Draft-vocab indices of the best-scoring rows: head features (M, D) -> (M,) int64."""
+        return rows.scores(z).argmax(dim=-1)
+
+    def draft_token_table(self, fn: Callable[[torch.Tensor], torch.Tensor],
+                          sources: tuple[torch.Tensor, ...], dtype: torch.dtype
+                          ) -> torch.Tensor | None:
+        """fn(embed(every draft-vocabulary token)): (N, ...), or None for the full vocabulary
+        (a table of all V tokens would be too large).
+
+        Rebuilt when the tables, the vocabulary or any of ``sources`` (the weights fn reads)
+        change. The head loop keeps its decoder's [k | v] of each draft token here.
+        """
+        if self.draft_vocab_ids is None:
+            return None
+        key = (dtype, fn.__qualname__, versions_key(*sources, self.input_embedding))
+        return self._cached("draft_token_table", key,
+                            lambda: fn(self.embed(self.draft_vocab_ids, dtype)).contiguous())
+
+    def _gather_rows(self) -> torch.Tensor:
+        """W_lm[draft_vocab_ids] (N, D), or W_lm itself for the full vocabulary."""
+        w, ids = self.lm_head, self.draft_vocab_ids
+        return w if ids is None else w.index_select(0, ids)
+
+    def _cached(self, name: str, key: tuple, build: Callable[[], Any]) -> Any:
+        """build(), reused while the LM head, the vocabulary and ``key`` stay the same."""
+        full_key = (versions_key(self.lm_head, self.draft_vocab_ids), *key)
+        entry = self._cache.get(name)
+        if entry is None or entry[0] != full_key:
+            entry = (full_key, build())
+            self._cache[name] = entry
+        return entry[1]

@@ -1,0 +1,140 @@
+"""Medusa export: Medusa-configured heads as a vLLM-native ``MedusaModel`` folder.
+
+``vllm-clover export-medusa`` turns heads trained with ``train --medusa`` (all Clover
+components off) into what vLLM 0.32's own Medusa proposer loads, so the Medusa baseline runs
+without any plugin code. Weights (vLLM ``model_executor/models/medusa.py`` layout)::
+
+    full vocabulary    blocks.{i}.layers.0.{weight,bias}, one lm_heads.{i}.weight (V, D)
+                       copy per head
+    draft vocabulary   blocks.{i}.*, one lm_heads.0.weight (N, D) = W_lm[draft_vocab_ids],
+                       token_map (N,), config truncated_vocab_size = N, original_lm_head
+                       (vLLM scatters the N logits back to the V target ids)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from vllm_clover.fsutil import atomic_directory
+from vllm_clover.modeling import CloverConfig, CloverModel, load_clover
+from vllm_clover.modeling.checkpoint import (
+    CONFIG_NAME,
+    MODEL_CARD_NAME,
+    WEIGHTS_NAME,
+    CloverCheckpointError,
+    check_same_architecture,
+    stored_tensor,
+)
+from vllm_clover.training.config import TrainingError
+
+
+def export_medusa(
+    model: CloverModel,
+    out_dir: str | os.PathLike,
+    lm_head_weight: torch.Tensor,
+    *,
+    overwrite: bool = False,
+    dtype: torch.dtype | None = None,
+) -> Path:
+    """Write the vLLM Medusa folder (config.json + model.safetensors) of Medusa heads.
+
+    Only allowed when all Clover components are off (``model.config.is_medusa``).
+    """
+    config = model.config
+    if not config.is_medusa:
+        raise ValueError(
+            "export_medusa needs a Medusa-configured model (use_augmenting_block, "
+            "use_attention_decoder and use_regressive_connection all off); this config has a "
+            "Clover component on"
+        )
+    check_same_architecture(model, config)
+    expected = (config.vocab_size, config.hidden_size)
+    if tuple(lm_head_weight.shape) != expected:
+        raise CloverCheckpointError(
+            f"lm_head_weight shape {tuple(lm_head_weight.shape)} != {expected}"
+        )
+    lm_head = stored_tensor(lm_head_weight, dtype)
+    medusa_config, state = medusa_state(model, lm_head)
+    state = {name: stored_tensor(t, dtype) for name, t in state.items()}
+    with atomic_directory(Path(out_dir), overwrite=overwrite) as tmp:
+        (tmp / CONFIG_NAME).write_text(json.dumps(medusa_config, indent=2) + "\n",
+                                       encoding="utf-8")
+        save_file(state, tmp / WEIGHTS_NAME, metadata={"format": "pt"})
+    return Path(out_dir)
+
+
+def medusa_state(model: CloverModel, lm_head: torch.Tensor
+                 ) -> tuple[dict[str, object], dict[str, torch.Tensor]]:
+    """config.json dict and tensors of a vLLM Medusa checkpoint (lm_head: (V, D) on CPU)."""
+    config = model.config
+    medusa_config: dict[str, object] = {
+        "architectures": ["MedusaModel"],
+        "model_type": "medusa",
+        "hidden_size": config.hidden_size,
+        "vocab_size": config.vocab_size,
+        "num_heads": config.num_heads,
+        "num_hidden_layers": 1,
+        "medusa_fc_bias": True,
+        "torch_dtype": str(lm_head.dtype).removeprefix("torch."),
+    }
+    state: dict[str, torch.Tensor] = {}
+    for i, block in enumerate(model.heads.blocks):
+        state[f"blocks.{i}.layers.0.weight"] = block.layers[0].weight.detach().cpu().contiguous()
+        state[f"blocks.{i}.layers.0.bias"] = block.layers[0].bias.detach().cpu().contiguous()
+    ids = model.tables.draft_vocab_ids
+    if ids is None:
+        for i in range(config.num_heads):
+            state[f"lm_heads.{i}.weight"] = lm_head.clone()  # safetensors refuses shared storage
+    else:
+        token_map = ids.detach().cpu().long().contiguous()
+        state["lm_heads.0.weight"] = lm_head.index_select(0, token_map).contiguous()
+        state["token_map"] = token_map
+        medusa_config.update(truncated_vocab_size=int(token_map.numel()), original_lm_head=True)
+    return medusa_config, state
+
+
+def medusa_model_card(source_card: str | None, command: str, target: str,
+                      num_heads: int) -> str:
+    """README.md of an exported folder: how to serve it, then the card of the heads it was
+    exported from (their training and held-out accuracy)."""
+    source = "(the source heads had no model card)" if source_card is None else \
+        ("\n" + source_card).replace("\n#", "\n##").lstrip("\n")
+    return f"""# vLLM-native Medusa heads for `{target}`
+
+Exported with `{command}` from Medusa-configured heads trained by `vllm-clover train
+--medusa`; loads with vLLM's own Medusa proposer (no plugin code runs for it).
+
+```python
+LLM(model="{target}", speculative_config={{"method": "medusa", "model": "<this folder>",
+    "num_speculative_tokens": {num_heads}}})
+```
+
+## Source heads
+
+{source}"""
+
+
+def export_medusa_command(heads: str, target: str, out: str, overwrite: bool,
+                          dtype: str) -> Path:
+    """`vllm-clover export-medusa`: load the heads for the target, write the folder + card."""
+    from vllm_clover.training.teacher import load_teacher
+
+    teacher = load_teacher(target, torch.device("cpu"), torch.float32)
+    try:  # CloverCheckpointError is a ValueError, as is "not a Medusa configuration"
+        model = load_clover(heads, teacher.lm_head)
+        export_medusa(model, out, teacher.lm_head, overwrite=overwrite,
+                      dtype=getattr(torch, dtype))
+    except (ValueError, FileExistsError) as err:
+        raise TrainingError(str(err)) from err
+    source_card = Path(heads, MODEL_CARD_NAME)
+    command = (f"vllm-clover export-medusa --heads {heads} --target {target} --out {out} "
+               f"--dtype {dtype}")
+    Path(out, MODEL_CARD_NAME).write_text(medusa_model_card(
+        source_card.read_text() if source_card.is_file() else None, command, target,
+        model.config.num_heads), encoding="utf-8")
+    return Path(out)
