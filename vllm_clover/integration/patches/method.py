@@ -1,0 +1,155 @@
+"""The patches that make "clover" a speculative method of vLLM 0.32 (see the ledger).
+
+vLLM 0.32 has no registry for speculative methods: the method is a closed `Literal`, the
+proposer is picked by an if/elif in the model runner, and "uses the target's hidden states
+and a draft KV cache" is hard-wired to EAGLE-like methods. Each patch here opens one of those
+doors, and nothing else.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Literal
+
+from vllm.logger import init_logger
+
+from vllm_clover.integration.patches.marking import CLOVER_METHOD, is_patched, mark
+
+logger = init_logger("vllm.clover.patches")
+
+
+# --------------------------------------------------------------------------- method_literal
+def patch_method_literal() -> None:
+    """`SpeculativeConfig.method: Literal[..., "clover"] | None` (pydantic validates it)."""
+    from pydantic.dataclasses import rebuild_dataclass
+    from vllm.config import speculative
+    from vllm.engine import arg_utils
+
+    config_class = speculative.SpeculativeConfig
+    if is_patched(config_class, "method_literal"):
+        return
+    widened = Literal[speculative.SpeculativeMethod, CLOVER_METHOD] | None
+    config_class.__dataclass_fields__["method"].type = widened
+    config_class.__annotations__["method"] = widened
+    rebuild_dataclass(config_class, force=True)
+    arg_utils._compute_kwargs.cache_clear()  # `--spec-method` choices are cached per class
+    mark(config_class, "method_literal")
+
+
+# --------------------------------------------------------------------------- post_init
+def _clover_post_init(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def __post_init__(self) -> None:
+        from vllm_clover.integration.checks import check_clover_spec, is_clover_checkpoint
+
+        if self.method is None and is_clover_checkpoint(self.model):
+            self.method = CLOVER_METHOD  # detected from the checkpoint's model_type
+        if self.method != CLOVER_METHOD:
+            return original(self)
+        from vllm import envs
+
+        if envs.VLLM_USE_V2_MODEL_RUNNER:  # vLLM reads it as bool(int(value))
+            raise ValueError("Clover runs on vLLM's V1 model runner; unset "
+                             "VLLM_USE_V2_MODEL_RUNNER=1 to use speculative method 'clover'")
+        config = check_clover_spec(self.model, self.num_speculative_tokens,
+                                   self.target_model_config.hf_config)
+        if self.num_speculative_tokens is None:
+            self.num_speculative_tokens = config.num_heads
+        # vLLM builds the draft ModelConfig (dtype, max_model_len, parallelism) for a
+        # generic draft model; Clover needs exactly that, under its own name afterwards.
+        self.method = "draft_model"
+        try:
+            original(self)
+        finally:
+            self.method = CLOVER_METHOD
+
+    return mark(__post_init__, "post_init")
+
+
+def patch_post_init() -> None:
+    from vllm.config.speculative import SpeculativeConfig
+
+    if not is_patched(SpeculativeConfig.__post_init__, "post_init"):
+        SpeculativeConfig.__post_init__ = _clover_post_init(SpeculativeConfig.__post_init__)
+
+
+# --------------------------------------------------------------------------- use_eagle
+def patch_use_eagle() -> None:
+    """`use_eagle()` drives the draft KV cache, lookahead slots and the EAGLE code path."""
+    from vllm.config.speculative import SpeculativeConfig
+
+    original = SpeculativeConfig.use_eagle
+    if is_patched(original, "use_eagle"):
+        return
+
+    @functools.wraps(original)
+    def use_eagle(self) -> bool:
+        return self.method == CLOVER_METHOD or original(self)
+
+    SpeculativeConfig.use_eagle = mark(use_eagle, "use_eagle")
+
+
+# --------------------------------------------------------------------------- runner_drafter
+def patch_runner_drafter() -> None:
+    """Replace the EagleProposer the runner builds for a Clover config by a CloverProposer.
+
+    Also covers the CPU runner, whose __init__ calls this one.
+    """
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    original = GPUModelRunner.__init__
+    if is_patched(original, "runner_drafter"):
+        return
+
+    @functools.wraps(original)
+    def __init__(self, vllm_config, device, *args, **kwargs) -> None:
+        original(self, vllm_config, device, *args, **kwargs)
+        spec = vllm_config.speculative_config
+        if spec is not None and spec.method == CLOVER_METHOD and hasattr(self, "drafter"):
+            from vllm_clover.integration.proposer import CloverProposer
+
+            self.drafter = CloverProposer(vllm_config, device, self)
+            logger.info("Clover: drafting with CloverProposer on the V1 model runner (%s)",
+                        type(self).__name__)
+
+    GPUModelRunner.__init__ = mark(__init__, "runner_drafter")
+
+
+# --------------------------------------------------------------------------- v1_runner_only
+def patch_v1_runner_only() -> None:
+    """List Clover as unsupported by the V2 runner, as vLLM does for medusa/custom_class."""
+    from vllm.config.vllm import VllmConfig
+
+    original = VllmConfig._get_v2_model_runner_unsupported_features
+    if is_patched(original, "v1_runner_only"):
+        return
+
+    @functools.wraps(original)
+    def unsupported_features(self) -> list[str]:
+        features = original(self)
+        if self.speculative_config is not None and self.speculative_config.method == CLOVER_METHOD:
+            features.append(f"speculative method '{CLOVER_METHOD}'")
+        return features
+
+    VllmConfig._get_v2_model_runner_unsupported_features = mark(
+        unsupported_features, "v1_runner_only")
+
+
+# --------------------------------------------------------------------------- async_scheduling
+def patch_async_scheduling() -> None:
+    """Count Clover among the EAGLE-style methods `VllmConfig` allows async scheduling for.
+
+    vLLM 0.32 turns async scheduling off (or refuses it) for any method not in
+    `EagleModelTypes`, a Literal read by name in `vllm/config/vllm.py` only for that check.
+    Clover drafts through `EagleProposer.propose` (same inputs, on-device drafts), which is
+    what async scheduling needs; without this, vanilla decoding would keep an advantage that
+    has nothing to do with speculation.
+    """
+    from typing import get_args
+
+    from vllm.config import vllm as config_module
+
+    eagle_types = config_module.EagleModelTypes
+    if CLOVER_METHOD not in get_args(eagle_types):
+        config_module.EagleModelTypes = Literal[eagle_types, CLOVER_METHOD]
