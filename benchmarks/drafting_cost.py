@@ -34,8 +34,9 @@ import torch
 from vllm_clover.bundled import REFERENCE_HEADS
 
 
-def engine_step_seconds(target: str, batch: int, max_tokens: int,
-                        spec: dict | None) -> tuple[float, float | None]:
+def engine_step_seconds(
+    target: str, batch: int, max_tokens: int, spec: dict | None
+) -> tuple[float, float | None]:
     """(wall seconds per engine step, seconds per drafting call or None) for `batch` requests."""
     from vllm import SamplingParams
 
@@ -51,13 +52,20 @@ def engine_step_seconds(target: str, batch: int, max_tokens: int,
         llm.generate(prompts, params, use_tqdm=False)
         elapsed = time.perf_counter() - started
         counters = read_counters(llm) - before
-    drafting = (counters.drafting_seconds / counters.drafting_calls
-                if counters.drafting_calls else None)
+    drafting = (
+        counters.drafting_seconds / counters.drafting_calls if counters.drafting_calls else None
+    )
     return elapsed / counters.steps, drafting
 
 
-def head_loop_seconds(heads_dir: Path, batch: int, num_steps: int, full_vocab: bool,
-                      dtype: torch.dtype, repeats: int = 50) -> float:
+def head_loop_seconds(
+    heads_dir: Path,
+    batch: int,
+    num_steps: int,
+    full_vocab: bool,
+    dtype: torch.dtype,
+    repeats: int = 50,
+) -> float:
     """Seconds for one `propose` of num_steps on `batch` rows (fp32 heads and target, draft
     rows scored in `dtype`), with the caches flushed before each call as a target step would."""
     if num_steps == 0:
@@ -95,12 +103,19 @@ def main() -> None:
     parser.add_argument("--heads", type=Path, default=REFERENCE_HEADS)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--max-tokens", type=int, default=48)
-    parser.add_argument("--num-speculative-tokens", type=int, nargs="+",
-                        help="K values to time (default: all trained heads); K = 0 pins "
-                        "dynamic speculation to 0: the Augmenting Block and vLLM's bookkeeping")
-    parser.add_argument("--draft-dtype", default="auto",
-                        choices=("auto", "float32", "bfloat16", "int8"),
-                        help="draft-row scoring dtype (as $CLOVER_DRAFT_DTYPE in the engine)")
+    parser.add_argument(
+        "--num-speculative-tokens",
+        type=int,
+        nargs="+",
+        help="K values to time (default: all trained heads); K = 0 pins "
+        "dynamic speculation to 0: the Augmenting Block and vLLM's bookkeeping",
+    )
+    parser.add_argument(
+        "--draft-dtype",
+        default="auto",
+        choices=("auto", "float32", "bfloat16", "int8"),
+        help="draft-row scoring dtype (as $CLOVER_DRAFT_DTYPE in the engine)",
+    )
     args = parser.parse_args()
     os.environ["CLOVER_DRAFT_DTYPE"] = args.draft_dtype  # the engine's pick = the timed one
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -113,21 +128,29 @@ def main() -> None:
     num_heads = load_clover_config(args.heads).num_heads
     dtype = scoring_dtype_for(args.draft_dtype, torch.float32, "cpu")
     print(f"draft rows scored in {dtype} (--draft-dtype {args.draft_dtype})")
-    print("| batch | K | target step t_v | drafting t_d (in engine) | t_d / t_v | head loop "
-          "alone (draft vocab / full) | full-vocabulary estimate |\n|---|---|---|---|---|---|---|")
+    print(
+        "| batch | K | target step t_v | drafting t_d (in engine) | t_d / t_v | head loop "
+        "alone (draft vocab / full) | full-vocabulary estimate |\n|---|---|---|---|---|---|---|"
+    )
     for batch in args.batch_sizes:
         t_v, _ = engine_step_seconds(target, batch, args.max_tokens, None)
         for k in args.num_speculative_tokens or [num_heads]:
-            clover = {"method": "clover", "model": str(args.heads),
-                      "num_speculative_tokens": max(k, 1)}
+            clover = {
+                "method": "clover",
+                "model": str(args.heads),
+                "num_speculative_tokens": max(k, 1),
+            }
             if k == 0:
                 clover["num_speculative_tokens_per_batch_size"] = [[1, 1024, 0]]
             _, t_d = engine_step_seconds(target, batch, args.max_tokens, clover)
             t_draft = head_loop_seconds(args.heads, batch, k, full_vocab=False, dtype=dtype)
             t_full = head_loop_seconds(args.heads, batch, k, full_vocab=True, dtype=dtype)
-            print(f"| {batch} | {k} | {t_v * 1e3:.1f} ms | {t_d * 1e3:.1f} ms | {t_d / t_v:.1%} | "
-                  f"{t_draft * 1e3:.1f} / {t_full * 1e3:.1f} ms | "
-                  f"{(t_d - t_draft + t_full) / t_v:.0%} |", flush=True)
+            print(
+                f"| {batch} | {k} | {t_v * 1e3:.1f} ms | {t_d * 1e3:.1f} ms | {t_d / t_v:.1%} | "
+                f"{t_draft * 1e3:.1f} / {t_full * 1e3:.1f} ms | "
+                f"{(t_d - t_draft + t_full) / t_v:.0%} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from vllm_clover.bundled import REFERENCE_HEADS
 
 
 def parse_band(text: str) -> list[int]:
-    """"LOW:HIGH:K" -> [LOW, HIGH, K] (vLLM's per-batch-size band). Example: "3:1024:0"."""
+    """ "LOW:HIGH:K" -> [LOW, HIGH, K] (vLLM's per-batch-size band). Example: "3:1024:0"."""
     try:
         low, high, k = (int(part) for part in text.split(":"))
     except ValueError as err:
@@ -44,8 +44,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--heads", default=str(REFERENCE_HEADS))
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[4, 64])
-    parser.add_argument("--schedule", type=parse_band, nargs="+",
-                        default=[[1, 2, 4], [3, 1024, 0]], help="LOW:HIGH:K bands")
+    parser.add_argument(
+        "--schedule",
+        type=parse_band,
+        nargs="+",
+        default=[[1, 2, 4], [3, 1024, 0]],
+        help="LOW:HIGH:K bands",
+    )
     parser.add_argument("--max-tokens", type=int, default=128)
     args = parser.parse_args()
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -54,17 +59,25 @@ def main() -> None:
     from vllm_clover.modeling import load_clover_config
 
     target = str(fetch_reference_target())
-    spec = {"method": "clover", "model": args.heads,
-            "num_speculative_tokens": load_clover_config(args.heads).num_heads,
-            "num_speculative_tokens_per_batch_size": args.schedule}
-    print(f"schedule {args.schedule}\n| batch | vanilla tokens/s | Clover (dynamic K) "
-          "tokens/s | ratio | T=0 equal |\n|---|---|---|---|---|")
+    spec = {
+        "method": "clover",
+        "model": args.heads,
+        "num_speculative_tokens": load_clover_config(args.heads).num_heads,
+        "num_speculative_tokens_per_batch_size": args.schedule,
+    }
+    print(
+        f"schedule {args.schedule}\n| batch | vanilla tokens/s | Clover (dynamic K) "
+        "tokens/s | ratio | T=0 equal |\n|---|---|---|---|---|"
+    )
     for batch in args.batch_sizes:
         vanilla, reference = tokens_per_second(target, None, batch, args.max_tokens)
         clover, tokens = tokens_per_second(target, spec, batch, args.max_tokens)
-        equal = sum(a == b for a, b in zip(reference, tokens))
-        print(f"| {batch} | {vanilla:.1f} | {clover:.1f} | {clover / vanilla:.2f}x | "
-              f"{equal}/{len(tokens)} |", flush=True)
+        equal = sum(a == b for a, b in zip(reference, tokens, strict=True))
+        print(
+            f"| {batch} | {vanilla:.1f} | {clover:.1f} | {clover / vanilla:.2f}x | "
+            f"{equal}/{len(tokens)} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -29,17 +29,18 @@ def generate(target: str, chats: list, max_tokens: int, batch: int, spec: dict |
 
     from vllm_clover.engine import start_llm
 
-    llm = start_llm(target, speculative_config=spec, max_num_seqs=batch,
-                    disable_log_stats=False)
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens,
-                            logprobs=None if spec else 2)
+    llm = start_llm(target, speculative_config=spec, max_num_seqs=batch, disable_log_stats=False)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=None if spec else 2)
     outputs = llm.chat(chats, params, use_tqdm=False)
     tokens = [list(o.outputs[0].token_ids) for o in outputs]
     gaps = None
     if not spec:
         gaps = [[_top2_gap(position) for position in o.outputs[0].logprobs] for o in outputs]
-    metrics = {m.name: getattr(m, "values", None) or m.value for m in llm.get_metrics()
-               if "spec_decode" in m.name}
+    metrics = {
+        m.name: getattr(m, "values", None) or m.value
+        for m in llm.get_metrics()
+        if "spec_decode" in m.name
+    }
     del llm
     return tokens, gaps, metrics
 
@@ -52,11 +53,13 @@ def _top2_gap(position_logprobs: dict) -> float:
 def compare(vanilla: list[list[int]], gaps: list[list[float]], clover: list[list[int]]) -> dict:
     """Equal prompts, near-tie divergences and real divergences (with their first index)."""
     result = {"equal": 0, "near_ties": [], "divergences": []}
-    for prompt, (a, b) in enumerate(zip(vanilla, clover)):
+    for prompt, (a, b) in enumerate(zip(vanilla, clover, strict=True)):
         if a == b:
             result["equal"] += 1
             continue
-        first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        first = next(
+            (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+        )
         gap = gaps[prompt][first] if first < len(gaps[prompt]) else float("inf")
         entry = {"prompt": prompt, "first_diverging_token": first, "vanilla_top2_gap": gap}
         result["near_ties" if gap < NEAR_TIE else "divergences"].append(entry)
@@ -78,25 +81,38 @@ def main() -> None:
     from vllm_clover.modeling.checkpoint import load_clover_config
 
     target = str(fetch_reference_target())
-    chats = [[{"role": "user", "content": q.turns[0]}]
-             for q in mtbench_questions()[: args.num_prompts]]
+    chats = [
+        [{"role": "user", "content": q.turns[0]}] for q in mtbench_questions()[: args.num_prompts]
+    ]
     k = load_clover_config(args.heads).num_heads
     spec = {"method": "clover", "model": args.heads, "num_speculative_tokens": k}
     rows = []
     for batch in args.batch_sizes:
         vanilla, gaps, _ = generate(target, chats, args.max_tokens, batch, None)
         clover, _, metrics = generate(target, chats, args.max_tokens, batch, spec)
-        row = {"max_num_seqs": batch, **compare(vanilla, gaps, clover),
-               "tau": 1 + metrics["vllm:spec_decode_num_accepted_tokens"]
-               / max(metrics["vllm:spec_decode_num_drafts"], 1)}
+        row = {
+            "max_num_seqs": batch,
+            **compare(vanilla, gaps, clover),
+            "tau": 1
+            + metrics["vllm:spec_decode_num_accepted_tokens"]
+            / max(metrics["vllm:spec_decode_num_drafts"], 1),
+        }
         rows.append(row)
-        print(f"max_num_seqs {batch:3d}: {row['equal']}/{len(chats)} equal, "
-              f"{len(row['near_ties'])} near-ties, {len(row['divergences'])} divergences; "
-              f"tau {row['tau']:.2f}",
-              flush=True)
+        print(
+            f"max_num_seqs {batch:3d}: {row['equal']}/{len(chats)} equal, "
+            f"{len(row['near_ties'])} near-ties, {len(row['divergences'])} divergences; "
+            f"tau {row['tau']:.2f}",
+            flush=True,
+        )
     if args.out:
-        summary = {"prompts": len(chats), "max_tokens": args.max_tokens, "heads": args.heads,
-                   "num_speculative_tokens": k, "near_tie_threshold": NEAR_TIE, "rows": rows}
+        summary = {
+            "prompts": len(chats),
+            "max_tokens": args.max_tokens,
+            "heads": args.heads,
+            "num_speculative_tokens": k,
+            "near_tie_threshold": NEAR_TIE,
+            "rows": rows,
+        }
         Path(args.out).write_text(json.dumps(summary, indent=2) + "\n")
 
 

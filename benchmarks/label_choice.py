@@ -24,8 +24,9 @@ def main() -> None:
     from vllm_clover.training import TrainConfig, train
     from vllm_clover.training.evaluate import format_table
 
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--samples", type=int, default=48)
     parser.add_argument("--max-seq-len", type=int, default=192)
     parser.add_argument("--epochs", type=int, default=3)
@@ -40,22 +41,39 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     results = {}
     with tempfile.TemporaryDirectory(prefix="clover-labels-") as tmp:
-        for name, soft in (("soft labels (target distribution)", True),
-                           ("hard labels (data tokens)", False)):
-            result = train(TrainConfig(
-                target=str(fetch_reference_target()), out=str(Path(tmp) / name[:4]),
-                max_samples=args.samples, max_seq_len=args.max_seq_len, epochs=args.epochs,
-                eval_fraction=args.eval_fraction, draft_vocab_size=args.draft_vocab_size,
-                batch_size=args.batch_size, lr=args.lr, soft_labels=soft,
-                cache_dir=args.cache_dir, eval_every=0, save_every=0, progress=False))
+        for name, soft in (
+            ("soft labels (target distribution)", True),
+            ("hard labels (data tokens)", False),
+        ):
+            result = train(
+                TrainConfig(
+                    target=str(fetch_reference_target()),
+                    out=str(Path(tmp) / name[:4]),
+                    max_samples=args.samples,
+                    max_seq_len=args.max_seq_len,
+                    epochs=args.epochs,
+                    eval_fraction=args.eval_fraction,
+                    draft_vocab_size=args.draft_vocab_size,
+                    batch_size=args.batch_size,
+                    lr=args.lr,
+                    soft_labels=soft,
+                    cache_dir=args.cache_dir,
+                    eval_every=0,
+                    save_every=0,
+                    progress=False,
+                )
+            )
             results[name] = result.eval
-    print(f"reference target, {args.samples} ShareGPT conversations (<= {args.max_seq_len} "
-          f"tokens), {args.epochs} epochs, batch {args.batch_size}, lr {args.lr}, draft vocab "
-          f"{args.draft_vocab_size}:")
+    print(
+        f"reference target, {args.samples} ShareGPT conversations (<= {args.max_seq_len} "
+        f"tokens), {args.epochs} epochs, batch {args.batch_size}, lr {args.lr}, draft vocab "
+        f"{args.draft_vocab_size}:"
+    )
     print(format_table(results))
     if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "results": results},
-                                              indent=2) + "\n")
+        Path(args.json).write_text(
+            json.dumps({"args": vars(args), "results": results}, indent=2) + "\n"
+        )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Clover behind two replicas: vLLM's data parallelism, or two independent servers.
 
-    python benchmarks/replicas.py --mode dp          # one `vllm-clover serve --data-parallel-size 2`
+    python benchmarks/replicas.py --mode dp         # `vllm-clover serve --data-parallel-size 2`
     python benchmarks/replicas.py --mode processes   # two `vllm-clover serve` on two ports
 
 Each replica (a DP engine, or a server) gets one of the machine's cores
@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 import httpx
-
 from soak import clover_server, metric_sum, spec_counters  # benchmarks/soak.py
 
 from vllm_clover.assets.data import mtbench_questions
@@ -33,8 +32,13 @@ SAME_QUESTION = "Give me three tips for staying healthy."
 
 
 def _body(question: str, max_tokens: int) -> dict:
-    return {"model": REFERENCE_TARGET, "temperature": 0, "max_tokens": max_tokens,
-            "messages": [{"role": "user", "content": question}], "return_token_ids": True}
+    return {
+        "model": REFERENCE_TARGET,
+        "temperature": 0,
+        "max_tokens": max_tokens,
+        "messages": [{"role": "user", "content": question}],
+        "return_token_ids": True,
+    }
 
 
 async def _ask(client: httpx.AsyncClient, base: str, body: dict) -> list[int]:
@@ -47,8 +51,12 @@ async def _ask(client: httpx.AsyncClient, base: str, body: dict) -> list[int]:
 async def drive(bases: list[str], questions: list[str], max_tokens: int) -> None:
     """All questions at once, round-robin over `bases`."""
     async with httpx.AsyncClient(timeout=600) as client:
-        await asyncio.gather(*(_ask(client, bases[i % len(bases)], _body(q, max_tokens))
-                               for i, q in enumerate(questions)))
+        await asyncio.gather(
+            *(
+                _ask(client, bases[i % len(bases)], _body(q, max_tokens))
+                for i, q in enumerate(questions)
+            )
+        )
 
 
 async def same_question_everywhere(targets: list[tuple[str, str | None]]) -> list[list[int]]:
@@ -57,8 +65,9 @@ async def same_question_everywhere(targets: list[tuple[str, str | None]]) -> lis
         results = []
         for base, engine in targets:
             headers = {} if engine is None else {"X-data-parallel-rank": engine}
-            response = await client.post(base + "/v1/chat/completions",
-                                         json=_body(SAME_QUESTION, 64), headers=headers)
+            response = await client.post(
+                base + "/v1/chat/completions", json=_body(SAME_QUESTION, 64), headers=headers
+            )
             response.raise_for_status()
             results.append(response.json()["choices"][0]["token_ids"])
         return results
@@ -67,23 +76,35 @@ async def same_question_everywhere(targets: list[tuple[str, str | None]]) -> lis
 def replica_stats(metrics: str, engine: str | None) -> dict:
     """Finished requests and Clover's counters of one engine (all engines if None)."""
     labels = {} if engine is None else {"engine": engine}
-    return {"requests": metric_sum(metrics, "vllm:request_success_total", **labels),
-            **spec_counters(metrics, SPEC_TOKENS, **labels)}
+    return {
+        "requests": metric_sum(metrics, "vllm:request_success_total", **labels),
+        **spec_counters(metrics, SPEC_TOKENS, **labels),
+    }
 
 
 @contextlib.contextmanager
 def replicas(mode: str, log_dir: Path):
     """Yield [(base URL, engine label or None)] for the two replicas of `mode`."""
     if mode == "dp":
-        with clover_server(log_dir / "replicas-dp.log", SPEC_TOKENS,
-                           ["--data-parallel-size", "2"],
-                           env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"}) as (base, _):
+        with clover_server(
+            log_dir / "replicas-dp.log",
+            SPEC_TOKENS,
+            ["--data-parallel-size", "2"],
+            env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"},
+        ) as (base, _):
             yield [(base, "0"), (base, "1")]
         return
     with contextlib.ExitStack() as stack:
-        servers = [stack.enter_context(clover_server(
-            log_dir / f"replicas-{core}.log", SPEC_TOKENS,
-            env={"VLLM_CPU_OMP_THREADS_BIND": str(core)})) for core in (0, 1)]
+        servers = [
+            stack.enter_context(
+                clover_server(
+                    log_dir / f"replicas-{core}.log",
+                    SPEC_TOKENS,
+                    env={"VLLM_CPU_OMP_THREADS_BIND": str(core)},
+                )
+            )
+            for core in (0, 1)
+        ]
         yield [(base, None) for base, _ in servers]
 
 
@@ -98,11 +119,19 @@ def run(mode: str, num_requests: int, max_tokens: int, log_dir: Path) -> dict:
         asyncio.run(drive(bases, questions, max_tokens))
         load_s = time.monotonic() - start
         same = asyncio.run(same_question_everywhere(targets))
-        stats = [replica_stats(httpx.get(base + "/metrics", timeout=30).text, engine)
-                 for base, engine in targets]
-    return {"mode": mode, "startup_s": round(up_s, 1), "load_s": round(load_s, 1),
-            "requests": num_requests, "max_tokens": max_tokens, "replicas": stats,
-            "same_greedy_tokens": all(tokens == same[0] for tokens in same)}
+        stats = [
+            replica_stats(httpx.get(base + "/metrics", timeout=30).text, engine)
+            for base, engine in targets
+        ]
+    return {
+        "mode": mode,
+        "startup_s": round(up_s, 1),
+        "load_s": round(load_s, 1),
+        "requests": num_requests,
+        "max_tokens": max_tokens,
+        "replicas": stats,
+        "same_greedy_tokens": all(tokens == same[0] for tokens in same),
+    }
 
 
 def main(argv=None) -> int:
@@ -114,17 +143,22 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="write the JSON result here")
     args = parser.parse_args(argv)
     result = run(args.mode, args.requests, args.max_tokens, args.log_dir)
-    print(f"mode {result['mode']}: up in {result['startup_s']} s, {result['requests']} requests "
-          f"x {result['max_tokens']} tokens in {result['load_s']} s")
+    print(
+        f"mode {result['mode']}: up in {result['startup_s']} s, {result['requests']} requests "
+        f"x {result['max_tokens']} tokens in {result['load_s']} s"
+    )
     for i, stats in enumerate(result["replicas"]):
         tau = f"{stats['tau']:.3f}" if stats["tau"] else "-"
-        print(f"  replica {i}: {stats['requests']:.0f} requests finished, {stats['drafts']:.0f} "
-              f"drafts, {stats['accepted']:.0f} accepted, tau {tau}")
+        print(
+            f"  replica {i}: {stats['requests']:.0f} requests finished, {stats['drafts']:.0f} "
+            f"drafts, {stats['accepted']:.0f} accepted, tau {tau}"
+        )
     print(f"same greedy tokens on every replica: {result['same_greedy_tokens']}")
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
     ok = result["same_greedy_tokens"] and all(
-        s["requests"] > 0 and s["drafts"] > 0 for s in result["replicas"])
+        s["requests"] > 0 and s["drafts"] > 0 for s in result["replicas"]
+    )
     return 0 if ok else 1
 
 

@@ -27,8 +27,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--per-round", type=int, default=16)
-    parser.add_argument("--first-length", type=int, default=40,
-                        help="shortest prompt (tokens, chat template included roughly)")
+    parser.add_argument(
+        "--first-length",
+        type=int,
+        default=40,
+        help="shortest prompt (tokens, chat template included roughly)",
+    )
     args = parser.parse_args()
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from vllm import SamplingParams, TokensPrompt
@@ -42,8 +46,11 @@ def main() -> None:
 
     def prefill(lengths: list[int]) -> float:
         for length in lengths:  # one request per step: M = length exactly
-            llm.generate([TokensPrompt(prompt_token_ids=[100 + i % 500 for i in range(length)])],
-                         params, use_tqdm=False)
+            llm.generate(
+                [TokensPrompt(prompt_token_ids=[100 + i % 500 for i in range(length)])],
+                params,
+                use_tqdm=False,
+            )
         return process.memory_info().rss / 2**20
 
     first = list(range(args.first_length, args.first_length + args.per_round))
@@ -52,9 +59,12 @@ def main() -> None:
     for r in range(args.rounds):
         lengths = [length + r * args.per_round for length in first]
         rss = prefill(lengths)
-        print(f"round {r + 1}: {args.per_round} new token counts {lengths[0]}..{lengths[-1]} "
-              f"({(r + 1) * args.per_round} distinct so far): RSS {rss:.1f} MiB "
-              f"(+{rss - start:.1f})", flush=True)
+        print(
+            f"round {r + 1}: {args.per_round} new token counts {lengths[0]}..{lengths[-1]} "
+            f"({(r + 1) * args.per_round} distinct so far): RSS {rss:.1f} MiB "
+            f"(+{rss - start:.1f})",
+            flush=True,
+        )
     rss = prefill(first)
     print(f"first round's token counts again: RSS {rss:.1f} MiB (+{rss - start:.1f})")
 

@@ -20,6 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
+
 def child(config_json: str) -> None:
     """Run one training job and print its result as one JSON line."""
     import torch
@@ -29,10 +30,19 @@ def child(config_json: str) -> None:
     fields = json.loads(config_json)
     torch.set_num_threads(fields.pop("threads"))
     result = train(TrainConfig(**fields))
-    print("RESULT " + json.dumps({
-        "steps": result.steps, "tokens": result.tokens_seen, "seconds": result.train_seconds,
-        "tokens_per_s": result.tokens_per_second, "peak_bytes": result.peak_memory_bytes,
-        "start_bytes": result.start_memory_bytes}))
+    print(
+        "RESULT "
+        + json.dumps(
+            {
+                "steps": result.steps,
+                "tokens": result.tokens_seen,
+                "seconds": result.train_seconds,
+                "tokens_per_s": result.tokens_per_second,
+                "peak_bytes": result.peak_memory_bytes,
+                "start_bytes": result.start_memory_bytes,
+            }
+        )
+    )
 
 
 def run_child(fields: dict) -> dict:
@@ -41,17 +51,30 @@ def run_child(fields: dict) -> dict:
     lines = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
     if done.returncode != 0 or not lines:
         raise SystemExit(f"benchmark child failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
-    return json.loads(lines[-1][len("RESULT "):])
+    return json.loads(lines[-1][len("RESULT ") :])
 
 
 def base_fields(args: argparse.Namespace, work: Path) -> dict:
     from vllm_clover.assets.target import fetch_reference_target
 
-    return dict(target=str(fetch_reference_target()), data=args.data, out=str(work / "out"),
-                max_samples=args.samples, max_seq_len=args.max_seq_len, eval_fraction=0.0,
-                batch_size=args.batch_size, max_tokens=args.max_tokens, epochs=100,
-                cache_dir=args.cache_dir or str(work / "cache"), eval_every=0, save_every=0,
-                progress=False, threads=args.threads, device=args.device, overwrite=True)
+    return dict(
+        target=str(fetch_reference_target()),
+        data=args.data,
+        out=str(work / "out"),
+        max_samples=args.samples,
+        max_seq_len=args.max_seq_len,
+        eval_fraction=0.0,
+        batch_size=args.batch_size,
+        max_tokens=args.max_tokens,
+        epochs=100,
+        cache_dir=args.cache_dir or str(work / "cache"),
+        eval_every=0,
+        save_every=0,
+        progress=False,
+        threads=args.threads,
+        device=args.device,
+        overwrite=True,
+    )
 
 
 def fill_cache(fields: dict) -> float:
@@ -62,8 +85,9 @@ def fill_cache(fields: dict) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--data", help="data file (default: bundled ShareGPT)")
     parser.add_argument("--samples", type=int, default=12, help="conversations to use")
@@ -71,8 +95,9 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=2000, help="tokens per variant")
     parser.add_argument("--draft-vocab-size", type=int, default=8192)
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch intra-op threads (1: robust on a shared CPU)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch intra-op threads (1: robust on a shared CPU)"
+    )
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--cache-dir", help="reuse a hidden-state cache root")
     parser.add_argument("--json", help="also write the results here")
@@ -83,24 +108,34 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="clover-bench-") as tmp:
         fields = base_fields(args, Path(tmp))
         cache_seconds = fill_cache(fields)
-        variants = {"clover, full vocab": {},
-                    f"clover, draft vocab {args.draft_vocab_size}":
-                        {"draft_vocab_size": args.draft_vocab_size},
-                    "medusa, full vocab": {"medusa": True}}
-        results = {name: run_child({**fields, **overrides})
-                   for name, overrides in variants.items()}
-    print(f"reference target, {args.samples} conversations x <= {args.max_seq_len} tokens, "
-          f"batch {args.batch_size}, {args.threads} thread(s), device {args.device}; "
-          f"cache fill + 1 step: {cache_seconds:.1f} s")
+        variants = {
+            "clover, full vocab": {},
+            f"clover, draft vocab {args.draft_vocab_size}": {
+                "draft_vocab_size": args.draft_vocab_size
+            },
+            "medusa, full vocab": {"medusa": True},
+        }
+        results = {name: run_child({**fields, **overrides}) for name, overrides in variants.items()}
+    print(
+        f"reference target, {args.samples} conversations x <= {args.max_seq_len} tokens, "
+        f"batch {args.batch_size}, {args.threads} thread(s), device {args.device}; "
+        f"cache fill + 1 step: {cache_seconds:.1f} s"
+    )
     print("| variant | steps | tokens | tokens/s | peak RSS (GiB) | RSS at start (GiB) |")
     print("|---|---|---|---|---|---|")
     for name, r in results.items():
         peak, start = ((r[k] or 0) / 2**30 for k in ("peak_bytes", "start_bytes"))
-        print(f"| {name} | {r['steps']} | {r['tokens']} | {r['tokens_per_s']:.0f} | "
-              f"{peak:.2f} | {start:.2f} |")
+        print(
+            f"| {name} | {r['steps']} | {r['tokens']} | {r['tokens_per_s']:.0f} | "
+            f"{peak:.2f} | {start:.2f} |"
+        )
     if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "cache_seconds": cache_seconds,
-                                               "results": results}, indent=2) + "\n")
+        Path(args.json).write_text(
+            json.dumps(
+                {"args": vars(args), "cache_seconds": cache_seconds, "results": results}, indent=2
+            )
+            + "\n"
+        )
 
 
 if __name__ == "__main__":

@@ -38,13 +38,13 @@ def main() -> None:
         # "num_speculative_tokens": K is optional; the default is every trained head.
         speculative_config={"method": "clover", "model": args.heads},
         max_model_len=2048,
-        dtype="float32",          # CPU: this small model answers best in float32 (GPU: drop)
-        enforce_eager=True,       # CPU: fast start (GPU: drop it to get CUDA graphs)
+        dtype="float32",  # CPU: this small model answers best in float32 (GPU: drop)
+        enforce_eager=True,  # CPU: fast start (GPU: drop it to get CUDA graphs)
         disable_log_stats=False,  # keep the spec-decode counters for get_metrics()
     )
     chats = [[{"role": "user", "content": prompt}] for prompt in PROMPTS]
     outputs = llm.chat(chats, SamplingParams(temperature=0.0, max_tokens=96))
-    for prompt, output in zip(PROMPTS, outputs):
+    for prompt, output in zip(PROMPTS, outputs, strict=True):
         print(f"\n>>> {prompt}\n{output.outputs[0].text.strip()}")
 
     counters = {m.name: m for m in llm.get_metrics() if m.name.startswith("vllm:spec_decode")}
@@ -53,8 +53,9 @@ def main() -> None:
     proposed = counters["vllm:spec_decode_num_draft_tokens"].value
     per_position = counters["vllm:spec_decode_num_accepted_tokens_per_pos"].values
     print(f"\nspeculative decoding: {drafts} drafts, {accepted}/{proposed} draft tokens accepted")
-    print("acceptance rate per draft position:",
-          ", ".join(f"{n / drafts:.2f}" for n in per_position))
+    print(
+        "acceptance rate per draft position:", ", ".join(f"{n / drafts:.2f}" for n in per_position)
+    )
     print(f"mean acceptance length tau = 1 + accepted/drafts = {1 + accepted / drafts:.2f}")
 
 

@@ -3,7 +3,7 @@
 Start a server first (or run examples/serve_and_chat.sh, which does all of this):
 
     vllm-clover serve smollm2-135m-instruct --port 8000 --dtype float32 --enforce-eager \\
-        --speculative-config '{"method": "clover", "model": "checkpoints/smollm2-135m-instruct-clover", "num_speculative_tokens": 4}'
+        --spec-method clover --spec-model checkpoints/smollm2-135m-instruct-clover --spec-tokens 4
 
 then:
 
@@ -45,16 +45,20 @@ def main() -> None:
 
     question = "What is the capital of France?"
     reply = client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": question}],
-        temperature=0, max_tokens=64)
+        model=model, messages=[{"role": "user", "content": question}], temperature=0, max_tokens=64
+    )
     print(f"\n>>> {question}\n{reply.choices[0].message.content}")
     print(f"({reply.usage.completion_tokens} tokens)")
 
     question = "Write a short poem about speculative decoding."
     print(f"\n>>> {question} (streamed)")
     stream = client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": question}],
-        temperature=0, max_tokens=96, stream=True)
+        model=model,
+        messages=[{"role": "user", "content": question}],
+        temperature=0,
+        max_tokens=96,
+        stream=True,
+    )
     for chunk in stream:
         if chunk.choices and chunk.choices[0].delta.content:
             print(chunk.choices[0].delta.content, end="", flush=True)
@@ -65,9 +69,11 @@ def main() -> None:
         print("\nno drafts on /metrics: is the server running with --speculative-config?")
         return
     tau = 1 + counters["num_accepted_tokens"] / counters["num_drafts"]
-    print(f"\nserver /metrics: {counters['num_drafts']:.0f} drafts, "
-          f"{counters['num_accepted_tokens']:.0f}/{counters['num_draft_tokens']:.0f} draft "
-          f"tokens accepted, mean acceptance length tau = {tau:.2f}")
+    print(
+        f"\nserver /metrics: {counters['num_drafts']:.0f} drafts, "
+        f"{counters['num_accepted_tokens']:.0f}/{counters['num_draft_tokens']:.0f} draft "
+        f"tokens accepted, mean acceptance length tau = {tau:.2f}"
+    )
 
 
 if __name__ == "__main__":

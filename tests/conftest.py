@@ -14,8 +14,8 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import make_untrained_clover
 
+from helpers import make_untrained_clover
 from vllm_clover.assets.data import fetch_mtbench, fetch_sharegpt
 from vllm_clover.assets.target import fetch_reference_target
 from vllm_clover.bundled import FULL_CLOVER_HEADS

@@ -29,9 +29,16 @@ D, V, K = 32, 120, 3  # hidden, vocab, heads of the tiny networks
 
 def tiny_config(**overrides) -> CloverConfig:
     """A tiny Clover config (D = 32, V = 120, K = 3, 4 attention heads, 2 KV heads)."""
-    fields = dict(hidden_size=D, vocab_size=V, num_heads=K, num_attention_heads=4,
-                  num_key_value_heads=2, intermediate_size=48, decoder_num_heads=4,
-                  rope_theta=1e3)
+    fields = dict(
+        hidden_size=D,
+        vocab_size=V,
+        num_heads=K,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=48,
+        decoder_num_heads=4,
+        rope_theta=1e3,
+    )
     return CloverConfig(**{**fields, **overrides})
 
 
@@ -44,8 +51,9 @@ def randomize(model: torch.nn.Module, seed: int, scale: float = 0.2) -> None:
             p.copy_(scale * torch.randn(p.shape, generator=gen) + (1.0 if p.dim() == 1 else 0.0))
 
 
-def random_clover(cfg: CloverConfig, seed: int = 0, scale: float = 0.2
-                  ) -> tuple[CloverModel, torch.Tensor]:
+def random_clover(
+    cfg: CloverConfig, seed: int = 0, scale: float = 0.2
+) -> tuple[CloverModel, torch.Tensor]:
     """A CloverModel with random weights, a random draft vocabulary (if configured) and its
     random target LM head (V, D), attached."""
     torch.manual_seed(seed)
@@ -67,16 +75,23 @@ def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 30
     Returns stdout+stderr; fails the test with that output on a non-zero exit.
     """
     full_env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", **(env or {})}
-    result = subprocess.run([sys.executable, "-c", code], env=full_env, cwd=REPO,
-                            capture_output=True, text=True, timeout=timeout)
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        env=full_env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     output = result.stdout + result.stderr
     if result.returncode != 0:
         pytest.fail(f"child exited {result.returncode}:\n{output[-6000:]}")
     return output
 
 
-def make_untrained_clover(target_dir: Path, out_dir: Path, num_heads: int = 4,
-                          draft_vocab_size: int | None = None) -> Path:
+def make_untrained_clover(
+    target_dir: Path, out_dir: Path, num_heads: int = 4, draft_vocab_size: int | None = None
+) -> Path:
     """Clover heads for the reference target with random (seeded) head weights.
 
     The Augmenting Block starts as a copy of the target's last layer, the head blocks and
@@ -90,15 +105,20 @@ def make_untrained_clover(target_dir: Path, out_dir: Path, num_heads: int = 4,
     from vllm_clover.modeling import CloverConfig, CloverModel, save_clover, select_last_layers
 
     state = load_file(str(target_dir / "model.safetensors"))
-    config = CloverConfig.from_target_config(AutoConfig.from_pretrained(target_dir),
-                                             target_name="smollm2-135m-instruct",
-                                             num_heads=num_heads, draft_vocab_size=draft_vocab_size)
+    config = CloverConfig.from_target_config(
+        AutoConfig.from_pretrained(target_dir),
+        target_name="smollm2-135m-instruct",
+        num_heads=num_heads,
+        draft_vocab_size=draft_vocab_size,
+    )
     torch.manual_seed(0)
     model = CloverModel(config)
-    layers = {k[len("model."):]: v.float() for k, v in state.items()
-              if k.startswith("model.layers.")}
-    model.augmenting.init_from_target(select_last_layers(layers, 1),
-                                      state["model.norm.weight"].float())
+    layers = {
+        k[len("model.") :]: v.float() for k, v in state.items() if k.startswith("model.layers.")
+    }
+    model.augmenting.init_from_target(
+        select_last_layers(layers, 1), state["model.norm.weight"].float()
+    )
     with torch.no_grad():
         for block in model.heads.blocks:
             block.layers[0].weight.normal_(0, 0.02)
@@ -117,9 +137,13 @@ def in_process_llm(model: Path, **engine_args):
     """
     import gc
 
-    saved = {k: os.environ.get(k) for k in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_KVCACHE_SPACE")}
-    os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0",
-                      VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
+    saved = {
+        k: os.environ.get(k) for k in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_KVCACHE_SPACE")
+    }
+    os.environ.update(
+        VLLM_ENABLE_V1_MULTIPROCESSING="0",
+        VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+    )
     from vllm_clover.engine import start_llm
 
     llm = None
@@ -158,13 +182,28 @@ def running_server(log_path: Path, extra_args=(), max_model_len: int = 1024):
     group is killed, so no engine process outlives the test even if the API server is gone.
     """
     port = free_port()
-    command = [sys.executable, "-m", "vllm_clover.cli", "serve", "smollm2-135m-instruct",
-               "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-               "--enforce-eager", "--max-model-len", str(max_model_len), *extra_args]
+    command = [
+        sys.executable,
+        "-m",
+        "vllm_clover.cli",
+        "serve",
+        "smollm2-135m-instruct",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--max-model-len",
+        str(max_model_len),
+        *extra_args,
+    ]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     with open(log_path, "w") as log:
-        process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(
+            command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + SERVER_STARTUP_TIMEOUT_S

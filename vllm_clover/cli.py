@@ -1,12 +1,12 @@
 """The `vllm-clover` command.
 
-    vllm-clover fetch {smollm2-135m-instruct,sharegpt,mt-bench,all} [--cache-dir DIR] [--force]
-    vllm-clover serve MODEL [any `vllm serve` argument ...]
-    vllm-clover demo [--num-prompts N] [--max-tokens N]
-    vllm-clover bench [--quick] [--out DIR] [--clover NAME=DIR ...] [options]
-    vllm-clover train --target DIR_OR_ID --out DIR [--data FILE] [options]   (also under torchrun)
-    vllm-clover generate-data --target DIR_OR_ID --out FILE.jsonl [--data FILE] [options]
-    vllm-clover eval-heads --target DIR_OR_ID --heads DIR [DIR ...] [--data FILE] [options]
+vllm-clover fetch {smollm2-135m-instruct,sharegpt,mt-bench,all} [--cache-dir DIR] [--force]
+vllm-clover serve MODEL [any `vllm serve` argument ...]
+vllm-clover demo [--num-prompts N] [--max-tokens N]
+vllm-clover bench [--quick] [--out DIR] [--clover NAME=DIR ...] [options]
+vllm-clover train --target DIR_OR_ID --out DIR [--data FILE] [options]   (also under torchrun)
+vllm-clover generate-data --target DIR_OR_ID --out FILE.jsonl [--data FILE] [options]
+vllm-clover eval-heads --target DIR_OR_ID --heads DIR [DIR ...] [--data FILE] [options]
 """
 
 from __future__ import annotations
@@ -38,49 +38,75 @@ FETCHERS: dict[str, Callable[..., Path]] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vllm-clover", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="vllm-clover",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
     fetch = commands.add_parser("fetch", help="download, verify and cache offline assets")
     fetch.add_argument("assets", nargs="+", choices=[*FETCHERS, "all"])
-    fetch.add_argument("--cache-dir", help="cache root (default: $CLOVER_CACHE_DIR or "
-                       "~/.cache/vllm-clover)")
+    fetch.add_argument(
+        "--cache-dir", help="cache root (default: $CLOVER_CACHE_DIR or ~/.cache/vllm-clover)"
+    )
     fetch.add_argument("--force", action="store_true", help="rebuild even if cached")
 
     # Parsed by vLLM itself (see main); listed here for --help only.
-    commands.add_parser("serve", help="start vLLM's OpenAI-compatible server "
-                        "(all `vllm serve` arguments; try `vllm-clover serve --help`)",
-                        add_help=False)
+    commands.add_parser(
+        "serve",
+        help="start vLLM's OpenAI-compatible server "
+        "(all `vllm serve` arguments; try `vllm-clover serve --help`)",
+        add_help=False,
+    )
 
-    demo = commands.add_parser("demo", help="Clover vs vanilla on MT-Bench with the reference "
-                               "target: output equality, acceptance, speedup")
+    demo = commands.add_parser(
+        "demo",
+        help="Clover vs vanilla on MT-Bench with the reference "
+        "target: output equality, acceptance, speedup",
+    )
     demo.add_argument("--num-prompts", type=int, default=8)
     demo.add_argument("--max-tokens", type=int, default=128)
     demo.add_argument("--batch-size", type=int, default=1, help="vLLM max_num_seqs")
     demo.add_argument("--heads", help="Clover checkpoint (default: the bundled reference heads)")
     demo.add_argument("--cache-dir")
-    bench = commands.add_parser("bench", help="vanilla, ngram, Medusa and Clover through vLLM "
-                                "on the same prompts: throughput, tau, acceptance, equality")
+    bench = commands.add_parser(
+        "bench",
+        help="vanilla, ngram, Medusa and Clover through vLLM "
+        "on the same prompts: throughput, tau, acceptance, equality",
+    )
     add_bench_arguments(bench)
     add_training_commands(commands)
 
-    export = commands.add_parser("export-medusa", help="write Medusa-configured heads (train "
-                                 "--medusa) in vLLM's native Medusa format")
+    add_export_medusa_command(commands)
+    return parser
+
+
+def add_export_medusa_command(commands: argparse._SubParsersAction) -> None:
+    """`export-medusa`: training/medusa_export.py."""
+    export = commands.add_parser(
+        "export-medusa",
+        help="write Medusa-configured heads (train --medusa) in vLLM's native Medusa format",
+    )
     export.add_argument("--heads", required=True, help="checkpoint written by train --medusa")
     export.add_argument("--target", required=True, help="the target they were trained for")
     export.add_argument("--out", required=True)
-    export.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"),
-                        help="dtype of the written weights (vLLM casts to the serving dtype)")
+    export.add_argument(
+        "--dtype",
+        default="bfloat16",
+        choices=("float32", "bfloat16"),
+        help="dtype of the written weights (vLLM casts to the serving dtype)",
+    )
     export.add_argument("--overwrite", action="store_true")
-    return parser
 
 
 def add_training_commands(commands: argparse._SubParsersAction) -> None:
     """`train`, `generate-data`, `eval-heads`: one flag per config field (training/config.py)."""
-    helps = {"train": (TrainConfig, "distil Clover (or --medusa) heads from a frozen target"),
-             "generate-data": (GenerateConfig, "regenerate assistant turns with the target"),
-             "eval-heads": (EvalConfig, "offline head accuracy and chain acceptance")}
+    helps = {
+        "train": (TrainConfig, "distil Clover (or --medusa) heads from a frozen target"),
+        "generate-data": (GenerateConfig, "regenerate assistant turns with the target"),
+        "eval-heads": (EvalConfig, "offline head accuracy and chain acceptance"),
+    }
     for name, (cls, text) in helps.items():
         add_arguments(commands.add_parser(name, help=text, description=text), cls)
 
@@ -90,8 +116,10 @@ def run_training_command(args: argparse.Namespace) -> None:
         from vllm_clover.training.trainer import train
 
         result = train(from_args(args, TrainConfig))
-        print(f"{result.steps} steps, {result.tokens_seen} tokens, "
-              f"{result.tokens_per_second:.0f} tokens/s -> {result.out or 'stopped (resumable)'}")
+        print(
+            f"{result.steps} steps, {result.tokens_seen} tokens, "
+            f"{result.tokens_per_second:.0f} tokens/s -> {result.out or 'stopped (resumable)'}"
+        )
     elif args.command == "generate-data":
         from vllm_clover.training.generate_data import generate_data
 
@@ -122,8 +150,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "export-medusa":
             from vllm_clover.training.medusa_export import export_medusa_command
 
-            out = export_medusa_command(args.heads, args.target, args.out, args.overwrite,
-                                        args.dtype)
+            out = export_medusa_command(
+                args.heads, args.target, args.out, args.overwrite, args.dtype
+            )
             print(f"wrote vLLM Medusa heads to {out}")
         elif args.command == "demo":
             from vllm_clover.demo import run_demo

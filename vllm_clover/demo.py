@@ -11,8 +11,8 @@ from pathlib import Path
 
 from vllm_clover.assets.data import fetch_mtbench, mtbench_questions
 from vllm_clover.assets.target import fetch_reference_target
-from vllm_clover.bundled import REFERENCE_HEADS
 from vllm_clover.bench.measure import Run, engine, identical_outputs, timed_chat
+from vllm_clover.bundled import REFERENCE_HEADS
 
 SANITY_QUESTION = "What is the capital of France?"
 SANITY_ANSWER = "Paris"
@@ -24,7 +24,9 @@ def generate(target: Path, chats: list, max_tokens: int, batch_size: int, spec=N
 
     greedy = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     with engine(target, spec, batch_size) as llm:
-        llm.chat(chats[:1], SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)  # warm-up
+        llm.chat(
+            chats[:1], SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False
+        )  # warm-up
         run = timed_chat(llm, chats, greedy)
         sanity = llm.chat([{"role": "user", "content": SANITY_QUESTION}], greedy, use_tqdm=False)
     if SANITY_ANSWER not in sanity[0].outputs[0].text:
@@ -38,28 +40,41 @@ def report(vanilla: Run, clover: Run, num_heads: int) -> None:
     same = identical_outputs(vanilla.tokens, clover.tokens)
     print(f"\ngreedy outputs identical to vanilla: {same}/{len(vanilla.tokens)} prompts")
     if counters.drafts:
-        print(f"mean acceptance length tau = 1 + accepted/drafts = {counters.tau:.2f} "
-              f"tokens per step (K = {num_heads} drafts)")
+        print(
+            f"mean acceptance length tau = 1 + accepted/drafts = {counters.tau:.2f} "
+            f"tokens per step (K = {num_heads} drafts)"
+        )
         rates = ", ".join(f"{rate:.2f}" for rate in counters.acceptance_rates)
         print(f"acceptance rate per draft position: {rates}")
-    print(f"vanilla: {vanilla.tokens_per_second:6.1f} tokens/s\n"
-          f"clover : {clover.tokens_per_second:6.1f} tokens/s  "
-          f"(speedup {clover.tokens_per_second / vanilla.tokens_per_second:.2f}x, same run)")
+    print(
+        f"vanilla: {vanilla.tokens_per_second:6.1f} tokens/s\n"
+        f"clover : {clover.tokens_per_second:6.1f} tokens/s  "
+        f"(speedup {clover.tokens_per_second / vanilla.tokens_per_second:.2f}x, same run)"
+    )
 
 
-def run_demo(num_prompts: int, max_tokens: int, cache_dir: str | None = None,
-             heads: str | None = None, batch_size: int = 1) -> None:
+def run_demo(
+    num_prompts: int,
+    max_tokens: int,
+    cache_dir: str | None = None,
+    heads: str | None = None,
+    batch_size: int = 1,
+) -> None:
     target = fetch_reference_target(cache_dir)
     questions = mtbench_questions(fetch_mtbench(cache_dir))[:num_prompts]
     chats = [[{"role": "user", "content": q.turns[0]}] for q in questions]
     heads_dir = Path(heads) if heads else REFERENCE_HEADS
-    print(f"reference target: {target}\n{len(chats)} MT-Bench prompts, {max_tokens} new tokens "
-          f"each, batch size {batch_size}, greedy, float32")
+    print(
+        f"reference target: {target}\n{len(chats)} MT-Bench prompts, {max_tokens} new tokens "
+        f"each, batch size {batch_size}, greedy, float32"
+    )
     vanilla = generate(target, chats, max_tokens, batch_size)
     print(f"sanity: {SANITY_QUESTION!r} -> contains {SANITY_ANSWER!r} [ok]")
     if not (heads_dir / "config.json").is_file():
-        print(f"\nno Clover heads at {heads_dir} (pass --heads DIR): vanilla only, "
-              f"{vanilla.tokens_per_second:.1f} tokens/s")
+        print(
+            f"\nno Clover heads at {heads_dir} (pass --heads DIR): vanilla only, "
+            f"{vanilla.tokens_per_second:.1f} tokens/s"
+        )
         return
     from vllm_clover.modeling.checkpoint import load_clover_config
 

@@ -38,8 +38,9 @@ def register() -> None:
     apply_patches()
     AutoConfig.register("clover", CloverConfig, exist_ok=True)
     if CLOVER_ARCHITECTURE not in ModelRegistry.get_supported_archs():
-        ModelRegistry.register_model(CLOVER_ARCHITECTURE,
-                                     "vllm_clover.integration.model:CloverDraftModel")
+        ModelRegistry.register_model(
+            CLOVER_ARCHITECTURE, "vllm_clover.integration.model:CloverDraftModel"
+        )
     logger.info(
         "vllm-clover %s active (vLLM %s, process %s, pid %d)",
         __version__,

@@ -28,8 +28,8 @@ import sys
 
 from vllm_clover.assets.data import mtbench_questions
 from vllm_clover.assets.target import REFERENCE_TARGET, fetch_reference_target
-from vllm_clover.bundled import REFERENCE_HEADS
 from vllm_clover.bench.measure import Counters, counters_from_metrics
+from vllm_clover.bundled import REFERENCE_HEADS
 
 # Largest top-2 logprob gap (nats) that counts as a tie, per dtype: float32 logits are exact
 # to ~1e-6; bfloat16/float16 ones to 1/128 resp. 1/1024 of their size (logits of 16-32 are
@@ -37,35 +37,54 @@ from vllm_clover.bench.measure import Counters, counters_from_metrics
 # (bf16 on CPU: Clover/vanilla differences began at gaps 0, 0.0625, 0.125; docs/gpu.md).
 NEAR_TIE = {"float32": 1e-4, "bfloat16": 0.25, "float16": 0.05}
 DEVICE_DEFAULTS = {
-    "cuda": {"num_prompts": 32, "max_tokens": 128, "batch_sizes": [1, 8, 32],
-             "engine": {"dtype": "auto", "enforce_eager": False}},
-    "cpu": {"num_prompts": 8, "max_tokens": 64, "batch_sizes": [1, 4],
-            "engine": {"dtype": "float32", "enforce_eager": True}},
+    "cuda": {
+        "num_prompts": 32,
+        "max_tokens": 128,
+        "batch_sizes": [1, 8, 32],
+        "engine": {"dtype": "auto", "enforce_eager": False},
+    },
+    "cpu": {
+        "num_prompts": 8,
+        "max_tokens": 64,
+        "batch_sizes": [1, 4],
+        "engine": {"dtype": "float32", "enforce_eager": True},
+    },
 }
 
 
 def parse_args(device: str) -> argparse.Namespace:
     defaults = DEVICE_DEFAULTS[device]
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--target", default=REFERENCE_TARGET,
-                        help="target model (default: the bundled reference target)")
+    parser.add_argument(
+        "--target",
+        default=REFERENCE_TARGET,
+        help="target model (default: the bundled reference target)",
+    )
     parser.add_argument("--heads", default=str(REFERENCE_HEADS), help="Clover checkpoint")
-    parser.add_argument("--num-speculative-tokens", type=int,
-                        help="K (default: every trained head)")
+    parser.add_argument(
+        "--num-speculative-tokens", type=int, help="K (default: every trained head)"
+    )
     parser.add_argument("--num-prompts", type=int, default=defaults["num_prompts"])
     parser.add_argument("--max-tokens", type=int, default=defaults["max_tokens"])
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=defaults["batch_sizes"])
-    parser.add_argument("--dtype", default=defaults["engine"]["dtype"],
-                        help="vLLM dtype (default: %(default)s on this device)")
-    parser.add_argument("--enforce-eager", action="store_true",
-                        default=defaults["engine"]["enforce_eager"],
-                        help="no torch.compile / CUDA graphs (always on for CPU)")
+    parser.add_argument(
+        "--dtype",
+        default=defaults["engine"]["dtype"],
+        help="vLLM dtype (default: %(default)s on this device)",
+    )
+    parser.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        default=defaults["engine"]["enforce_eager"],
+        help="no torch.compile / CUDA graphs (always on for CPU)",
+    )
     parser.add_argument("--min-tau", type=float, default=1.0)
     return parser.parse_args()
 
 
-def run_engine(target: str, spec: dict | None, chats: list, args: argparse.Namespace,
-               with_gaps: bool) -> tuple[dict, str, Counters]:
+def run_engine(
+    target: str, spec: dict | None, chats: list, args: argparse.Namespace, with_gaps: bool
+) -> tuple[dict, str, Counters]:
     """Start an engine, generate `chats` at every batch size, shut the engine down.
 
     Returns {batch size: (token ids, top-2 gaps or None)}, the dtype the engine ran in and
@@ -73,8 +92,14 @@ def run_engine(target: str, spec: dict | None, chats: list, args: argparse.Names
     """
     from vllm_clover.engine import start_llm
 
-    llm = start_llm(target, speculative_config=spec, max_num_seqs=max(args.batch_sizes),
-                    dtype=args.dtype, enforce_eager=args.enforce_eager, disable_log_stats=False)
+    llm = start_llm(
+        target,
+        speculative_config=spec,
+        max_num_seqs=max(args.batch_sizes),
+        dtype=args.dtype,
+        enforce_eager=args.enforce_eager,
+        disable_log_stats=False,
+    )
     dtype = str(llm.llm_engine.model_config.dtype).removeprefix("torch.")
     before = counters_from_metrics(llm.get_metrics())
     results = {b: generate(llm, chats, b, args.max_tokens, with_gaps) for b in args.batch_sizes}
@@ -91,11 +116,12 @@ def generate(llm, chats: list, batch_size: int, max_tokens: int, with_gaps: bool
     from vllm import SamplingParams
 
     llm.reset_prefix_cache()  # every batch size prefills from scratch
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens,
-                            logprobs=2 if with_gaps else None)
+    params = SamplingParams(
+        temperature=0.0, max_tokens=max_tokens, logprobs=2 if with_gaps else None
+    )
     outputs = []
     for start in range(0, len(chats), batch_size):
-        outputs += llm.chat(chats[start:start + batch_size], params, use_tqdm=False)
+        outputs += llm.chat(chats[start : start + batch_size], params, use_tqdm=False)
     tokens = [list(o.outputs[0].token_ids) for o in outputs]
     if not with_gaps:
         return tokens, None
@@ -113,8 +139,10 @@ def classify(vanilla: list[int], clover: list[int], gaps: list[float], tie: floa
     """'identical', 'near-tie at token i (...)' or 'DIVERGED at token i (...)'."""
     if vanilla == clover:
         return "identical"
-    first = next((i for i, (a, b) in enumerate(zip(vanilla, clover)) if a != b),
-                 min(len(vanilla), len(clover)))
+    first = next(
+        (i for i, (a, b) in enumerate(zip(vanilla, clover, strict=False)) if a != b),
+        min(len(vanilla), len(clover)),
+    )
     gap = gaps[first] if first < len(gaps) else float("inf")
     kind = "near-tie" if gap < tie else "DIVERGED"
     return f"{kind} at token {first} (vanilla top-2 logprob gap {gap:.3g})"
@@ -125,7 +153,10 @@ def check_equivalence(vanilla: dict, clover: dict, dtype: str) -> bool:
     tie = NEAR_TIE.get(dtype, NEAR_TIE["bfloat16"])
     verdicts = []
     for batch_size, (tokens, gaps) in vanilla.items():
-        batch = [classify(v, c, g, tie) for v, c, g in zip(tokens, clover[batch_size][0], gaps)]
+        batch = [
+            classify(v, c, g, tie)
+            for v, c, g in zip(tokens, clover[batch_size][0], gaps, strict=True)
+        ]
         print(f"batch size {batch_size:3d}: {batch.count('identical')}/{len(batch)} identical")
         for prompt, verdict in enumerate(batch):
             if verdict != "identical":
@@ -134,8 +165,10 @@ def check_equivalence(vanilla: dict, clover: dict, dtype: str) -> bool:
     identical = verdicts.count("identical")
     ties = sum(v.startswith("near-tie") for v in verdicts)
     diverged = len(verdicts) - identical - ties
-    print(f"\n{'FAIL' if diverged else 'PASS'} equivalence ({dtype}): {identical}/{len(verdicts)} "
-          f"identical, {ties} near-ties (top-2 gap < {tie:g}), {diverged} diverged")
+    print(
+        f"\n{'FAIL' if diverged else 'PASS'} equivalence ({dtype}): {identical}/{len(verdicts)} "
+        f"identical, {ties} near-ties (top-2 gap < {tie:g}), {diverged} diverged"
+    )
     return not diverged
 
 
@@ -143,9 +176,11 @@ def check_acceptance(counters: Counters, min_tau: float) -> bool:
     """Print the PASS/FAIL line for tau; True if tau > min_tau."""
     tau = counters.tau or 1.0
     rates = ", ".join(f"{rate:.2f}" for rate in counters.acceptance_rates)
-    print(f"{'PASS' if tau > min_tau else 'FAIL'} acceptance: tau = {tau:.3f} "
-          f"(needs > {min_tau:g}; {counters.accepted}/{counters.draft_tokens} draft tokens "
-          f"accepted in {counters.drafts} drafts; per position {rates or '-'})")
+    print(
+        f"{'PASS' if tau > min_tau else 'FAIL'} acceptance: tau = {tau:.3f} "
+        f"(needs > {min_tau:g}; {counters.accepted}/{counters.draft_tokens} draft tokens "
+        f"accepted in {counters.drafts} drafts; per position {rates or '-'})"
+    )
     return tau > min_tau
 
 
@@ -162,10 +197,13 @@ def main() -> int:
     spec = {"method": "clover", "model": args.heads}
     if args.num_speculative_tokens:
         spec["num_speculative_tokens"] = args.num_speculative_tokens
-    print(f"device {device}, dtype {args.dtype}, "
-          f"{'eager' if args.enforce_eager else 'compiled, CUDA graphs where supported'}\n"
-          f"target {target}\nheads {args.heads}\n{len(chats)} MT-Bench prompts x up to "
-          f"{args.max_tokens} tokens, greedy, batch sizes {args.batch_sizes}", flush=True)
+    print(
+        f"device {device}, dtype {args.dtype}, "
+        f"{'eager' if args.enforce_eager else 'compiled, CUDA graphs where supported'}\n"
+        f"target {target}\nheads {args.heads}\n{len(chats)} MT-Bench prompts x up to "
+        f"{args.max_tokens} tokens, greedy, batch sizes {args.batch_sizes}",
+        flush=True,
+    )
 
     vanilla, dtype, _ = run_engine(target, None, chats, args, with_gaps=True)
     clover, _, counters = run_engine(target, spec, chats, args, with_gaps=False)

@@ -8,16 +8,46 @@ from helpers import run_python
 
 pytestmark = pytest.mark.engine
 
-ROW_KEYS = {"method", "kind", "batch_size", "temperature", "num_prompts", "output_tokens",
-            "seconds", "tokens_per_second", "ratio_to_vanilla", "steps", "drafts",
-            "accepted", "accepted_per_pos", "tau", "acceptance_rates", "drafting_seconds",
-            "engine", "speculative_config"}
+ROW_KEYS = {
+    "method",
+    "kind",
+    "batch_size",
+    "temperature",
+    "num_prompts",
+    "output_tokens",
+    "seconds",
+    "tokens_per_second",
+    "ratio_to_vanilla",
+    "steps",
+    "drafts",
+    "accepted",
+    "accepted_per_pos",
+    "tau",
+    "acceptance_rates",
+    "drafting_seconds",
+    "engine",
+    "speculative_config",
+}
 
 
 def test_bench_runs_every_method_and_writes_complete_results(clover_heads, tmp_path):
     out = tmp_path / "bench"
-    args = ["bench", "--batch-sizes", "1", "2", "--temperatures", "0", "--max-tokens", "16",
-            "--min-prompts", "4", "--clover-heads", str(clover_heads), "--out", str(out)]
+    args = [
+        "bench",
+        "--batch-sizes",
+        "1",
+        "2",
+        "--temperatures",
+        "0",
+        "--max-tokens",
+        "16",
+        "--min-prompts",
+        "4",
+        "--clover-heads",
+        str(clover_heads),
+        "--out",
+        str(out),
+    ]
     code = f"from vllm_clover.cli import main; import sys; sys.exit(main({args!r}))"
     output = run_python(f"if __name__ == '__main__':\n    {code}", timeout=1800)
     assert "| method | batch | T |" in output  # the table is printed too
@@ -27,7 +57,8 @@ def test_bench_runs_every_method_and_writes_complete_results(clover_heads, tmp_p
     assert report["machine"]["vllm"].endswith("0.32.0") and report["machine"]["cores"] >= 1
     rows = report["runs"]
     assert [(r["method"], r["batch_size"]) for r in rows] == [
-        (m, b) for b in (1, 2) for m in ("vanilla", "ngram", "medusa", "clover")]
+        (m, b) for b in (1, 2) for m in ("vanilla", "ngram", "medusa", "clover")
+    ]
     for row in rows:
         assert ROW_KEYS <= row.keys(), row["method"]
         assert row["num_prompts"] == 4 and row["output_tokens"] > 0

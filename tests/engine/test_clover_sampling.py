@@ -56,8 +56,10 @@ def chi_square_homogeneity(a: list[int], b: list[int], min_expected: float = 10.
 def _sample(llm, temperature: float, first_seed: int) -> list[list[int]]:
     from vllm import SamplingParams
 
-    params = [SamplingParams(temperature=temperature, max_tokens=3, seed=first_seed + i)
-              for i in range(NUM_SAMPLES)]
+    params = [
+        SamplingParams(temperature=temperature, max_tokens=3, seed=first_seed + i)
+        for i in range(NUM_SAMPLES)
+    ]
     outputs = llm.chat([PROMPT] * NUM_SAMPLES, params, use_tqdm=False)
     return [list(o.outputs[0].token_ids) for o in outputs]
 
@@ -76,11 +78,13 @@ def test_the_test_detects_a_small_change_of_temperature(vanilla_samples):
     assert min(_p_values(vanilla_samples[1.0], vanilla_samples[0.8])) < ALPHA
 
 
-def test_clover_samples_follow_the_target_distribution(reference_target, clover_heads,
-                                                       vanilla_samples):
+def test_clover_samples_follow_the_target_distribution(
+    reference_target, clover_heads, vanilla_samples
+):
     spec = {"method": "clover", "model": str(clover_heads), "num_speculative_tokens": 4}
-    with in_process_llm(reference_target, speculative_config=spec, max_num_seqs=64,
-                        disable_log_stats=False) as llm:
+    with in_process_llm(
+        reference_target, speculative_config=spec, max_num_seqs=64, disable_log_stats=False
+    ) as llm:
         clover = _sample(llm, 1.0, NUM_SAMPLES)  # seeds disjoint from the vanilla ones
         drafts = sum(m.value for m in llm.get_metrics() if m.name == "vllm:spec_decode_num_drafts")
     assert drafts > 0

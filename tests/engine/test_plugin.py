@@ -23,7 +23,9 @@ if __name__ == "__main__":
     print("PROBE " + json.dumps({"main_pid": os.getpid(), "workers": llm.collective_rpc(probe)}))
 """
 
-ACTIVE_LINE = re.compile(r"\((\w+?)(?:_DP\d+)?(?:-\d+)? pid=(\d+)\).*vllm-clover [\d.]+ active \(vLLM 0\.32\.0")
+ACTIVE_LINE = re.compile(
+    r"\((\w+?)(?:_DP\d+)?(?:-\d+)? pid=(\d+)\).*vllm-clover [\d.]+ active \(vLLM 0\.32\.0"
+)
 
 
 def _run_probe(reference_target, plugins: str | None) -> tuple[dict, str]:
@@ -31,8 +33,8 @@ def _run_probe(reference_target, plugins: str | None) -> tuple[dict, str]:
     if plugins is not None:
         env["VLLM_PLUGINS"] = plugins
     output = run_python(PROBE % str(reference_target), env=env)
-    (line,) = [l for l in output.splitlines() if l.startswith("PROBE ")]
-    return json.loads(line[len("PROBE "):]), output
+    (line,) = [text for text in output.splitlines() if text.startswith("PROBE ")]
+    return json.loads(line[len("PROBE ") :]), output
 
 
 def test_plugin_is_active_in_engine_core_and_worker_processes(reference_target):

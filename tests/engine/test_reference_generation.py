@@ -2,10 +2,9 @@
 
 import pytest
 
+from helpers import in_process_llm, run_python
 from vllm_clover.assets.data import mtbench_questions
 from vllm_clover.demo import SANITY_ANSWER, SANITY_QUESTION
-
-from helpers import in_process_llm, run_python
 
 pytestmark = pytest.mark.engine
 
@@ -41,8 +40,10 @@ def test_batched_greedy_equals_one_at_a_time(llm, mtbench_path):
 def test_demo_command_compares_clover_with_vanilla(reference_target):
     """The README's main job, small, with the reference heads (no Augmenting Block): both
     runs, identical greedy outputs, figures printed."""
-    code = ("from vllm_clover.cli import main; import sys; sys.exit(main(['demo', "
-            "'--num-prompts', '2', '--max-tokens', '16']))")
+    code = (
+        "from vllm_clover.cli import main; import sys; sys.exit(main(['demo', "
+        "'--num-prompts', '2', '--max-tokens', '16']))"
+    )
     output = run_python(f"if __name__ == '__main__':\n    {code}")
     assert "contains 'Paris' [ok]" in output
     assert "greedy outputs identical to vanilla: 2/2 prompts" in output

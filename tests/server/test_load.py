@@ -54,17 +54,25 @@ NUM_RESTART_CHECKS = 8
 MALFORMED = {
     "bad_json": (b'{"model": "smollm2-135m-instruct", "messages": [', None),
     "wrong_type": ({"temperature": "hot"}, "body.temperature"),
-    "prompt_too_long": ({"messages": [{"role": "user", "content": "hello " * 2100}]},
-                        "input_tokens"),
+    "prompt_too_long": (
+        {"messages": [{"role": "user", "content": "hello " * 2100}]},
+        "input_tokens",
+    ),
     "negative_max_tokens": ({"max_tokens": -5}, "max_tokens"),
 }
 
 
 def _chat_body(question: str, max_tokens: int, **extra) -> dict:
     """A greedy streaming chat request that also returns the generated token ids."""
-    return {"model": MODEL, "messages": [{"role": "user", "content": question}],
-            "temperature": 0, "max_tokens": max_tokens, "stream": True,
-            "return_token_ids": True, **extra}
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": question}],
+        "temperature": 0,
+        "max_tokens": max_tokens,
+        "stream": True,
+        "return_token_ids": True,
+        **extra,
+    }
 
 
 def _malformed_body(kind: str) -> bytes:
@@ -81,15 +89,19 @@ def _clover_args(heads) -> list[str]:
 
 def _metric(text: str, name: str, **labels: str) -> float:
     """Sum of the /metrics samples called `name` whose labels include `labels`."""
-    values = [sample.value for family in text_string_to_metric_families(text)
-              for sample in family.samples
-              if sample.name == name and labels.items() <= sample.labels.items()]
+    values = [
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name and labels.items() <= sample.labels.items()
+    ]
     assert values, f"{name} {labels} not in /metrics"
     return sum(values)
 
 
-async def _stream(client: httpx.AsyncClient, base: str, body: dict | bytes,
-                  cancel_after: int | None = None) -> dict:
+async def _stream(
+    client: httpx.AsyncClient, base: str, body: dict | bytes, cancel_after: int | None = None
+) -> dict:
     """POST one chat request; collect the streamed token ids and the finish reason.
 
     With `cancel_after`, close the stream after that many chunks (the client goes away).
@@ -97,14 +109,18 @@ async def _stream(client: httpx.AsyncClient, base: str, body: dict | bytes,
     """
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
     tokens, finish, chunks = [], None, 0
-    async with client.stream("POST", base + "/v1/chat/completions", content=content,
-                             headers={"Content-Type": "application/json"}) as response:
+    async with client.stream(
+        "POST",
+        base + "/v1/chat/completions",
+        content=content,
+        headers={"Content-Type": "application/json"},
+    ) as response:
         if response.status_code != 200:
             return {"status": response.status_code, "body": json.loads(await response.aread())}
         async for line in response.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
-            chunk = json.loads(line[len("data: "):])
+            chunk = json.loads(line[len("data: ") :])
             assert "error" not in chunk, chunk
             for choice in chunk["choices"]:
                 tokens += choice.get("token_ids") or []
@@ -157,12 +173,17 @@ async def _load(base: str, valid: list[dict], cancelled: list[dict]) -> dict:
         results = await asyncio.gather(
             *(_stream(client, base, body) for body in valid),
             *(_stream(client, base, body, CANCEL_AFTER_CHUNKS) for body in cancelled),
-            *(_stream(client, base, _malformed_body(kind)) for kind in kinds))
+            *(_stream(client, base, _malformed_body(kind)) for kind in kinds),
+        )
     health.done.set()
     health.join()
     n = len(valid)
-    return {"valid": results[:n], "cancelled": results[n:n + len(cancelled)],
-            "malformed": list(zip(kinds, results[n + len(cancelled):])), "health": health.polls}
+    return {
+        "valid": results[:n],
+        "cancelled": results[n : n + len(cancelled)],
+        "malformed": list(zip(kinds, results[n + len(cancelled) :], strict=True)),
+        "health": health.polls,
+    }
 
 
 def _wait_until_idle(base: str, idle_usage: float) -> tuple[str, float]:
@@ -173,14 +194,17 @@ def _wait_until_idle(base: str, idle_usage: float) -> tuple[str, float]:
     start = time.monotonic()
     while True:
         text = http_get(base + "/metrics")
-        busy = (_metric(text, "vllm:num_requests_running")
-                + _metric(text, "vllm:num_requests_waiting"))
+        busy = _metric(text, "vllm:num_requests_running") + _metric(
+            text, "vllm:num_requests_waiting"
+        )
         usage = _metric(text, "vllm:kv_cache_usage_perc")
         if busy == 0 and usage == idle_usage:
             return text, time.monotonic() - start
         if time.monotonic() - start > IDLE_TIMEOUT_S:
-            pytest.fail(f"not idle {IDLE_TIMEOUT_S} s after the load: {busy} requests, "
-                        f"KV usage {usage} (idle {idle_usage})")
+            pytest.fail(
+                f"not idle {IDLE_TIMEOUT_S} s after the load: {busy} requests, "
+                f"KV usage {usage} (idle {idle_usage})"
+            )
         time.sleep(0.5)
 
 
@@ -190,8 +214,10 @@ def valid_bodies(mtbench_path) -> list[dict]:
     from vllm_clover.assets.data import mtbench_questions
 
     questions = [q.turns[0] for q in mtbench_questions(mtbench_path)[:NUM_VALID]]
-    return [_chat_body(q, MAX_TOKENS[i % len(MAX_TOKENS)], **(UNKNOWN_FIELDS if i % 7 == 3 else {}))
-            for i, q in enumerate(questions)]
+    return [
+        _chat_body(q, MAX_TOKENS[i % len(MAX_TOKENS)], **(UNKNOWN_FIELDS if i % 7 == 3 else {}))
+        for i, q in enumerate(questions)
+    ]
 
 
 # Generates the requests of BODIES (a JSON file) without speculation; prints their token ids.
@@ -217,11 +243,13 @@ def vanilla_tokens(reference_target, valid_bodies, tmp_path_factory) -> list[lis
     """
     bodies = tmp_path_factory.mktemp("reference") / "bodies.json"
     bodies.write_text(json.dumps(valid_bodies))
-    settings = f"BODIES = {str(bodies)!r}\nTARGET = {str(reference_target)!r}\n" \
-               f"MAX_MODEL_LEN = {MAX_MODEL_LEN}\n"
+    settings = (
+        f"BODIES = {str(bodies)!r}\nTARGET = {str(reference_target)!r}\n"
+        f"MAX_MODEL_LEN = {MAX_MODEL_LEN}\n"
+    )
     output = run_python(settings + REFERENCE_SCRIPT)
     (line,) = [line for line in output.splitlines() if line.startswith("TOKEN_IDS ")]
-    return json.loads(line[len("TOKEN_IDS "):])
+    return json.loads(line[len("TOKEN_IDS ") :])
 
 
 @pytest.fixture(scope="module")
@@ -247,10 +275,11 @@ def load_run(clover_server, valid_bodies) -> dict:
 
 
 def test_valid_streams_complete_with_the_tokens_of_decoding_without_speculation(
-        load_run, valid_bodies, vanilla_tokens):
+    load_run, valid_bodies, vanilla_tokens
+):
     results = load_run["valid"]
     assert [r["status"] for r in results] == [200] * NUM_VALID
-    for body, result in zip(valid_bodies, results):
+    for body, result in zip(valid_bodies, results, strict=True):
         assert result["finish"] in ("stop", "length"), result
         assert 0 < len(result["tokens"]) <= body["max_tokens"]
     assert [r["tokens"] for r in results] == vanilla_tokens
@@ -343,28 +372,37 @@ async def _sigterm_mid_load(base: str, server, num_streams: int) -> dict:
     async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S) as client:
         streams = [asyncio.create_task(_stream(client, base, body)) for _ in range(num_streams)]
         deadline = time.monotonic() + 60
-        while _metric((await client.get(base + "/metrics")).text,
-                      "vllm:num_requests_running") < num_streams:
+        while (
+            _metric((await client.get(base + "/metrics")).text, "vllm:num_requests_running")
+            < num_streams
+        ):
             assert time.monotonic() < deadline, "the streams never all ran"
             await asyncio.sleep(0.2)
         assert _engine_processes(server), "no engine process found in the server's group"
         server.send_signal(signal.SIGTERM)
-        times = {"engine_stopped_s": await _seconds_until(
-            lambda: not _engine_processes(server), SHUTDOWN_TIMEOUT_S)}
+        times = {
+            "engine_stopped_s": await _seconds_until(
+                lambda: not _engine_processes(server), SHUTDOWN_TIMEOUT_S
+            )
+        }
         times["exited_s"] = await _seconds_until(
-            lambda: server.poll() is not None, SHUTDOWN_TIMEOUT_S)
+            lambda: server.poll() is not None, SHUTDOWN_TIMEOUT_S
+        )
         times["streams_closed_s"] = await _seconds_until(
-            lambda: all(stream.done() for stream in streams), SHUTDOWN_TIMEOUT_S)
+            lambda: all(stream.done() for stream in streams), SHUTDOWN_TIMEOUT_S
+        )
         for stream in streams:
             stream.cancel()
         outcomes = await asyncio.gather(*streams, return_exceptions=True)
-    times["completed_streams"] = sum(isinstance(o, dict) and o["finish"] is not None
-                                     for o in outcomes)
+    times["completed_streams"] = sum(
+        isinstance(o, dict) and o["finish"] is not None for o in outcomes
+    )
     return times
 
 
 def test_sigterm_mid_load_stops_every_process_and_a_restart_answers_the_same(
-        clover_server, load_run, valid_bodies, vanilla_tokens, clover_heads, tmp_path):
+    clover_server, load_run, valid_bodies, vanilla_tokens, clover_heads, tmp_path
+):
     """Runs last in this module: it stops the module's server, then starts a new one."""
     server = clover_server["process"]
     times = asyncio.run(_sigterm_mid_load(clover_server["base"], server, NUM_RESTART_CHECKS))
@@ -377,7 +415,8 @@ def test_sigterm_mid_load_stops_every_process_and_a_restart_answers_the_same(
     assert left is not None, _group_members(server.pid)
     print(f"SIGTERM mid-load: {times}")  # for docs/serving.md (pytest -s)
 
-    with running_server(tmp_path / "restart.log", _clover_args(clover_heads),
-                        max_model_len=MAX_MODEL_LEN) as restarted:
+    with running_server(
+        tmp_path / "restart.log", _clover_args(clover_heads), max_model_len=MAX_MODEL_LEN
+    ) as restarted:
         results = asyncio.run(_streams(restarted["base"], valid_bodies[:NUM_RESTART_CHECKS]))
     assert [r["tokens"] for r in results] == vanilla_tokens[:NUM_RESTART_CHECKS]

@@ -11,22 +11,30 @@ import urllib.request
 
 import pytest
 
-from helpers import REPO, http_get as _get, running_server
+from helpers import REPO, running_server
+from helpers import http_get as _get
 
 pytestmark = pytest.mark.server
 
 
 def _post_json(url: str, body: dict, timeout: float = 120) -> dict:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=timeout) as response:
         return json.loads(response.read())
 
 
 def _chat(base: str, content: str, max_tokens: int = 32) -> dict:
-    return _post_json(base + "/v1/chat/completions", {
-        "model": "smollm2-135m-instruct", "temperature": 0, "max_tokens": max_tokens,
-        "messages": [{"role": "user", "content": content}]})
+    return _post_json(
+        base + "/v1/chat/completions",
+        {
+            "model": "smollm2-135m-instruct",
+            "temperature": 0,
+            "max_tokens": max_tokens,
+            "messages": [{"role": "user", "content": content}],
+        },
+    )
 
 
 def _counter(metrics: str, name: str) -> float:
@@ -52,15 +60,21 @@ def test_chat_completion_answers_and_metrics_count_it(server):
 
 
 def test_serve_help_lists_vllm_serve_arguments():
-    result = subprocess.run([sys.executable, "-m", "vllm_clover.cli", "serve", "--help=all"],
-                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "vllm_clover.cli", "serve", "--help=all"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     for flag in ("--speculative-config", "--spec-method", "--port", "--tensor-parallel-size"):
         assert flag in result.stdout
 
 
 def test_clover_server_via_spec_shorthands_matches_vanilla_and_reports_drafts(
-        server, clover_heads, tmp_path):
+    server, clover_heads, tmp_path
+):
     """`--spec-method clover --spec-model DIR --spec-tokens K`; greedy text = vanilla text."""
     prompt = "Give me three tips for staying healthy."
     vanilla = _chat(server["base"], prompt, max_tokens=64)["choices"][0]["message"]["content"]
@@ -71,5 +85,6 @@ def test_clover_server_via_spec_shorthands_matches_vanilla_and_reports_drafts(
     assert reply["choices"][0]["message"]["content"] == vanilla
     assert _counter(metrics, "spec_decode_num_drafts") > 0
     assert _counter(metrics, "spec_decode_num_draft_tokens") == 3 * _counter(
-        metrics, "spec_decode_num_drafts")
+        metrics, "spec_decode_num_drafts"
+    )
     assert "Clover: drafting with CloverProposer" in clover["log"].read_text()

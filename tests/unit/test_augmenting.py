@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import D, V, randomize, tiny_config
 
+from helpers import D, V, randomize, tiny_config
 from vllm_clover.modeling import AugmentingBlock, CloverConfig, select_last_layers
 from vllm_clover.modeling.augmenting import DecoderLayer
 
@@ -20,8 +20,14 @@ def tiny_llama(num_layers: int):
     """A random 'target': a tiny transformers LlamaModel and its config."""
     transformers = pytest.importorskip("transformers")
     target_cfg = transformers.LlamaConfig(
-        hidden_size=D, intermediate_size=48, num_hidden_layers=num_layers, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=V, rope_theta=500.0, rms_norm_eps=1e-5,
+        hidden_size=D,
+        intermediate_size=48,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=V,
+        rope_theta=500.0,
+        rms_norm_eps=1e-5,
         attn_implementation="eager",
     )
     torch.manual_seed(0)

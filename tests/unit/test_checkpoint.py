@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import helpers
 import pytest
 import torch
-from helpers import D, K, V
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+import helpers
+from helpers import D, K, V
 from vllm_clover.bundled import FULL_CLOVER_HEADS, REFERENCE_HEADS
 from vllm_clover.modeling import (
     CloverCheckpointError,
@@ -27,6 +27,7 @@ from vllm_clover.modeling import checkpoint as checkpoint_module
 from vllm_clover.modeling.checkpoint import read_config_json
 
 pytestmark = pytest.mark.unit
+
 
 def tiny_config(**overrides) -> CloverConfig:
     return helpers.tiny_config(**{"target_name": "tiny-target", **overrides})
@@ -248,11 +249,11 @@ def test_save_and_export_in_bf16(tmp_path: Path) -> None:
     state = load_file(tmp_path / "ckpt" / "model.safetensors")
     assert {t.dtype for n, t in state.items() if n != "draft_vocab_ids"} == {torch.bfloat16}
     assert torch.equal(state["draft_vocab_ids"], model.tables.draft_vocab_ids)
-    loaded = load_clover(tmp_path / "ckpt", lm_head, target_name="tiny-target",
-                         dtype=torch.float32)
+    loaded = load_clover(tmp_path / "ckpt", lm_head, target_name="tiny-target", dtype=torch.float32)
     for name, tensor in model.checkpoint_state().items():
-        assert torch.equal(loaded.checkpoint_state()[name],
-                           tensor.to(torch.bfloat16).to(tensor.dtype))
+        assert torch.equal(
+            loaded.checkpoint_state()[name], tensor.to(torch.bfloat16).to(tensor.dtype)
+        )
 
 
 # ---------------------------------------------------------------- config reader
@@ -269,8 +270,9 @@ def test_read_config_json_is_the_one_reader(saved, tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------- older checkpoints
 @pytest.mark.parametrize("folder", [REFERENCE_HEADS, FULL_CLOVER_HEADS], ids=lambda p: p.name)
-def test_checkpoints_written_by_the_single_module_network_load(folder: Path, reference_target,
-                                                               tmp_path: Path) -> None:
+def test_checkpoints_written_by_the_single_module_network_load(
+    folder: Path, reference_target, tmp_path: Path
+) -> None:
     """The bundled heads were written before the network was split into Augmenting Block, head
     loop and tables (format version 1, flat names): they load, draft, and save back to the
     same names and tensors."""

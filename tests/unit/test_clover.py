@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import D, K, V, random_clover, tiny_config
 
+from helpers import D, K, V, random_clover, tiny_config
 from vllm_clover.modeling import CloverConfig, CloverModel, shift_tokens_for_heads
 from vllm_clover.modeling.clover import split_checkpoint_state
 
@@ -122,8 +122,13 @@ def test_augment_is_the_identity_without_the_block() -> None:
 def test_checkpoint_names_are_flat_and_route_back_to_their_parts() -> None:
     model, _ = random_clover(tiny_config(num_augmenting_layers=2, draft_vocab_size=40))
     state = model.checkpoint_state()
-    assert {"layers.1.mlp.up_proj.weight", "norm.weight", "draft_vocab_ids",
-            "decoder.q_proj.weight", "blocks.2.layers.0.bias"} <= set(state)
+    assert {
+        "layers.1.mlp.up_proj.weight",
+        "norm.weight",
+        "draft_vocab_ids",
+        "decoder.q_proj.weight",
+        "blocks.2.layers.0.bias",
+    } <= set(state)
     assert not any(n.startswith(("heads.", "tables.", "augmenting.")) for n in state)
     parts = split_checkpoint_state(state)
     assert set(parts.tables) == {"draft_vocab_ids"}

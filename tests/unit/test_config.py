@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from helpers import D, V, tiny_config
 
+from helpers import D, V, tiny_config
 from vllm_clover.modeling import CloverConfig
 
 pytestmark = pytest.mark.unit
@@ -41,19 +41,37 @@ def test_config_medusa_and_round_trip() -> None:
 def test_needs_input_embedding_only_for_the_input_embedding_regressive_connection() -> None:
     assert not tiny_config().needs_input_embedding
     assert tiny_config(regressive_embedding="input_embedding").needs_input_embedding
-    assert not tiny_config(regressive_embedding="input_embedding",
-                           use_regressive_connection=False).needs_input_embedding
+    assert not tiny_config(
+        regressive_embedding="input_embedding", use_regressive_connection=False
+    ).needs_input_embedding
 
 
 def test_from_target_config_copies_the_layer_shape() -> None:
     transformers = pytest.importorskip("transformers")
     target = transformers.LlamaConfig(
-        hidden_size=D, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=V, rope_theta=500.0, rms_norm_eps=1e-5)
+        hidden_size=D,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=V,
+        rope_theta=500.0,
+        rms_norm_eps=1e-5,
+    )
     cfg = CloverConfig.from_target_config(target, num_heads=2, num_augmenting_layers=2)
     assert (cfg.rope_theta, cfg.rms_norm_eps, cfg.num_key_value_heads, cfg.head_dim) == (
-        500.0, 1e-5, 2, 8)
+        500.0,
+        1e-5,
+        2,
+        8,
+    )
     assert (cfg.num_heads, cfg.num_augmenting_layers, cfg.qkv_bias) == (2, 2, False)
-    qwen = transformers.Qwen2Config(hidden_size=D, intermediate_size=48, num_hidden_layers=2,
-                                    num_attention_heads=4, num_key_value_heads=2, vocab_size=V)
+    qwen = transformers.Qwen2Config(
+        hidden_size=D,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=V,
+    )
     assert CloverConfig.from_target_config(qwen).qkv_bias is True

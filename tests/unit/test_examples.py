@@ -20,8 +20,9 @@ INDEX = EXAMPLES / "README.md"
 
 
 def example_files(suffix: str = "") -> list[Path]:
-    return sorted(p for p in EXAMPLES.rglob(f"*{suffix}")
-                  if p.is_file() and "__pycache__" not in p.parts)
+    return sorted(
+        p for p in EXAMPLES.rglob(f"*{suffix}") if p.is_file() and "__pycache__" not in p.parts
+    )
 
 
 def test_there_are_examples():
@@ -46,6 +47,9 @@ def test_shell_example_parses(path):
 
 def test_every_example_is_listed_in_the_index():
     index = INDEX.read_text()
-    unlisted = [str(p.relative_to(EXAMPLES)) for p in example_files()
-                if p != INDEX and f"`{p.relative_to(EXAMPLES)}`" not in index]
+    unlisted = [
+        str(p.relative_to(EXAMPLES))
+        for p in example_files()
+        if p != INDEX and f"`{p.relative_to(EXAMPLES)}`" not in index
+    ]
     assert not unlisted, f"not in examples/README.md: {unlisted}"

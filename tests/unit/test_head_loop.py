@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import D, K, V, random_clover, tiny_config
 
+from helpers import D, K, V, random_clover, tiny_config
 from vllm_clover.modeling import CloverModel
 
 pytestmark = pytest.mark.unit
@@ -21,8 +21,9 @@ VARIANTS = {
 }
 
 
-def manual_greedy(model: CloverModel, lm_head: torch.Tensor, h0: torch.Tensor,
-                  t0: torch.Tensor, steps: int) -> torch.Tensor:
+def manual_greedy(
+    model: CloverModel, lm_head: torch.Tensor, h0: torch.Tensor, t0: torch.Tensor, steps: int
+) -> torch.Tensor:
     """Greedy drafting written out with explicit formulas (full Clover, lm_head embedding)."""
     heads, cfg = model.heads, model.config
     dec, eps, nh = heads.decoder, cfg.rms_norm_eps, cfg.decoder_num_heads
@@ -49,7 +50,8 @@ def manual_greedy(model: CloverModel, lm_head: torch.Tensor, h0: torch.Tensor,
 @pytest.mark.parametrize("draft_vocab_size", [None, 40])
 def test_propose_equals_manual_greedy(draft_vocab_size: int | None) -> None:
     model, lm_head = random_clover(
-        tiny_config(use_augmenting_block=False, draft_vocab_size=draft_vocab_size))
+        tiny_config(use_augmenting_block=False, draft_vocab_size=draft_vocab_size)
+    )
     h0, t0 = torch.randn(6, D), torch.randint(0, V, (6,))
     with torch.no_grad():
         expected = manual_greedy(model, lm_head, h0, t0, K)
@@ -69,7 +71,9 @@ def test_ablation_step_formulas() -> None:
         model, _ = random_clover(tiny_config(**VARIANTS["no_regressive"]))
         heads = model.heads
         h, _ = heads.step(2, h_prev, h0, prev, model.tables)
-        torch.testing.assert_close(h, heads.decoder(h_prev, heads.step_embed.weight[2].expand(4, D)))
+        torch.testing.assert_close(
+            h, heads.decoder(h_prev, heads.step_embed.weight[2].expand(4, D))
+        )
 
         model, _ = random_clover(tiny_config(**VARIANTS["medusa"]))
         h, z = model.heads.step(1, h_prev, h0, prev, model.tables)
@@ -81,8 +85,9 @@ def test_propose_rejects_more_steps_than_heads() -> None:
     with pytest.raises(ValueError, match="3 trained heads"):
         model.propose(torch.randn(1, D), torch.zeros(1, dtype=torch.long), num_steps=K + 1)
     with pytest.raises(ValueError, match=r"must be in \[1, 3\]"):
-        model.heads.teacher_forced(torch.randn(1, 2, D), torch.zeros(1, 2, 0, dtype=torch.long),
-                                   model.tables)
+        model.heads.teacher_forced(
+            torch.randn(1, 2, D), torch.zeros(1, 2, 0, dtype=torch.long), model.tables
+        )
 
 
 def test_regressive_table_holds_the_decoder_kv_of_each_draft_token() -> None:

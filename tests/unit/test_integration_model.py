@@ -4,16 +4,17 @@ Block and the tables it builds for one rank or for tensor parallelism."""
 from __future__ import annotations
 
 import pytest
-from helpers import tiny_config
 
+from helpers import tiny_config
 from vllm_clover.integration.model import augmenting_layer_config, build_tables
 from vllm_clover.modeling import TargetTables
 
 pytestmark = pytest.mark.unit
 
 
-@pytest.mark.parametrize(("attention_bias", "qkv_bias"), [(False, False), (False, True),
-                                                          (True, True), (True, False)])
+@pytest.mark.parametrize(
+    ("attention_bias", "qkv_bias"), [(False, False), (False, True), (True, True), (True, False)]
+)
 def test_augmenting_layer_config_keeps_both_biases(attention_bias: bool, qkv_bias: bool):
     """vLLM's Llama layer biases o_proj by attention_bias and q/k/v by qkv_bias when set
     (Qwen2: q/k/v only), as the trainer's layer does."""

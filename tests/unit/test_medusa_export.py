@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import D, K, V, random_clover, tiny_config
 from safetensors.torch import load_file
 
+from helpers import D, K, V, random_clover, tiny_config
 from vllm_clover.modeling import CloverConfig
 from vllm_clover.training.medusa_export import export_medusa, medusa_model_card
 
@@ -155,7 +155,8 @@ def test_export_in_bf16(tmp_path: Path) -> None:
 
 
 def test_model_card_serves_the_folder_and_keeps_the_source_card() -> None:
-    card = medusa_model_card("# Heads\n\nheld-out tau 1.2\n", "vllm-clover export-medusa ...",
-                             "tiny", 3)
+    card = medusa_model_card(
+        "# Heads\n\nheld-out tau 1.2\n", "vllm-clover export-medusa ...", "tiny", 3
+    )
     assert '"method": "medusa"' in card and "## Heads" in card and "held-out tau 1.2" in card
     assert "(the source heads had no model card)" in medusa_model_card(None, "cmd", "tiny", 3)

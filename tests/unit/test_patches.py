@@ -21,8 +21,9 @@ def test_every_fingerprint_matches_the_installed_vllm():
     """Fails when vLLM changes any code we patch, override or rely on: re-read it, then update
     the entry (`python -m vllm_clover.integration.patches.fingerprint` lists what changed)."""
     stale = fingerprint.stale_targets()
-    assert stale == [], "\n".join(f"{name}: {target} recorded {old}, installed {new}"
-                                  for name, target, old, new in stale)
+    assert stale == [], "\n".join(
+        f"{name}: {target} recorded {old}, installed {new}" for name, target, old, new in stale
+    )
 
 
 def test_a_changed_vllm_function_is_detected(monkeypatch):
@@ -34,7 +35,8 @@ def test_a_changed_vllm_function_is_detected(monkeypatch):
     monkeypatch.setattr(SpecDecodeBaseProposer, "_get_slot_mapping", _get_slot_mapping)
     stale = fingerprint.stale_targets()
     assert [(name, target.rsplit(".", 1)[-1]) for name, target, *_ in stale] == [
-        ("proposer_first_pass", "_get_slot_mapping")]
+        ("proposer_first_pass", "_get_slot_mapping")
+    ]
 
 
 def test_every_entry_was_read_from_the_pinned_vllm():
@@ -50,21 +52,39 @@ def _base_members_the_proposer_uses() -> set[str]:
     from vllm.v1.spec_decode.eagle import EagleProposer
 
     tree = ast.parse(Path(proposer.__file__).read_text())
-    used = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
-            and isinstance(node.value, ast.Name) and node.value.id == "self"}
-    used |= {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
-             and isinstance(node.value, ast.Call) and getattr(node.value.func, "id", "") == "super"}
+    used = {
+        node.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "self"
+    }
+    used |= {
+        node.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Call)
+        and getattr(node.value.func, "id", "") == "super"
+    }
     (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "CloverProposer"]
     used |= {n.name for n in cls.body if isinstance(n, ast.FunctionDef)}
     base_source = inspect.getsource(llm_base_proposer)
-    return {name for name in used
-            if hasattr(EagleProposer, name) or f"self.{name} =" in base_source
-            or f"self.{name}:" in base_source}
+    return {
+        name
+        for name in used
+        if hasattr(EagleProposer, name)
+        or f"self.{name} =" in base_source
+        or f"self.{name}:" in base_source
+    }
 
 
 def test_the_proposer_uses_only_what_the_ledger_lists():
-    listed = {target.rsplit(".", 1)[-1] for entry in LEDGER
-              if entry.used_by == "integration/proposer.py" for target in entry.targets}
+    listed = {
+        target.rsplit(".", 1)[-1]
+        for entry in LEDGER
+        if entry.used_by == "integration/proposer.py"
+        for target in entry.targets
+    }
     listed |= {attribute for entry in LEDGER for attribute in entry.attributes}
     used = _base_members_the_proposer_uses()
     assert {"propose", "set_inputs_first_pass", "kv_cache_gid"} <= used  # the scan works

@@ -23,8 +23,9 @@ def test_cpu_expand_of_float_tensors_is_fixed():
 
     patches.apply_patches()
     output = torch.zeros(4)
-    cpu_triton_utils._expand_kernel_impl(output, torch.tensor([0.7, 1.3]), torch.tensor([3, 4]),
-                                         0, 1)
+    cpu_triton_utils._expand_kernel_impl(
+        output, torch.tensor([0.7, 1.3]), torch.tensor([3, 4]), 0, 1
+    )
     assert output.tolist() == pytest.approx([0.7, 0.7, 0.7, 1.3])
 
 
@@ -69,24 +70,35 @@ def _runner_stub(max_spec_len: int, **sampling):
     from types import SimpleNamespace
 
     calls = []
-    metadata = SimpleNamespace(**{"max_num_logprobs": None, "logprob_token_ids": None,
-                                  "spec_token_ids": [[], []], **sampling})
+    metadata = SimpleNamespace(
+        **{
+            "max_num_logprobs": None,
+            "logprob_token_ids": None,
+            "spec_token_ids": [[], []],
+            **sampling,
+        }
+    )
     runner = SimpleNamespace(
         use_async_scheduling=False,
-        input_batch=SimpleNamespace(sampling_metadata=metadata,
-                                    update_async_output_token_ids=lambda: None),
+        input_batch=SimpleNamespace(
+            sampling_metadata=metadata, update_async_output_token_ids=lambda: None
+        ),
         sampler=lambda logits, sampling_metadata: calls.append("plain") or "plain output",
         rejection_sampler=lambda *args: calls.append("rejection") or "rejection output",
-        _get_spec_decode_draft_probs=lambda spec: None)
+        _get_spec_decode_draft_probs=lambda spec: None,
+    )
     return runner, SimpleNamespace(max_spec_len=max_spec_len), calls
 
 
-@pytest.mark.parametrize("max_spec_len,sampling,expected", [
-    (0, {}, "plain"),  # K = 0 this step: bonus tokens only
-    (2, {}, "rejection"),  # drafts to verify
-    (0, {"max_num_logprobs": 5}, "rejection"),  # logprobs: vLLM's own layout
-    (0, {"spec_token_ids": [[7], []]}, "rejection"),
-])
+@pytest.mark.parametrize(
+    "max_spec_len,sampling,expected",
+    [
+        (0, {}, "plain"),  # K = 0 this step: bonus tokens only
+        (2, {}, "rejection"),  # drafts to verify
+        (0, {"max_num_logprobs": 5}, "rejection"),  # logprobs: vLLM's own layout
+        (0, {"spec_token_ids": [[7], []]}, "rejection"),
+    ],
+)
 def test_a_step_without_drafts_samples_with_the_plain_sampler(max_spec_len, sampling, expected):
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import D
 
+from helpers import D
 from vllm_clover.modeling.scoring import DraftRows, quantize_int8, row_scores
 
 pytestmark = pytest.mark.unit
@@ -36,8 +36,12 @@ def test_int8_rows_score_like_the_float_rows():
     exact = torch.randn(16, D, generator=gen)
     rows = DraftRows.of(exact, torch.int8)
     assert rows.dtype == torch.int8 and rows.scale.shape == (16,)
-    torch.testing.assert_close(rows.weight.float() * rows.scale[:, None], exact,
-                               rtol=0, atol=float(rows.scale.max()) / 2 + 1e-6)
+    torch.testing.assert_close(
+        rows.weight.float() * rows.scale[:, None],
+        exact,
+        rtol=0,
+        atol=float(rows.scale.max()) / 2 + 1e-6,
+    )
     z = torch.randn(64, D, generator=gen)
     z_scale = z.abs().amax(-1, keepdim=True) / 127  # the factor scores() leaves out
     got, expected = rows.scores(z) * z_scale, F.linear(z, exact)

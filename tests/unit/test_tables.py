@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import D, K, V, random_clover, tiny_config
 
+from helpers import D, K, V, random_clover, tiny_config
 from vllm_clover.modeling import CloverModel, TargetTables, shift_tokens_for_heads
 from vllm_clover.modeling.tables import (
     DRAFT_DTYPE_ENV,
@@ -60,8 +60,9 @@ def test_draft_vocabulary_logits_are_columns_of_the_full_ones() -> None:
     hidden, tok = torch.randn(2, 5, D), torch.randint(0, V, (2, 5))
     head_inputs = shift_tokens_for_heads(tok, K).input_ids
     ids = draft.tables.draft_vocab_ids
-    torch.testing.assert_close(draft(hidden, head_inputs), full(hidden, head_inputs)[..., ids],
-                               rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        draft(hidden, head_inputs), full(hidden, head_inputs)[..., ids], rtol=0, atol=1e-6
+    )
 
 
 def test_regressive_embedding_sources() -> None:

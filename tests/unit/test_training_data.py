@@ -47,8 +47,13 @@ def masked_text(tokenizer, seq) -> str:
 
 
 def test_loss_mask_covers_exactly_the_assistant_turns(tokenizer) -> None:
-    c = conv(("system", "be brief"), ("user", "Hi there"), ("assistant", "Fine thanks."),
-             ("user", "how are you?"), ("assistant", "alpha beta"))
+    c = conv(
+        ("system", "be brief"),
+        ("user", "Hi there"),
+        ("assistant", "Fine thanks."),
+        ("user", "how are you?"),
+        ("assistant", "alpha beta"),
+    )
     seq = tokenize_conversation(tokenizer, c, max_len=512)
     full = tokenizer.decode(seq.input_ids.tolist())
     assert full == tokenizer.apply_chat_template(c.as_chat(), tokenize=False)
@@ -76,15 +81,23 @@ def write(path: Path, text: str) -> Path:
 
 
 def test_accepted_formats(tmp_path: Path) -> None:
-    sharegpt = [{"id": "a", "conversations": [{"from": "human", "value": "q"},
-                                              {"from": "gpt", "value": "r"}]}]
-    ours = {"id": "b", "messages": [{"role": "user", "content": "q"},
-                                    {"role": "assistant", "content": "r"}]}
+    sharegpt = [
+        {
+            "id": "a",
+            "conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "r"}],
+        }
+    ]
+    ours = {
+        "id": "b",
+        "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "r"}],
+    }
     pair = {"prompt": "q", "response": "r"}
     expected = (Message("user", "q"), Message("assistant", "r"))
-    files = [write(tmp_path / "s.json", json.dumps(sharegpt)),
-             write(tmp_path / "o.jsonl", json.dumps(ours) + "\n\n"),
-             write(tmp_path / "p.jsonl", json.dumps(pair) + "\n")]
+    files = [
+        write(tmp_path / "s.json", json.dumps(sharegpt)),
+        write(tmp_path / "o.jsonl", json.dumps(ours) + "\n\n"),
+        write(tmp_path / "p.jsonl", json.dumps(pair) + "\n"),
+    ]
     for path in files:
         (loaded,) = load_conversations(path)
         assert loaded.messages == expected, path
@@ -92,15 +105,18 @@ def test_accepted_formats(tmp_path: Path) -> None:
     assert load_conversations(prompt_only)[0].messages == (Message("user", "q"),)
 
 
-@pytest.mark.parametrize("name, text, message", [
-    ("missing.jsonl", None, "data file not found"),
-    ("empty.jsonl", "\n", "no records"),
-    ("bad.jsonl", '{"prompt": "a"}\n{"prompt": \n', "malformed JSON at .*bad.jsonl:2"),
-    ("bad.json", "[{]", "malformed JSON in"),
-    ("odd.jsonl", '{"text": "a"}\n', "unknown record format"),
-    ("broken.jsonl", '{"messages": [{"role": "user"}]}\n', "malformed record"),
-    ("list.jsonl", "[1, 2]\n", "expected a JSON object"),
-])
+@pytest.mark.parametrize(
+    "name, text, message",
+    [
+        ("missing.jsonl", None, "data file not found"),
+        ("empty.jsonl", "\n", "no records"),
+        ("bad.jsonl", '{"prompt": "a"}\n{"prompt": \n', "malformed JSON at .*bad.jsonl:2"),
+        ("bad.json", "[{]", "malformed JSON in"),
+        ("odd.jsonl", '{"text": "a"}\n', "unknown record format"),
+        ("broken.jsonl", '{"messages": [{"role": "user"}]}\n', "malformed record"),
+        ("list.jsonl", "[1, 2]\n", "expected a JSON object"),
+    ],
+)
 def test_bad_data_files(tmp_path: Path, name: str, text: str | None, message: str) -> None:
     path = tmp_path / name if text is None else write(tmp_path / name, text)
     with pytest.raises(TrainingError, match=message):
@@ -152,16 +168,28 @@ def test_every_config_field_is_a_flag(cls) -> None:
 def test_train_flags_round_trip() -> None:
     parser = argparse.ArgumentParser()
     add_arguments(parser, TrainConfig)
-    args = parser.parse_args(["--target", "t", "--out", "o", "--num-heads", "4",
-                              "--no-attention-decoder", "--draft-vocab-size", "100",
-                              "--dtype", "bfloat16", "--resume"])
+    args = parser.parse_args(
+        [
+            "--target",
+            "t",
+            "--out",
+            "o",
+            "--num-heads",
+            "4",
+            "--no-attention-decoder",
+            "--draft-vocab-size",
+            "100",
+            "--dtype",
+            "bfloat16",
+            "--resume",
+        ]
+    )
     cfg = from_args(args, TrainConfig)
     assert (cfg.num_heads, cfg.attention_decoder, cfg.draft_vocab_size) == (4, False, 100)
     assert cfg.regressive_connection and cfg.dtype == "bfloat16"
     assert cfg.resume == "auto" and cfg.state_dir == "o.train-state"
     medusa = from_args(parser.parse_args(["--target", "t", "--out", "o", "--medusa"]))
-    assert not (medusa.attention_decoder or medusa.regressive_connection
-                or medusa.augmenting_block)
+    assert not (medusa.attention_decoder or medusa.regressive_connection or medusa.augmenting_block)
     with pytest.raises(TrainingError, match="--num-heads"):
         TrainConfig(target="t", out="o", num_heads=0)
 
@@ -172,8 +200,9 @@ def test_command_line_rebuilds_the_config() -> None:
 
     from vllm_clover.training.config import to_command_line
 
-    cfg = TrainConfig(target="t", out="o dir", medusa=True, attention_decoder=False,
-                      draft_vocab_size=64, lr=3e-4)
+    cfg = TrainConfig(
+        target="t", out="o dir", medusa=True, attention_decoder=False, draft_vocab_size=64, lr=3e-4
+    )
     line = to_command_line(cfg)
     assert line.startswith("vllm-clover train ") and "--no-attention-decoder" in line
     parser = argparse.ArgumentParser()

@@ -24,7 +24,7 @@ from safetensors.torch import load_file
 from vllm_clover.cli import build_parser
 from vllm_clover.training import TrainConfig, train
 from vllm_clover.training.config import from_args
-from vllm_clover.training.tiny import torch_threads, tiny_workspace
+from vllm_clover.training.tiny import tiny_workspace, torch_threads
 
 pytestmark = pytest.mark.unit
 
@@ -34,29 +34,64 @@ def one_thread() -> Iterator[None]:
     with torch_threads(1):
         yield
 
+
 TOLERANCE = 1e-5  # max abs weight difference, float32
 
 
 def test_two_processes_match_one(tmp_path: Path) -> None:
     tiny = tiny_workspace(tmp_path)
-    common = ["--target", str(tiny["target"]), "--data", str(tiny["data"]),
-              "--cache-dir", str(tiny["cache"]), "--eval-fraction", "0.2", "--epochs", "2",
-              "--max-seq-len", "128", "--eval-every", "0", "--save-every", "0"]
+    common = [
+        "--target",
+        str(tiny["target"]),
+        "--data",
+        str(tiny["data"]),
+        "--cache-dir",
+        str(tiny["cache"]),
+        "--eval-fraction",
+        "0.2",
+        "--epochs",
+        "2",
+        "--max-seq-len",
+        "128",
+        "--eval-every",
+        "0",
+        "--save-every",
+        "0",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-           "2", "-m", "vllm_clover.cli", "train", *common, "--out", str(tmp_path / "ddp"),
-           "--batch-size", "1", "--grad-accum", "2", "--no-progress"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "vllm_clover.cli",
+        "train",
+        *common,
+        "--out",
+        str(tmp_path / "ddp"),
+        "--batch-size",
+        "1",
+        "--grad-accum",
+        "2",
+        "--no-progress",
+    ]
     run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     shards = list(tiny["cache"].glob("*/shard-*.safetensors"))
     assert len(shards) == 2  # one per rank
 
-    args = build_parser().parse_args(["train", *common, "--out", str(tmp_path / "one"),
-                                      "--batch-size", "4", "--no-progress"])
+    args = build_parser().parse_args(
+        ["train", *common, "--out", str(tmp_path / "one"), "--batch-size", "4", "--no-progress"]
+    )
     single = from_args(args, TrainConfig)
     result = train(single)
     assert result.steps == 8 and len(list(tiny["cache"].glob("*/shard-*"))) == 2
-    ddp, one = load_file(str(tmp_path / "ddp" / "model.safetensors")), load_file(
-        str(result.out / "model.safetensors"))
+    ddp, one = (
+        load_file(str(tmp_path / "ddp" / "model.safetensors")),
+        load_file(str(result.out / "model.safetensors")),
+    )
     diff = max((ddp[k] - one[k]).abs().max().item() for k in one)
     assert diff < TOLERANCE, f"max abs weight difference {diff:.2e}"

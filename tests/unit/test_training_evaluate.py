@@ -16,8 +16,13 @@ D, K = 16, 3
 
 def chain_batch(x: list[int], top1: list[int]) -> Batch:
     t = len(x)
-    return Batch(torch.tensor([x]), torch.ones(1, t, dtype=torch.bool),
-                 torch.ones(1, t, dtype=torch.bool), torch.zeros(1, t, D), torch.tensor([top1]))
+    return Batch(
+        torch.tensor([x]),
+        torch.ones(1, t, dtype=torch.bool),
+        torch.ones(1, t, dtype=torch.bool),
+        torch.zeros(1, t, D),
+        torch.tensor([top1]),
+    )
 
 
 def test_chain_acceptance_worked_example() -> None:

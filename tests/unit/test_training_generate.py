@@ -12,7 +12,7 @@ from vllm_clover.assets.data import Conversation, Message
 from vllm_clover.cli import main
 from vllm_clover.training.data import load_conversations
 from vllm_clover.training.generate_data import regenerate
-from vllm_clover.training.tiny import torch_threads, tiny_workspace
+from vllm_clover.training.tiny import tiny_workspace, torch_threads
 
 pytestmark = pytest.mark.unit
 
@@ -33,16 +33,25 @@ def test_regenerate_round_by_round() -> None:
     def fake(chats):
         calls.append(chats)
         # reply names the round and the last user turn; refuse prompts mentioning "huge"
-        return [None if "huge" in c[-1]["content"] else f"r{len(calls)}:{c[-1]['content']}"
-                for c in chats]
+        return [
+            None if "huge" in c[-1]["content"] else f"r{len(calls)}:{c[-1]['content']}"
+            for c in chats
+        ]
 
-    data = [conv("two", ("system", "s"), ("user", "a"), ("assistant", "old"), ("user", "b"),
-                 ("assistant", "old")),
-            conv("prompt", ("user", "p")),
-            conv("lead", ("assistant", "hello"), ("user", "c"), ("assistant", "old")),
-            conv("cut", ("user", "d"), ("assistant", "old"), ("user", "huge"),
-                 ("assistant", "old")),
-            conv("gone", ("user", "huge"), ("assistant", "old"))]
+    data = [
+        conv(
+            "two",
+            ("system", "s"),
+            ("user", "a"),
+            ("assistant", "old"),
+            ("user", "b"),
+            ("assistant", "old"),
+        ),
+        conv("prompt", ("user", "p")),
+        conv("lead", ("assistant", "hello"), ("user", "c"), ("assistant", "old")),
+        conv("cut", ("user", "d"), ("assistant", "old"), ("user", "huge"), ("assistant", "old")),
+        conv("gone", ("user", "huge"), ("assistant", "old")),
+    ]
     out = {c.id: c for c in regenerate(data, fake)}
     assert len(calls) == 2 and len(calls[0]) == 5 and len(calls[1]) == 2  # batched per round
     # round 2 sees round 1's regenerated reply, not the original
@@ -62,13 +71,46 @@ def test_hf_engine_end_to_end_then_train(tmp_path: Path, capsys) -> None:
     records = [{"prompt": c.messages[0].content} for c in load_conversations(tiny["data"])]
     prompts.write_text("".join(json.dumps(r) + "\n" for r in records))
     out = tmp_path / "self.jsonl"
-    code = main(["generate-data", "--engine", "hf", "--target", str(tiny["target"]),
-                 "--data", str(prompts), "--out", str(out), "--max-new-tokens", "12",
-                 "--batch-size", "8", "--device", "cpu"])
+    code = main(
+        [
+            "generate-data",
+            "--engine",
+            "hf",
+            "--target",
+            str(tiny["target"]),
+            "--data",
+            str(prompts),
+            "--out",
+            str(out),
+            "--max-new-tokens",
+            "12",
+            "--batch-size",
+            "8",
+            "--device",
+            "cpu",
+        ]
+    )
     assert code == 0 and "wrote 12 conversation(s)" in capsys.readouterr().out
     regenerated = load_conversations(out)
     assert [m.role for m in regenerated[0].messages] == ["user", "assistant"]
-    code = main(["train", "--target", str(tiny["target"]), "--data", str(out), "--out",
-                 str(tmp_path / "heads"), "--cache-dir", str(tiny["cache"]), "--epochs", "2",
-                 "--eval-fraction", "0.25", "--batch-size", "3", "--no-progress"])
+    code = main(
+        [
+            "train",
+            "--target",
+            str(tiny["target"]),
+            "--data",
+            str(out),
+            "--out",
+            str(tmp_path / "heads"),
+            "--cache-dir",
+            str(tiny["cache"]),
+            "--epochs",
+            "2",
+            "--eval-fraction",
+            "0.25",
+            "--batch-size",
+            "3",
+            "--no-progress",
+        ]
+    )
     assert code == 0 and (tmp_path / "heads" / "model.safetensors").is_file()

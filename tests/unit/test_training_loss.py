@@ -16,9 +16,16 @@ D, V, K = 16, 50, 3
 
 
 def random_heads(draft_vocab_size: int | None = None) -> tuple[CloverModel, torch.Tensor]:
-    cfg = CloverConfig(hidden_size=D, vocab_size=V, num_heads=K, num_attention_heads=4,
-                       num_key_value_heads=2, intermediate_size=24, decoder_num_heads=4,
-                       draft_vocab_size=draft_vocab_size)
+    cfg = CloverConfig(
+        hidden_size=D,
+        vocab_size=V,
+        num_heads=K,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=24,
+        decoder_num_heads=4,
+        draft_vocab_size=draft_vocab_size,
+    )
     torch.manual_seed(0)
     heads = CloverModel(cfg)
     with torch.no_grad():
@@ -41,8 +48,9 @@ def random_batch(lm_head: torch.Tensor, lengths=(9, 6)) -> Batch:
     return Batch(ids, attention, loss_mask, hidden, (hidden @ lm_head.T).argmax(-1))
 
 
-def naive_loss(heads: CloverModel, lm_head: torch.Tensor, batch: Batch, weights, lam: float,
-               soft: bool = True):
+def naive_loss(
+    heads: CloverModel, lm_head: torch.Tensor, batch: Batch, weights, lam: float, soft: bool = True
+):
     """Straight from the definitions, one (b, t, i) at a time."""
     tokens = shift_tokens_for_heads(batch.input_ids, K, batch.attention_mask)
     z_all = heads.head_features(batch.hidden, tokens.input_ids)  # (B, T, K, D)
@@ -67,10 +75,11 @@ def naive_loss(heads: CloverModel, lm_head: torch.Tensor, batch: Batch, weights,
     return sum(weights[i] * total[i] / counts[i] for i in range(K)), counts
 
 
-@pytest.mark.parametrize("draft_vocab_size, lam, soft", [
-    (None, 0.0, True), (20, 0.0, True), (None, 10.0, True), (None, 0.0, False), (20, 0.0, False)])
-def test_loss_matches_naive_reference(draft_vocab_size: int | None, lam: float,
-                                      soft: bool) -> None:
+@pytest.mark.parametrize(
+    "draft_vocab_size, lam, soft",
+    [(None, 0.0, True), (20, 0.0, True), (None, 10.0, True), (None, 0.0, False), (20, 0.0, False)],
+)
+def test_loss_matches_naive_reference(draft_vocab_size: int | None, lam: float, soft: bool) -> None:
     heads, lm_head = random_heads(draft_vocab_size)
     batch = random_batch(lm_head)
     weights = head_weights(K, 0.8)
@@ -79,8 +88,7 @@ def test_loss_matches_naive_reference(draft_vocab_size: int | None, lam: float,
     normaliser = valid.sum(dim=(0, 1)).float()  # (K,) graded positions per head
     assert normaliser.tolist() == counts
     features = heads.head_features(batch.hidden, tokens.input_ids)
-    loss, stats, preds = distill_loss(heads, features, batch, valid, weights, normaliser, lam,
-                                      soft)
+    loss, stats, preds = distill_loss(heads, features, batch, valid, weights, normaliser, lam, soft)
     torch.testing.assert_close(loss, expected.float(), rtol=1e-5, atol=1e-5)
     assert stats.count.tolist() == counts
     assert ((preds >= 0) == valid).all()
@@ -97,8 +105,9 @@ def test_top1_accuracy_is_measured_against_the_target_argmax() -> None:
     heads, lm_head = random_heads()
     batch = random_batch(lm_head)
     tokens, valid = graded_positions(batch, K)
-    shifted = torch.stack([F.pad(batch.hidden[:, 1 + i:], (0, 0, 0, 1 + i)) for i in range(K)],
-                          dim=2)  # (B, T, K, D): H_{t+1+i}
+    shifted = torch.stack(
+        [F.pad(batch.hidden[:, 1 + i :], (0, 0, 0, 1 + i)) for i in range(K)], dim=2
+    )  # (B, T, K, D): H_{t+1+i}
     ones = torch.ones(K)
     _, stats, _ = distill_loss(heads, shifted, batch, valid, ones, ones, 0.0)
     assert stats.top1.tolist() == stats.count.tolist() == stats.top5.tolist()

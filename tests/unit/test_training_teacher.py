@@ -23,7 +23,7 @@ from vllm_clover.training.teacher import (
     resolve_target,
     teacher_forward,
 )
-from vllm_clover.training.tiny import torch_threads, synthetic_conversations, tiny_workspace
+from vllm_clover.training.tiny import synthetic_conversations, tiny_workspace, torch_threads
 
 pytestmark = pytest.mark.unit
 
@@ -119,8 +119,9 @@ def test_cache_round_trip_and_reuse(tiny, teacher) -> None:
     hidden, top1 = cache.get(seqs[0].key)
     ref, ref_top1 = teacher_forward(teacher, seqs[0].input_ids[None], torch.ones(1, len(seqs[0])))
     assert hidden.dtype == torch.bfloat16 and hidden.shape == ref[0].shape
-    torch.testing.assert_close(hidden.float(), ref[0].to(torch.bfloat16).float(), rtol=0.02,
-                               atol=0.02)
+    torch.testing.assert_close(
+        hidden.float(), ref[0].to(torch.bfloat16).float(), rtol=0.02, atol=0.02
+    )
     assert torch.equal(top1.long(), ref_top1[0])
     calls.clear()
     reopened = make_cache(tiny, teacher, tiny["cache"] / "rt")  # another run, same fingerprint
@@ -137,8 +138,9 @@ def test_cache_is_keyed_by_target_weights(tiny, teacher) -> None:
         changed = model_fingerprint(teacher.model)
         weight[0, 0] = original
     assert changed != teacher.fingerprint == model_fingerprint(teacher.model)
-    other = HiddenStateCache(tiny["cache"] / "fp", {"target_fingerprint": changed,
-                                                     "teacher_dtype": "torch.float32"})
+    other = HiddenStateCache(
+        tiny["cache"] / "fp", {"target_fingerprint": changed, "teacher_dtype": "torch.float32"}
+    )
     assert other.dir != base.dir
 
 

@@ -23,7 +23,7 @@ from vllm_clover.training.data import (
     tokenize_all,
 )
 from vllm_clover.training.teacher import load_teacher
-from vllm_clover.training.tiny import torch_threads, tiny_workspace
+from vllm_clover.training.tiny import tiny_workspace, torch_threads
 from vllm_clover.training.trainer import TrainLoop, lr_factor
 
 pytestmark = pytest.mark.unit
@@ -36,9 +36,19 @@ def tiny(tmp_path_factory) -> Iterator[dict[str, Path]]:
 
 
 def config(tiny, out: Path, **overrides) -> TrainConfig:
-    fields = dict(target=str(tiny["target"]), data=str(tiny["data"]), out=str(out),
-                  cache_dir=str(tiny["cache"]), eval_fraction=0.2, epochs=3, batch_size=4,
-                  max_seq_len=128, eval_every=0, save_every=0, progress=False)
+    fields = dict(
+        target=str(tiny["target"]),
+        data=str(tiny["data"]),
+        out=str(out),
+        cache_dir=str(tiny["cache"]),
+        eval_fraction=0.2,
+        epochs=3,
+        batch_size=4,
+        max_seq_len=128,
+        eval_every=0,
+        save_every=0,
+        progress=False,
+    )
     return TrainConfig(**{**fields, **overrides})
 
 
@@ -99,21 +109,62 @@ def test_draft_vocab_medusa_and_eval_heads(tiny, tmp_path: Path, capsys) -> None
     assert torch.equal(weights(clover.out)["draft_vocab_ids"], expected)
     medusa_heads = load_clover(medusa.out, teacher.lm_head)
     assert medusa_heads.config.is_medusa  # and exportable to vLLM's native Medusa format:
-    assert main(["export-medusa", "--heads", str(medusa.out), "--target", str(tiny["target"]),
-                 "--out", str(tmp_path / "native")]) == 0
+    assert (
+        main(
+            [
+                "export-medusa",
+                "--heads",
+                str(medusa.out),
+                "--target",
+                str(tiny["target"]),
+                "--out",
+                str(tmp_path / "native"),
+            ]
+        )
+        == 0
+    )
     native = json.loads((tmp_path / "native" / "config.json").read_text())
     assert native["architectures"] == ["MedusaModel"] and native["num_heads"] == 3
     card = (tmp_path / "native" / "README.md").read_text()
     assert '"method": "medusa"' in card and "## Medusa-1 baseline heads" in card
-    assert main(["export-medusa", "--heads", str(clover.out), "--target", str(tiny["target"]),
-                 "--out", str(tmp_path / "not-medusa")]) == 2  # Clover heads are refused
+    assert (
+        main(
+            [
+                "export-medusa",
+                "--heads",
+                str(clover.out),
+                "--target",
+                str(tiny["target"]),
+                "--out",
+                str(tmp_path / "not-medusa"),
+            ]
+        )
+        == 2
+    )  # Clover heads are refused
     assert not (tmp_path / "not-medusa").exists()
     capsys.readouterr()
     metrics = tmp_path / "metrics.json"
-    code = main(["eval-heads", "--target", str(tiny["target"]), "--heads", str(clover.out),
-                 str(medusa.out), "--data", str(tiny["data"]), "--cache-dir", str(tiny["cache"]),
-                 "--eval-fraction", "0.2", "--max-seq-len", "128", "--json", str(metrics),
-                 "--no-progress"])
+    code = main(
+        [
+            "eval-heads",
+            "--target",
+            str(tiny["target"]),
+            "--heads",
+            str(clover.out),
+            str(medusa.out),
+            "--data",
+            str(tiny["data"]),
+            "--cache-dir",
+            str(tiny["cache"]),
+            "--eval-fraction",
+            "0.2",
+            "--max-seq-len",
+            "128",
+            "--json",
+            str(metrics),
+            "--no-progress",
+        ]
+    )
     table = capsys.readouterr().out
     assert code == 0 and "h2 top1/top5" in table and str(medusa.out) in table
     results = json.loads(metrics.read_text())
@@ -122,8 +173,16 @@ def test_draft_vocab_medusa_and_eval_heads(tiny, tmp_path: Path, capsys) -> None
 
 
 def test_cli_reports_bad_input_clearly(tiny, tmp_path: Path, capsys) -> None:
-    base = ["train", "--target", str(tiny["target"]), "--out", str(tmp_path / "o"),
-            "--cache-dir", str(tiny["cache"]), "--no-progress"]
+    base = [
+        "train",
+        "--target",
+        str(tiny["target"]),
+        "--out",
+        str(tmp_path / "o"),
+        "--cache-dir",
+        str(tiny["cache"]),
+        "--no-progress",
+    ]
     assert main([*base, "--data", str(tmp_path / "missing.jsonl")]) == 2
     assert "data file not found" in capsys.readouterr().err
     (tmp_path / "prompts.jsonl").write_text('{"prompt": "hello"}\n')
@@ -137,10 +196,12 @@ def test_cli_reports_bad_input_clearly(tiny, tmp_path: Path, capsys) -> None:
 
 
 def test_trainer_never_imports_vllm() -> None:
-    code = ("import sys, vllm_clover.cli, vllm_clover.training.trainer, "
-            "vllm_clover.training.evaluate, vllm_clover.training.generate_data\n"
-            "bad = [m for m in sys.modules if m == 'vllm' or m.startswith('vllm.')]\n"
-            "assert not bad, bad")
+    code = (
+        "import sys, vllm_clover.cli, vllm_clover.training.trainer, "
+        "vllm_clover.training.evaluate, vllm_clover.training.generate_data\n"
+        "bad = [m for m in sys.modules if m == 'vllm' or m.startswith('vllm.')]\n"
+        "assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 

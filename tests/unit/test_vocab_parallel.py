@@ -23,9 +23,18 @@ SPLIT = 27
 
 
 def _config(**overrides) -> CloverConfig:
-    fields = dict(hidden_size=D, vocab_size=V, num_heads=K, num_attention_heads=4,
-                  num_key_value_heads=2, intermediate_size=48, decoder_num_heads=4,
-                  rope_theta=1e3, num_augmenting_layers=0, use_augmenting_block=False)
+    fields = dict(
+        hidden_size=D,
+        vocab_size=V,
+        num_heads=K,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=48,
+        decoder_num_heads=4,
+        rope_theta=1e3,
+        num_augmenting_layers=0,
+        use_augmenting_block=False,
+    )
     return CloverConfig(**{**fields, **overrides})
 
 
@@ -43,8 +52,9 @@ def _weights(cfg: CloverConfig, low_ids: bool = False) -> tuple[dict, torch.Tens
     return state, lm_head, draft_ids
 
 
-def _drafts(cfg: CloverConfig, state: dict, draft_ids: torch.Tensor, tables: TargetTables,
-            scoring) -> torch.Tensor:
+def _drafts(
+    cfg: CloverConfig, state: dict, draft_ids: torch.Tensor, tables: TargetTables, scoring
+) -> torch.Tensor:
     """The same head loop drafting through `tables` (whole or one rank's shard)."""
     heads = HeadLoop(cfg)
     heads.load_state_dict(state)
@@ -63,8 +73,7 @@ def _reference(cfg: CloverConfig, low_ids: bool = False, scoring=None) -> torch.
     return _drafts(cfg, state, draft_ids, tables, scoring)
 
 
-def _rank_main(rank: int, port: int, cfg: CloverConfig, low_ids: bool, scoring, out: dict
-               ) -> None:
+def _rank_main(rank: int, port: int, cfg: CloverConfig, low_ids: bool, scoring, out: dict) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
     try:
@@ -86,14 +95,14 @@ def _free_port() -> int:
 def _sharded(cfg: CloverConfig, low_ids: bool = False, scoring=None) -> dict:
     with mp.Manager() as manager:
         out = manager.dict()
-        mp.spawn(_rank_main, args=(_free_port(), cfg, low_ids, scoring, out), nprocs=2,
-                 join=True)
+        mp.spawn(_rank_main, args=(_free_port(), cfg, low_ids, scoring, out), nprocs=2, join=True)
         return dict(out)
 
 
 # scoring: the format draft rows are scored in (None: the heads' float32; int8: the CPU default)
-@pytest.mark.parametrize("draft_vocab_size,scoring",
-                         [(None, None), (20, None), (5, None), (20, torch.int8)])
+@pytest.mark.parametrize(
+    "draft_vocab_size,scoring", [(None, None), (20, None), (5, None), (20, torch.int8)]
+)
 def test_two_ranks_draft_what_one_process_drafts(draft_vocab_size, scoring):
     cfg = _config(draft_vocab_size=draft_vocab_size)
     reference = _reference(cfg, scoring=scoring)

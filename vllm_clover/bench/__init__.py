@@ -1,9 +1,9 @@
 """`vllm-clover bench`: vanilla, ngram, Medusa and Clover through vLLM on the same prompts.
 
-    config.py   options (one dataclass), validated before any engine starts
-    prompts.py  MT-Bench first turns, or a prompts / ShareGPT file
-    measure.py  one timed generation and the counters around it (shared with the demo)
-    runner.py   one engine per (method, batch size), each in a forked child process
-    report.py   rows of figures, JSON and Markdown
-    plots.py    PNG plots (matplotlib)
+config.py   options (one dataclass), validated before any engine starts
+prompts.py  MT-Bench first turns, or a prompts / ShareGPT file
+measure.py  one timed generation and the counters around it (shared with the demo)
+runner.py   one engine per (method, batch size), each in a forked child process
+report.py   rows of figures, JSON and Markdown
+plots.py    PNG plots (matplotlib)
 """

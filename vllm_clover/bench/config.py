@@ -17,10 +17,20 @@ STANDARD_METHODS = ("vanilla", "ngram", "medusa", "clover")
 # Prompt lookup: match the last 2..4 tokens against the context (vLLM's default is 5..5).
 NGRAM_LOOKUP = {"prompt_lookup_min": 2, "prompt_lookup_max": 4}
 # The evaluation protocol (docs/benchmarks.md), and a few-minute version of it for 2 cores.
-FULL_PRESET = {"batch_sizes": (1, 4, 16, 64), "temperatures": (0.0, 1.0), "max_tokens": 128,
-               "min_prompts": 16, "prompts_per_seq": 2}
-QUICK_PRESET = {"batch_sizes": (1, 4), "temperatures": (0.0,), "max_tokens": 32,
-                "min_prompts": 8, "prompts_per_seq": 2}
+FULL_PRESET = {
+    "batch_sizes": (1, 4, 16, 64),
+    "temperatures": (0.0, 1.0),
+    "max_tokens": 128,
+    "min_prompts": 16,
+    "prompts_per_seq": 2,
+}
+QUICK_PRESET = {
+    "batch_sizes": (1, 4),
+    "temperatures": (0.0,),
+    "max_tokens": 32,
+    "min_prompts": 8,
+    "prompts_per_seq": 2,
+}
 
 
 class BenchError(ValueError):
@@ -40,8 +50,10 @@ class Method:
         """The `speculative_config` for `vllm.LLM` (None: plain decoding)."""
         if self.kind == "vanilla":
             return None
-        spec: dict[str, Any] = {"method": self.kind,
-                                "num_speculative_tokens": self.num_speculative_tokens}
+        spec: dict[str, Any] = {
+            "method": self.kind,
+            "num_speculative_tokens": self.num_speculative_tokens,
+        }
         if self.kind == "ngram":
             return {**spec, **NGRAM_LOOKUP}
         return {**spec, "model": self.model}
@@ -84,8 +96,9 @@ def validate(config: BenchConfig) -> None:
         raise BenchError(f"temperatures must be >= 0, got {list(config.temperatures)}")
     for name in ("max_tokens", "min_prompts", "prompts_per_seq"):
         if getattr(config, name) < 1:
-            raise BenchError(f"--{name.replace('_', '-')} must be >= 1, "
-                             f"got {getattr(config, name)}")
+            raise BenchError(
+                f"--{name.replace('_', '-')} must be >= 1, got {getattr(config, name)}"
+            )
 
 
 def checkpoint_heads(path: str | Path, model_type: str, label: str) -> int:
@@ -98,8 +111,9 @@ def checkpoint_heads(path: str | Path, model_type: str, label: str) -> int:
         raise BenchError(f"{label}: {err}") from err
     heads = config.get("num_heads")
     if not isinstance(heads, int) or heads < 1:
-        raise BenchError(f"{label}: {Path(path) / 'config.json'} has no valid num_heads "
-                         f"({heads!r})")
+        raise BenchError(
+            f"{label}: {Path(path) / 'config.json'} has no valid num_heads ({heads!r})"
+        )
     return heads
 
 
@@ -111,14 +125,21 @@ def parse_named_dir(text: str) -> tuple[str, str]:
     return name.strip(), folder.strip()
 
 
-def resolve_methods(names: list[str], clover_heads: str, medusa_heads: str, ngram_tokens: int,
-                    extra_clover: list[str]) -> tuple[Method, ...]:
+def resolve_methods(
+    names: list[str],
+    clover_heads: str,
+    medusa_heads: str,
+    ngram_tokens: int,
+    extra_clover: list[str],
+) -> tuple[Method, ...]:
     """Methods to run, vanilla first; checkpoints are checked here, not at engine start."""
     unknown = [n for n in names if n not in STANDARD_METHODS]
     if unknown:
-        raise BenchError(f"unknown method(s) {', '.join(map(repr, unknown))}: choose from "
-                         f"{', '.join(STANDARD_METHODS)} (add Clover checkpoints with "
-                         f"--clover NAME=DIR)")
+        raise BenchError(
+            f"unknown method(s) {', '.join(map(repr, unknown))}: choose from "
+            f"{', '.join(STANDARD_METHODS)} (add Clover checkpoints with "
+            f"--clover NAME=DIR)"
+        )
     if ngram_tokens < 1:
         raise BenchError(f"--ngram-tokens must be >= 1, got {ngram_tokens}")
     methods = [Method("vanilla", "vanilla")]
@@ -138,25 +159,43 @@ def resolve_methods(names: list[str], clover_heads: str, medusa_heads: str, ngra
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `bench` command's flags; unset ones take the full (or --quick) preset."""
-    parser.add_argument("--quick", action="store_true", help="a few-minute smoke run: batch "
-                        "sizes 1 4, T=0, 8 prompts, 32 tokens (every method still runs)")
-    parser.add_argument("--methods", nargs="+", default=list(STANDARD_METHODS),
-                        help=f"among {' '.join(STANDARD_METHODS)} (vanilla always runs)")
-    parser.add_argument("--clover", action="append", default=[], metavar="NAME=DIR",
-                        help="an extra Clover checkpoint to compare (e.g. an ablation); "
-                        "repeatable")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a few-minute smoke run: batch "
+        "sizes 1 4, T=0, 8 prompts, 32 tokens (every method still runs)",
+    )
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        default=list(STANDARD_METHODS),
+        help=f"among {' '.join(STANDARD_METHODS)} (vanilla always runs)",
+    )
+    parser.add_argument(
+        "--clover",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="an extra Clover checkpoint to compare (e.g. an ablation); repeatable",
+    )
     parser.add_argument("--clover-heads", default=str(REFERENCE_HEADS))
     parser.add_argument("--medusa-heads", default=str(REFERENCE_MEDUSA))
     parser.add_argument("--ngram-tokens", type=int, default=4, help="ngram K")
-    parser.add_argument("--batch-sizes", type=int, nargs="+", help="max_num_seqs values "
-                        "(default 1 4 16 64)")
+    parser.add_argument(
+        "--batch-sizes", type=int, nargs="+", help="max_num_seqs values (default 1 4 16 64)"
+    )
     parser.add_argument("--temperatures", type=float, nargs="+", help="default 0 1")
     parser.add_argument("--max-tokens", type=int, help="new tokens per prompt (default 128)")
     parser.add_argument("--min-prompts", type=int, help="prompts per run at least (default 16)")
-    parser.add_argument("--prompts-per-seq", type=int, help="prompts per run at least this "
-                        "times the batch size (default 2)")
-    parser.add_argument("--prompts", help="JSONL of {\"prompt\": ...} records or a ShareGPT "
-                        "file (default: MT-Bench first turns)")
+    parser.add_argument(
+        "--prompts-per-seq",
+        type=int,
+        help="prompts per run at least this times the batch size (default 2)",
+    )
+    parser.add_argument(
+        "--prompts",
+        help='JSONL of {"prompt": ...} records or a ShareGPT file (default: MT-Bench first turns)',
+    )
     parser.add_argument("--out", default="bench-results", help="results folder")
     parser.add_argument("--no-plots", action="store_true")
     parser.add_argument("--cache-dir")
@@ -165,10 +204,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
     """BenchConfig from parsed `bench` flags (BenchError on bad input)."""
     preset = QUICK_PRESET if args.quick else FULL_PRESET
-    chosen = {key: tuple(value) if isinstance(value, list) else value
-              for key in preset if (value := getattr(args, key)) is not None}
-    methods = resolve_methods(args.methods, args.clover_heads, args.medusa_heads,
-                              args.ngram_tokens, args.clover)
-    return BenchConfig(methods=methods, **{**preset, **chosen}, prompts_file=args.prompts,
-                       out=Path(args.out), cache_dir=args.cache_dir, quick=args.quick,
-                       plots=not args.no_plots)
+    chosen = {
+        key: tuple(value) if isinstance(value, list) else value
+        for key in preset
+        if (value := getattr(args, key)) is not None
+    }
+    methods = resolve_methods(
+        args.methods, args.clover_heads, args.medusa_heads, args.ngram_tokens, args.clover
+    )
+    return BenchConfig(
+        methods=methods,
+        **{**preset, **chosen},
+        prompts_file=args.prompts,
+        out=Path(args.out),
+        cache_dir=args.cache_dir,
+        quick=args.quick,
+        plots=not args.no_plots,
+    )

@@ -40,12 +40,16 @@ class Counters:
 
     def __sub__(self, before: Counters) -> Counters:
         """The counts between the snapshot `before` and this one."""
-        values = {f.name: getattr(self, f.name) - getattr(before, f.name)
-                  for f in fields(self) if f.name != "accepted_per_pos"}
+        values = {
+            f.name: getattr(self, f.name) - getattr(before, f.name)
+            for f in fields(self)
+            if f.name != "accepted_per_pos"
+        }
         size = max(len(self.accepted_per_pos), len(before.accepted_per_pos))
-        after_pos, before_pos = (_pad(p, size) for p in (self.accepted_per_pos,
-                                                         before.accepted_per_pos))
-        per_pos = tuple(a - b for a, b in zip(after_pos, before_pos))
+        after_pos, before_pos = (
+            _pad(p, size) for p in (self.accepted_per_pos, before.accepted_per_pos)
+        )
+        per_pos = tuple(a - b for a, b in zip(after_pos, before_pos, strict=True))
         return Counters(**values, accepted_per_pos=per_pos)
 
     @property
@@ -91,11 +95,12 @@ def identical_outputs(reference: list[list[int]], other: list[list[int]]) -> int
     """How many prompts have exactly the same token ids in both runs."""
     if len(reference) != len(other):
         raise ValueError(f"{len(reference)} vs {len(other)} outputs: not the same prompts")
-    return sum(a == b for a, b in zip(reference, other))
+    return sum(a == b for a, b in zip(reference, other, strict=True))
 
 
-def counters_from_metrics(metrics: Iterable[Any], drafting: tuple[float, int] = (0.0, 0)
-                          ) -> Counters:
+def counters_from_metrics(
+    metrics: Iterable[Any], drafting: tuple[float, int] = (0.0, 0)
+) -> Counters:
     """Counters from `LLM.get_metrics()` objects (summed over label sets, e.g. engines)."""
     totals = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0}
     per_pos: tuple[int, ...] = ()
@@ -106,11 +111,19 @@ def counters_from_metrics(metrics: Iterable[Any], drafting: tuple[float, int] = 
             steps += metric.count
         elif name == SPEC_PREFIX + "num_accepted_tokens_per_pos":
             size = max(len(per_pos), len(metric.values))
-            per_pos = tuple(a + b for a, b in zip(_pad(per_pos, size), _pad(metric.values, size)))
+            per_pos = tuple(
+                a + b for a, b in zip(_pad(per_pos, size), _pad(metric.values, size), strict=True)
+            )
         elif name.removeprefix(SPEC_PREFIX) in totals:
             totals[name.removeprefix(SPEC_PREFIX)] += metric.value
-    return Counters(totals["num_drafts"], totals["num_draft_tokens"],
-                    totals["num_accepted_tokens"], per_pos, steps, *drafting)
+    return Counters(
+        totals["num_drafts"],
+        totals["num_draft_tokens"],
+        totals["num_accepted_tokens"],
+        per_pos,
+        steps,
+        *drafting,
+    )
 
 
 def install_drafting_timer(llm: LLM) -> None:
@@ -148,8 +161,9 @@ def engine(target: str | Path, spec: dict | None, batch_size: int) -> Iterator[L
     from vllm_clover.engine import start_llm
 
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    llm = start_llm(str(target), speculative_config=spec, max_num_seqs=batch_size,
-                    disable_log_stats=False)
+    llm = start_llm(
+        str(target), speculative_config=spec, max_num_seqs=batch_size, disable_log_stats=False
+    )
     try:
         yield llm
     finally:

@@ -20,7 +20,8 @@ def ratio_series(rows: list[dict[str, Any]]) -> dict[Series, list[tuple[int, flo
         if row["kind"] == "vanilla":
             continue
         series[row["method"], row["temperature"]].append(
-            (row["batch_size"], row["ratio_to_vanilla"]))
+            (row["batch_size"], row["ratio_to_vanilla"])
+        )
     return {key: sorted(points) for key, points in series.items()}
 
 
@@ -43,9 +44,15 @@ def _styles(rows: list[dict[str, Any]]) -> dict[Series, dict[str, Any]]:
     """Line colour by method and style by temperature, stable across both plots."""
     methods = list(dict.fromkeys(row["method"] for row in rows))
     temperatures = sorted({row["temperature"] for row in rows})
-    return {(m, t): {"color": f"C{methods.index(m) % 10}", "label": f"{m}, T={t:g}",
-                     "linestyle": LINE_STYLES[temperatures.index(t) % len(LINE_STYLES)]}
-            for m in methods for t in temperatures}
+    return {
+        (m, t): {
+            "color": f"C{methods.index(m) % 10}",
+            "label": f"{m}, T={t:g}",
+            "linestyle": LINE_STYLES[temperatures.index(t) % len(LINE_STYLES)],
+        }
+        for m in methods
+        for t in temperatures
+    }
 
 
 def write_plots(rows: list[dict[str, Any]], out: Path) -> list[Path]:
@@ -60,21 +67,28 @@ def write_plots(rows: list[dict[str, Any]], out: Path) -> list[Path]:
     paths = [out / "throughput_ratio.png", out / "acceptance_per_position.png"]
     figure, axes = plt.subplots(figsize=(7, 4.5))
     for key, points in ratio_series(rows).items():
-        batches, ratios = zip(*points)
+        batches, ratios = zip(*points, strict=True)
         axes.plot(batches, ratios, marker="o", **styles[key])
     axes.axhline(1.0, color="grey", linewidth=0.8, label="vanilla")
     axes.set_xscale("log", base=2)
     batches = sorted({row["batch_size"] for row in rows})
     axes.set_xticks(batches, [str(b) for b in batches])
-    axes.set(xlabel="batch size (max_num_seqs)", ylabel="output tokens/s vs vanilla",
-             title="Throughput relative to vanilla decoding")
+    axes.set(
+        xlabel="batch size (max_num_seqs)",
+        ylabel="output tokens/s vs vanilla",
+        title="Throughput relative to vanilla decoding",
+    )
     _finish(plt, figure, axes, paths[0])
     figure, axes = plt.subplots(figsize=(7, 4.5))
     for key, rates in acceptance_series(rows).items():
         axes.plot(range(1, len(rates) + 1), rates, marker="o", **styles[key])
     axes.xaxis.get_major_locator().set_params(integer=True)
-    axes.set(xlabel="draft position", ylabel="acceptance rate", ylim=(0, 1),
-             title="Acceptance rate per draft position (pooled over batch sizes)")
+    axes.set(
+        xlabel="draft position",
+        ylabel="acceptance rate",
+        ylim=(0, 1),
+        title="Acceptance rate per draft position (pooled over batch sizes)",
+    )
     _finish(plt, figure, axes, paths[1])
     return paths
 

@@ -27,8 +27,10 @@ def load_prompts(path: str | Path | None = None, cache_dir: str | None = None) -
     if path is None:
         from vllm_clover.assets.data import fetch_mtbench, mtbench_questions
 
-        return [[{"role": "user", "content": q.turns[0]}]
-                for q in mtbench_questions(fetch_mtbench(cache_dir))]
+        return [
+            [{"role": "user", "content": q.turns[0]}]
+            for q in mtbench_questions(fetch_mtbench(cache_dir))
+        ]
     from vllm_clover.training.config import TrainingError
     from vllm_clover.training.data import load_conversations
 

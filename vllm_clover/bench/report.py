@@ -18,42 +18,57 @@ from vllm_clover.bench.config import BenchConfig
 from vllm_clover.bench.measure import Run, identical_outputs
 
 # Environment variables that change vLLM's speed on CPU, recorded with the results.
-SPEED_ENV = ("VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "OMP_NUM_THREADS",
-             "LD_PRELOAD", "VLLM_ENABLE_V1_MULTIPROCESSING")
+SPEED_ENV = (
+    "VLLM_CPU_KVCACHE_SPACE",
+    "VLLM_CPU_OMP_THREADS_BIND",
+    "OMP_NUM_THREADS",
+    "LD_PRELOAD",
+    "VLLM_ENABLE_V1_MULTIPROCESSING",
+)
 DEFINITIONS = {
     "tokens_per_second": "output tokens of all prompts / wall seconds of the timed "
-                         "LLM.chat call (prefill, scheduling and detokenization included)",
+    "LLM.chat call (prefill, scheduling and detokenization included)",
     "ratio_to_vanilla": "tokens_per_second / vanilla tokens_per_second, same batch size, "
-                        "temperature, prompts and invocation",
+    "temperature, prompts and invocation",
     "tau": "1 + accepted draft tokens / drafts (mean tokens per request per verification "
-           "step, the bonus token included)",
+    "step, the bonus token included)",
     "acceptance_rates": "per draft position i: drafts whose first i+1 tokens were accepted "
-                        "/ drafts",
+    "/ drafts",
     "steps": "engine steps: count of vLLM's vllm:iteration_tokens_total histogram",
     "drafting_overhead": "seconds inside vLLM's propose_draft_token_ids (the whole drafting "
-                         "of a step: Clover's Augmenting Block + K head steps, Medusa's heads, "
-                         "ngram's lookup) per engine step / vanilla seconds per engine step",
+    "of a step: Clover's Augmenting Block + K head steps, Medusa's heads, "
+    "ngram's lookup) per engine step / vanilla seconds per engine step",
     "drafting_share": "seconds inside propose_draft_token_ids / wall seconds of the run",
     "step_time_ratio": "(seconds / steps) / vanilla (seconds / steps): the full price of a "
-                       "speculative step (drafting + verifying K+1 tokens per request + "
-                       "rejection sampling) relative to a plain step",
+    "speculative step (drafting + verifying K+1 tokens per request + "
+    "rejection sampling) relative to a plain step",
     "equal_to_vanilla": "T=0 only: prompts whose token ids equal vanilla's / prompts",
 }
 
 
-def run_row(method: Any, batch: int, temperature: float, run: Run, vanilla: Run,
-            engine: dict[str, Any]) -> dict[str, Any]:
+def run_row(
+    method: Any, batch: int, temperature: float, run: Run, vanilla: Run, engine: dict[str, Any]
+) -> dict[str, Any]:
     """All figures of one timed run, with its ratios to the vanilla run `vanilla`."""
     counters = run.counters
     is_spec = method.kind != "vanilla"
-    row = {"method": method.name, "kind": method.kind, "batch_size": batch,
-           "temperature": temperature, "speculative_config": method.speculative_config(),
-           "num_prompts": len(run.tokens), "output_tokens": run.output_tokens,
-           "seconds": run.seconds, "tokens_per_second": run.tokens_per_second,
-           "ratio_to_vanilla": run.tokens_per_second / vanilla.tokens_per_second,
-           **asdict(counters), "tau": counters.tau if is_spec else None,
-           "acceptance_rates": counters.acceptance_rates, "seconds_per_step":
-           run.seconds_per_step, "engine": engine}
+    row = {
+        "method": method.name,
+        "kind": method.kind,
+        "batch_size": batch,
+        "temperature": temperature,
+        "speculative_config": method.speculative_config(),
+        "num_prompts": len(run.tokens),
+        "output_tokens": run.output_tokens,
+        "seconds": run.seconds,
+        "tokens_per_second": run.tokens_per_second,
+        "ratio_to_vanilla": run.tokens_per_second / vanilla.tokens_per_second,
+        **asdict(counters),
+        "tau": counters.tau if is_spec else None,
+        "acceptance_rates": counters.acceptance_rates,
+        "seconds_per_step": run.seconds_per_step,
+        "engine": engine,
+    }
     row.update(_overheads(run, vanilla) if is_spec else {})
     if temperature == 0 and is_spec:
         row["equal_prompts"] = identical_outputs(vanilla.tokens, run.tokens)
@@ -66,13 +81,14 @@ def _overheads(run: Run, vanilla: Run) -> dict[str, float | None]:
     counters, step, vanilla_step = run.counters, run.seconds_per_step, vanilla.seconds_per_step
     if not (step and vanilla_step):
         return {"drafting_overhead": None, "drafting_share": None, "step_time_ratio": None}
-    return {"drafting_overhead": counters.drafting_seconds / counters.steps / vanilla_step,
-            "drafting_share": counters.drafting_seconds / run.seconds,
-            "step_time_ratio": step / vanilla_step}
+    return {
+        "drafting_overhead": counters.drafting_seconds / counters.steps / vanilla_step,
+        "drafting_share": counters.drafting_seconds / run.seconds,
+        "step_time_ratio": step / vanilla_step,
+    }
 
 
-def build_rows(results: list[tuple[Any, dict[float, Run], dict[str, Any]]]
-               ) -> list[dict[str, Any]]:
+def build_rows(results: list[tuple[Any, dict[float, Run], dict[str, Any]]]) -> list[dict[str, Any]]:
     """Rows for (EngineJob, runs by temperature, engine settings) results, vanilla first."""
     vanilla: dict[tuple[int, float], Run] = {}
     rows = []
@@ -92,12 +108,18 @@ def machine_info() -> dict[str, Any]:
     cpu = _first_field(Path("/proc/cpuinfo"), "model name") or platform.processor()
     memory = _first_field(Path("/proc/meminfo"), "MemTotal")
     repo = Path(__file__).resolve().parents[2]
-    return {"cpu": cpu, "cores": os.cpu_count(), "usable_cores": len(os.sched_getaffinity(0)),
-            "memory": memory, "platform": platform.platform(),
-            "python": platform.python_version(), "vllm": "==".join(installed_vllm() or ("?",)),
-            "git_commit": _git(repo, "rev-parse", "HEAD"),
-            "git_dirty": bool(_git(repo, "status", "--porcelain", "--untracked-files=no")),
-            "env": {name: os.environ.get(name) for name in SPEED_ENV}}
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "usable_cores": len(os.sched_getaffinity(0)),
+        "memory": memory,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "vllm": "==".join(installed_vllm() or ("?",)),
+        "git_commit": _git(repo, "rev-parse", "HEAD"),
+        "git_dirty": bool(_git(repo, "status", "--porcelain", "--untracked-files=no")),
+        "env": {name: os.environ.get(name) for name in SPEED_ENV},
+    }
 
 
 def _first_field(path: Path, key: str) -> str | None:
@@ -110,23 +132,34 @@ def _first_field(path: Path, key: str) -> str | None:
 
 def _git(repo: Path, *args: str) -> str | None:
     try:
-        result = subprocess.run(["git", "-C", str(repo), *args], capture_output=True,
-                                text=True, timeout=10, check=True)
+        result = subprocess.run(
+            ["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=10, check=True
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return result.stdout.strip()
 
 
-def build_report(config: BenchConfig, command: str, available_prompts: int,
-                 results: list[tuple[Any, dict[float, Run], dict[str, Any]]]) -> dict[str, Any]:
+def build_report(
+    config: BenchConfig,
+    command: str,
+    available_prompts: int,
+    results: list[tuple[Any, dict[float, Run], dict[str, Any]]],
+) -> dict[str, Any]:
     """The whole JSON document: command, machine, configuration, definitions, rows."""
     settings = asdict(config)
     settings["out"] = str(config.out)
     settings["available_prompts"] = available_prompts
-    settings["prompts_repeated"] = any(config.num_prompts(b) > available_prompts
-                                       for b in config.batch_sizes)
-    return {"command": command, "machine": machine_info(), "config": settings,
-            "definitions": DEFINITIONS, "runs": build_rows(results)}
+    settings["prompts_repeated"] = any(
+        config.num_prompts(b) > available_prompts for b in config.batch_sizes
+    )
+    return {
+        "command": command,
+        "machine": machine_info(),
+        "config": settings,
+        "definitions": DEFINITIONS,
+        "runs": build_rows(results),
+    }
 
 
 def write_json(report: dict[str, Any], out: Path) -> Path:
@@ -143,20 +176,27 @@ def _fmt(value: float | None, pattern: str) -> str:
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     """One line per run: throughput, ratio, tau, acceptance, overheads, T=0 equality."""
-    lines = ["| method | batch | T | tokens/s | vs vanilla | tau | acceptance per position | "
-             "drafting overhead | step time vs vanilla | T=0 equal to vanilla |",
-             "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
+    lines = [
+        "| method | batch | T | tokens/s | vs vanilla | tau | acceptance per position | "
+        "drafting overhead | step time vs vanilla | T=0 equal to vanilla |",
+        "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|",
+    ]
     for row in rows:
         rates = " ".join(f"{rate:.2f}" for rate in row["acceptance_rates"]) or "-"
-        equal = ("reference" if row["kind"] == "vanilla" else
-                 f"{row['equal_prompts']}/{row['num_prompts']}" if "equal_prompts" in row
-                 else "n/a")
+        equal = (
+            "reference"
+            if row["kind"] == "vanilla"
+            else f"{row['equal_prompts']}/{row['num_prompts']}"
+            if "equal_prompts" in row
+            else "n/a"
+        )
         lines.append(
             f"| {row['method']} | {row['batch_size']} | {row['temperature']:g} | "
             f"{row['tokens_per_second']:.1f} | {row['ratio_to_vanilla']:.2f}x | "
             f"{_fmt(row['tau'], '.2f')} | {rates} | "
             f"{_fmt(row.get('drafting_overhead'), '.0%')} | "
-            f"{_fmt(row.get('step_time_ratio'), '.2f')} | {equal} |")
+            f"{_fmt(row.get('step_time_ratio'), '.2f')} | {equal} |"
+        )
     return "\n".join(lines)
 
 
@@ -168,24 +208,36 @@ def busy_warning(report: dict[str, Any]) -> str | None:
     loads = [row["engine"].get("load_avg_1m_before", 0.0) for row in report["runs"]]
     if not loads or max(loads) <= cores + 1:
         return None
-    return (f"Warning: the machine was busy (1-minute load average up to {max(loads):.1f} on "
-            f"{cores} cores before an engine started): timings and ratios are unreliable.")
+    return (
+        f"Warning: the machine was busy (1-minute load average up to {max(loads):.1f} on "
+        f"{cores} cores before an engine started): timings and ratios are unreliable."
+    )
 
 
 def markdown_document(report: dict[str, Any]) -> str:
     """results.md: the command, the machine, the table and what each column means."""
     machine, config = report["machine"], report["config"]
     prompts = config["prompts_file"] or "MT-Bench first turns (chat template)"
-    lines = ["# vllm-clover bench", "", f"    {report['command']}", "",
-             f"Machine: {machine['cpu']}, {machine['usable_cores']} usable cores, "
-             f"{machine['memory']}; vLLM {machine['vllm']}; git {machine['git_commit']}"
-             f"{' (uncommitted changes)' if machine['git_dirty'] else ''}.", "",
-             f"Prompts: {prompts}, {config['max_tokens']} new tokens each, at least "
-             f"{config['min_prompts']} and {config['prompts_per_seq']}x the batch size per run"
-             f"{' (cycled: fewer prompts available)' if config['prompts_repeated'] else ''}; "
-             f"float32, eager, engine in-process; batch size = max_num_seqs.", "",
-             *([warning, ""] if (warning := busy_warning(report)) else []),
-             markdown_table(report["runs"]), "", "## Definitions", ""]
+    lines = [
+        "# vllm-clover bench",
+        "",
+        f"    {report['command']}",
+        "",
+        f"Machine: {machine['cpu']}, {machine['usable_cores']} usable cores, "
+        f"{machine['memory']}; vLLM {machine['vllm']}; git {machine['git_commit']}"
+        f"{' (uncommitted changes)' if machine['git_dirty'] else ''}.",
+        "",
+        f"Prompts: {prompts}, {config['max_tokens']} new tokens each, at least "
+        f"{config['min_prompts']} and {config['prompts_per_seq']}x the batch size per run"
+        f"{' (cycled: fewer prompts available)' if config['prompts_repeated'] else ''}; "
+        f"float32, eager, engine in-process; batch size = max_num_seqs.",
+        "",
+        *([warning, ""] if (warning := busy_warning(report)) else []),
+        markdown_table(report["runs"]),
+        "",
+        "## Definitions",
+        "",
+    ]
     lines += [f"- **{name}**: {text}" for name, text in report["definitions"].items()]
     return "\n".join(lines) + "\n"
 

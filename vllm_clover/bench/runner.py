@@ -49,7 +49,7 @@ def run_engine_job(job: EngineJob) -> tuple[dict[float, Run], dict[str, Any]]:
         install_drafting_timer(llm)
         settings = engine_settings(llm)
         warm_up = SamplingParams(temperature=0.0, max_tokens=WARM_UP_TOKENS)
-        llm.chat(job.chats[:job.batch_size], warm_up, use_tqdm=False)
+        llm.chat(job.chats[: job.batch_size], warm_up, use_tqdm=False)
         runs = {}
         for temperature in job.temperatures:
             llm.reset_prefix_cache()
@@ -61,9 +61,11 @@ def run_engine_job(job: EngineJob) -> tuple[dict[float, Run], dict[str, Any]]:
 def engine_settings(llm: Any) -> dict[str, Any]:
     """Scheduler settings as the engine resolved them (vLLM may override what was asked)."""
     scheduler = llm.llm_engine.vllm_config.scheduler_config
-    return {"async_scheduling": bool(scheduler.async_scheduling),
-            "max_num_seqs": scheduler.max_num_seqs,
-            "max_num_batched_tokens": scheduler.max_num_batched_tokens}
+    return {
+        "async_scheduling": bool(scheduler.async_scheduling),
+        "max_num_seqs": scheduler.max_num_seqs,
+        "max_num_batched_tokens": scheduler.max_num_batched_tokens,
+    }
 
 
 def _child(function: Callable[[Any], Any], argument: Any, sender: Any) -> None:
@@ -102,9 +104,18 @@ def run_isolated(function: Callable[[Any], Any], argument: Any) -> Any:
 
 def engine_jobs(config: BenchConfig, target: str, chats: list[Chat]) -> list[EngineJob]:
     """Every (batch size, method) engine, vanilla first at each batch size."""
-    return [EngineJob(target, method, batch, take_prompts(chats, config.num_prompts(batch)),
-                      config.temperatures, config.max_tokens)
-            for batch in config.batch_sizes for method in config.methods]
+    return [
+        EngineJob(
+            target,
+            method,
+            batch,
+            take_prompts(chats, config.num_prompts(batch)),
+            config.temperatures,
+            config.max_tokens,
+        )
+        for batch in config.batch_sizes
+        for method in config.methods
+    ]
 
 
 def run_bench(config: BenchConfig, command: str) -> dict[str, Any]:
@@ -141,7 +152,8 @@ def prepare_engine_server() -> None:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     multiprocessing.get_context("forkserver").set_forkserver_preload(
-        ["vllm.entrypoints.llm", "vllm.sampling_params", __name__])
+        ["vllm.entrypoints.llm", "vllm.sampling_params", __name__]
+    )
 
 
 def bench_command(args: Any, argv: Sequence[str]) -> None:
@@ -154,5 +166,7 @@ def bench_command(args: Any, argv: Sequence[str]) -> None:
     print("\n" + markdown_table(report["runs"]))
     if warning := busy_warning(report):
         print(f"\n{warning}")
-    print(f"\nresults: {Path(config.out).resolve()}/ (results.json, results.md"
-          f"{', plots' if config.plots else ''})")
+    print(
+        f"\nresults: {Path(config.out).resolve()}/ (results.json, results.md"
+        f"{', plots' if config.plots else ''})"
+    )

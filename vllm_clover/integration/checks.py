@@ -47,18 +47,21 @@ def check_clover_spec(
     """
     check_draft_dtype_fits(draft_dtype_setting(), current_platform.device_type)
     if not model:
-        raise CloverCheckpointError('speculative_config method "clover" needs "model": '
-                                    "the folder of a Clover checkpoint")
+        raise CloverCheckpointError(
+            'speculative_config method "clover" needs "model": the folder of a Clover checkpoint'
+        )
     if not os.path.isdir(model):
         raise CloverCheckpointError(f"Clover checkpoint {model!r} is not a local folder")
     if any(s in model.lower() for s in ROUTED_PATH_SUBSTRINGS):
         raise CloverCheckpointError(
             f"Clover checkpoint path {model!r} contains one of {ROUTED_PATH_SUBSTRINGS}, which "
-            "vLLM 0.32 routes to another speculative method; rename the folder")
+            "vLLM 0.32 routes to another speculative method; rename the folder"
+        )
     config = validate_checkpoint(model)
     check_target_shape(config, model, target_hf_config.hidden_size, target_hf_config.vocab_size)
     if num_speculative_tokens is not None and num_speculative_tokens > config.num_heads:
         raise CloverCheckpointError(
             f"num_speculative_tokens={num_speculative_tokens} but Clover checkpoint {model} "
-            f"has {config.num_heads} trained heads (use at most {config.num_heads})")
+            f"has {config.num_heads} trained heads (use at most {config.num_heads})"
+        )
     return config

@@ -86,8 +86,11 @@ class CloverDraftModel(nn.Module):
         depth = config.num_augmenting_layers if config.use_augmenting_block else 0
         layer_config = augmenting_layer_config(config)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(vllm_config, prefix=maybe_prefix(prefix, f"model.layers.{first + j}"),
-                              config=layer_config)
+            LlamaDecoderLayer(
+                vllm_config,
+                prefix=maybe_prefix(prefix, f"model.layers.{first + j}"),
+                config=layer_config,
+            )
             for j in range(depth)
         )
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps) if depth else None
@@ -135,8 +138,10 @@ class CloverDraftModel(nn.Module):
                     name, shard = name.replace(f".{part}.", f".{fused}."), shard_id
                     break
             if name not in params:
-                raise ValueError(f"Clover checkpoint weight {name!r} has no place in "
-                                 f"{type(self).__name__} (num_augmenting_layers mismatch?)")
+                raise ValueError(
+                    f"Clover checkpoint weight {name!r} has no place in "
+                    f"{type(self).__name__} (num_augmenting_layers mismatch?)"
+                )
             param = params[name]
             if shard is None:
                 getattr(param, "weight_loader", default_weight_loader)(param, tensor)

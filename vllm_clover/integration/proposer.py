@@ -61,21 +61,38 @@ class CloverProposer(EagleProposer):
         self.num_speculative_tokens = num_speculative_tokens
         self._last_draft_probs = None  # greedy drafts: vLLM treats them as one-hot
         if self.model.layers:
-            h0 = self._augmenting_pass(target_token_ids, target_positions, target_hidden_states,
-                                       next_token_ids, token_indices_to_sample,
-                                       common_attn_metadata, num_rejected_tokens_gpu)
+            h0 = self._augmenting_pass(
+                target_token_ids,
+                target_positions,
+                target_hidden_states,
+                next_token_ids,
+                token_indices_to_sample,
+                common_attn_metadata,
+                num_rejected_tokens_gpu,
+            )
         else:  # no Augmenting Block: h0 = H, no draft forward, no draft KV cache
-            rows = (common_attn_metadata.query_start_loc[1:] - 1
-                    if token_indices_to_sample is None else token_indices_to_sample)
+            rows = (
+                common_attn_metadata.query_start_loc[1:] - 1
+                if token_indices_to_sample is None
+                else token_indices_to_sample
+            )
             h0 = target_hidden_states[rows]
         if num_speculative_tokens == 0:
             return next_token_ids.new_empty((next_token_ids.shape[0], 0), dtype=torch.int64)
-        return self.model.heads.propose(h0, next_token_ids.long(), num_speculative_tokens,
-                                        self.model.tables)
+        return self.model.heads.propose(
+            h0, next_token_ids.long(), num_speculative_tokens, self.model.tables
+        )
 
-    def _augmenting_pass(self, target_token_ids, target_positions, target_hidden_states,
-                         next_token_ids, token_indices_to_sample, common_attn_metadata,
-                         num_rejected_tokens_gpu) -> torch.Tensor:
+    def _augmenting_pass(
+        self,
+        target_token_ids,
+        target_positions,
+        target_hidden_states,
+        next_token_ids,
+        token_indices_to_sample,
+        common_attn_metadata,
+        num_rejected_tokens_gpu,
+    ) -> torch.Tensor:
         """The Augmenting Block over every scheduled token, writing its paged KV cache:
         h0 at each request's last accepted token, [num_reqs, hidden_size].
 
@@ -84,18 +101,27 @@ class CloverProposer(EagleProposer):
         multimodal inputs, MTP index sharing, expert load balancing).
         """
         num_tokens, rows, metadata = self.set_inputs_first_pass(
-            target_token_ids=target_token_ids, next_token_ids=next_token_ids,
-            target_positions=target_positions, target_hidden_states=target_hidden_states,
-            token_indices_to_sample=token_indices_to_sample, cad=common_attn_metadata,
-            num_rejected_tokens_gpu=num_rejected_tokens_gpu)
+            target_token_ids=target_token_ids,
+            next_token_ids=next_token_ids,
+            target_positions=target_positions,
+            target_hidden_states=target_hidden_states,
+            token_indices_to_sample=token_indices_to_sample,
+            cad=common_attn_metadata,
+            num_rejected_tokens_gpu=num_rejected_tokens_gpu,
+        )
         _, per_layer_metadata = self.build_per_group_and_layer_attn_metadata(metadata)
-        graph_mode, num_input_tokens, across_dp = (
-            self._determine_batch_execution_and_padding(num_tokens))
+        graph_mode, num_input_tokens, across_dp = self._determine_batch_execution_and_padding(
+            num_tokens
+        )
         model_kwargs, num_slots = self.build_model_inputs_first_pass(
-            num_tokens, num_input_tokens, None)
+            num_tokens, num_input_tokens, None
+        )
         with set_forward_context(
-            per_layer_metadata, self.vllm_config, num_tokens=num_input_tokens,
-            num_tokens_across_dp=across_dp, cudagraph_runtime_mode=graph_mode,
+            per_layer_metadata,
+            self.vllm_config,
+            num_tokens=num_input_tokens,
+            num_tokens_across_dp=across_dp,
+            cudagraph_runtime_mode=graph_mode,
             slot_mapping=self._get_slot_mapping(num_slots, metadata.slot_mapping),
         ):
             h0, _ = self.model(**model_kwargs)
@@ -140,23 +166,36 @@ class CloverProposer(EagleProposer):
         vocab = config.vocab_size
         if isinstance(tables, VocabParallelTables):
             full_lm_head = tensor_model_parallel_all_gather(lm_head.weight, dim=0)[:vocab]
-            full_embedding = None if embedding is None else tensor_model_parallel_all_gather(
-                embedding.weight, dim=0)[:vocab]
+            full_embedding = (
+                None
+                if embedding is None
+                else tensor_model_parallel_all_gather(embedding.weight, dim=0)[:vocab]
+            )
             self._check_fits(full_lm_head, full_embedding)
             del full_lm_head, full_embedding
             shard = lm_head.shard_indices  # this rank's real ids, vLLM's padding dropped
             rows = slice(0, shard.num_org_elements)
-            tables.attach_shard(lm_head.weight[rows], shard.org_vocab_start_index,
-                                None if embedding is None else embedding.weight[rows])
+            tables.attach_shard(
+                lm_head.weight[rows],
+                shard.org_vocab_start_index,
+                None if embedding is None else embedding.weight[rows],
+            )
         else:
-            self._check_fits(lm_head.weight[:vocab],
-                             None if embedding is None else embedding.weight[:vocab])
-            tables.attach(lm_head.weight[:vocab],
-                          None if embedding is None else embedding.weight[:vocab])
+            self._check_fits(
+                lm_head.weight[:vocab], None if embedding is None else embedding.weight[:vocab]
+            )
+            tables.attach(
+                lm_head.weight[:vocab], None if embedding is None else embedding.weight[:vocab]
+            )
         setting = draft_dtype_setting()
         scoring = tables.choose_scoring(setting)
-        logger.info("Clover: draft rows scored in %s, head network and target in %s (%s=%s)",
-                    scoring, lm_head.weight.dtype, DRAFT_DTYPE_ENV, setting)
+        logger.info(
+            "Clover: draft rows scored in %s, head network and target in %s (%s=%s)",
+            scoring,
+            lm_head.weight.dtype,
+            DRAFT_DTYPE_ENV,
+            setting,
+        )
 
     def _check_fits(self, lm_head: torch.Tensor, embedding: torch.Tensor | None) -> None:
         path = self.speculative_config.model
@@ -164,8 +203,11 @@ class CloverProposer(EagleProposer):
             # A served path never equals the recorded target name: the fingerprint decides.
             check_target_fits(self.model.config, path, lm_head, embedding)
         except CloverCheckpointError:
-            logger.error("Clover checkpoint %s does not fit target %s", path,
-                         self.vllm_config.model_config.model)
+            logger.error(
+                "Clover checkpoint %s does not fit target %s",
+                path,
+                self.vllm_config.model_config.model,
+            )
             raise
 
 

@@ -14,8 +14,7 @@ from vllm_clover.modeling.checkpoint import (
 from vllm_clover.modeling.clover import CloverModel
 from vllm_clover.modeling.config import CloverConfig
 from vllm_clover.modeling.head_loop import HeadLoop
-from vllm_clover.modeling.tables import draft_vocab_from_counts
-from vllm_clover.modeling.tables import TargetTables
+from vllm_clover.modeling.tables import TargetTables, draft_vocab_from_counts
 from vllm_clover.modeling.teacher_forcing import HeadTokens, shift_tokens_for_heads
 
 __all__ = [

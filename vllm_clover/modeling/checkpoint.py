@@ -160,7 +160,8 @@ def read_config_json(path: str | os.PathLike, model_type: str = "clover") -> dic
     found = raw.get("model_type") if isinstance(raw, dict) else type(raw).__name__
     if found != model_type:
         raise CloverCheckpointError(
-            f"{config_file}: model_type must be {model_type!r}, got {found!r}")
+            f"{config_file}: model_type must be {model_type!r}, got {found!r}"
+        )
     return raw
 
 
@@ -171,7 +172,8 @@ def load_clover_config(path: str | os.PathLike) -> CloverConfig:
         return CloverConfig.from_dict(raw)
     except (TypeError, ValueError) as err:
         raise CloverCheckpointError(
-            f"invalid Clover config {Path(path) / CONFIG_NAME}: {err}") from err
+            f"invalid Clover config {Path(path) / CONFIG_NAME}: {err}"
+        ) from err
 
 
 def load_clover(
@@ -234,8 +236,7 @@ def check_target_fits(
             f"{path}: lm_head_weight must be (vocab, hidden), got {tuple(lm_head_weight.shape)}"
         )
     vocab, hidden = lm_head_weight.shape
-    check_target_shape(config, path, hidden, vocab,
-                       " (slice off any vocab padding before loading)")
+    check_target_shape(config, path, hidden, vocab, " (slice off any vocab padding before loading)")
     if input_embedding is not None and tuple(input_embedding.shape) != (vocab, hidden):
         raise CloverCheckpointError(
             f"{path}: input_embedding shape {tuple(input_embedding.shape)} != {(vocab, hidden)}"
@@ -243,16 +244,20 @@ def check_target_fits(
     _check_target_identity(config, path, lm_head_weight, target_name)
 
 
-def check_target_shape(config: CloverConfig, path: str | os.PathLike, hidden_size: int,
-                       vocab_size: int, hint: str = "") -> None:
+def check_target_shape(
+    config: CloverConfig, path: str | os.PathLike, hidden_size: int, vocab_size: int, hint: str = ""
+) -> None:
     """The target's hidden size and vocabulary are the ones the heads were trained for."""
-    for what, trained, actual in (("hidden size", config.hidden_size, hidden_size),
-                                  ("vocab size", config.vocab_size, vocab_size)):
+    for what, trained, actual in (
+        ("hidden size", config.hidden_size, hidden_size),
+        ("vocab size", config.vocab_size, vocab_size),
+    ):
         if trained != actual:
             raise CloverCheckpointError(
                 f"{what} mismatch: Clover checkpoint {path} was trained for "
                 f"{what.replace(' ', '_')}={trained} (target {config.target_name!r}), "
-                f"the target has {actual}{hint}")
+                f"the target has {actual}{hint}"
+            )
 
 
 def _check_target_identity(

@@ -72,30 +72,41 @@ class CloverModel(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.heads.dtype
 
-    def attach_target(self, lm_head_weight: torch.Tensor,
-                      input_embedding: torch.Tensor | None = None) -> None:
+    def attach_target(
+        self, lm_head_weight: torch.Tensor, input_embedding: torch.Tensor | None = None
+    ) -> None:
         """Share the target's LM head (V, D) and optionally its input embedding (V, D)."""
         self.tables.attach(lm_head_weight, input_embedding)
 
-    def augment(self, hidden_states: torch.Tensor,
-                positions: torch.Tensor | None = None) -> torch.Tensor:
+    def augment(
+        self, hidden_states: torch.Tensor, positions: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """h0 for every position: the Augmenting Block over H (B, T, D), or H when off."""
         x = hidden_states.to(self.dtype)
         return x if self.augmenting is None else self.augmenting(x, positions)
 
-    def head_features(self, hidden_states: torch.Tensor, head_input_ids: torch.Tensor,
-                      positions: torch.Tensor | None = None) -> torch.Tensor:
+    def head_features(
+        self,
+        hidden_states: torch.Tensor,
+        head_input_ids: torch.Tensor,
+        positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Teacher-forced z: H (B, T, D), ids (B, T, K') -> (B, T, K', D). Score with
         ``logits`` in chunks when (B, T, K, N) logits are too large."""
-        return self.heads.teacher_forced(self.augment(hidden_states, positions),
-                                         head_input_ids, self.tables)
+        return self.heads.teacher_forced(
+            self.augment(hidden_states, positions), head_input_ids, self.tables
+        )
 
     def logits(self, z: torch.Tensor) -> torch.Tensor:
         """Head features z (..., D) -> logits (..., N) in the heads' dtype (training)."""
         return self.tables.logits(z, self.dtype)
 
-    def forward(self, hidden_states: torch.Tensor, head_input_ids: torch.Tensor,
-                positions: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        head_input_ids: torch.Tensor,
+        positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Teacher-forced logits (B, T, K', N); logits[b, t, i] scores x_{t+2+i} (draft vocab)."""
         return self.logits(self.head_features(hidden_states, head_input_ids, positions))
 

@@ -126,8 +126,13 @@ class HeadLoop(nn.Module):
         return self.blocks[0].layers[0].weight.dtype
 
     def step(
-        self, i: int, h_prev: torch.Tensor, h0: torch.Tensor, prev_ids: torch.Tensor,
-        tables: TargetTables, kv: torch.Tensor | None = None,
+        self,
+        i: int,
+        h_prev: torch.Tensor,
+        h0: torch.Tensor,
+        prev_ids: torch.Tensor,
+        tables: TargetTables,
+        kv: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Head step i: (h_{i-1}, h0, previous token) -> (h_i, z_i). All (..., D), prev_ids (...,).
 
@@ -166,8 +171,9 @@ class HeadLoop(nn.Module):
         return torch.stack(features, dim=2)  # (B, T, K', D)
 
     @torch.no_grad()
-    def propose(self, h0: torch.Tensor, t0: torch.Tensor, num_steps: int,
-                tables: TargetTables) -> torch.Tensor:
+    def propose(
+        self, h0: torch.Tensor, t0: torch.Tensor, num_steps: int, tables: TargetTables
+    ) -> torch.Tensor:
         """Greedy regressive drafting: h0 (M, D), t0 (M,) -> draft target ids (M, num_steps).
 
         h0 is the (augmented) hidden state at the last accepted position, t0 the token the

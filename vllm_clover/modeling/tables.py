@@ -35,8 +35,12 @@ from vllm_clover.modeling.scoring import DraftRows
 
 # ---------------------------------------------------------------------- scoring dtype policy
 DRAFT_DTYPE_ENV = "CLOVER_DRAFT_DTYPE"
-DRAFT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-                "int8": torch.int8}
+DRAFT_DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "int8": torch.int8,
+}
 DRAFT_DTYPE_CHOICES = ("auto", *DRAFT_DTYPES)
 
 
@@ -44,16 +48,19 @@ def draft_dtype_setting() -> str:
     """$CLOVER_DRAFT_DTYPE (default "auto"), or a ValueError naming the allowed values."""
     setting = os.environ.get(DRAFT_DTYPE_ENV, "auto")
     if setting not in DRAFT_DTYPE_CHOICES:
-        raise ValueError(f"{DRAFT_DTYPE_ENV}={setting!r} is not one of "
-                         f"{', '.join(DRAFT_DTYPE_CHOICES)}")
+        raise ValueError(
+            f"{DRAFT_DTYPE_ENV}={setting!r} is not one of {', '.join(DRAFT_DTYPE_CHOICES)}"
+        )
     return setting
 
 
 def check_draft_dtype_fits(setting: str, device_type: str) -> None:
     """ValueError for int8 draft scoring (CPU int8 matmuls) on any device but the CPU."""
     if setting == "int8" and device_type != "cpu":
-        raise ValueError(f"{DRAFT_DTYPE_ENV}=int8 scores draft rows with CPU int8 matmuls; "
-                         f"this is a {device_type} install: unset it (auto)")
+        raise ValueError(
+            f"{DRAFT_DTYPE_ENV}=int8 scores draft rows with CPU int8 matmuls; "
+            f"this is a {device_type} install: unset it (auto)"
+        )
 
 
 def scoring_dtype_for(setting: str, target_dtype: torch.dtype, device_type: str) -> torch.dtype:
@@ -119,20 +126,23 @@ class TargetTables(nn.Module):
         self._cache: dict[str, tuple[tuple, Any]] = {}
 
     # ------------------------------------------------------------------ attaching
-    def attach(self, lm_head_weight: torch.Tensor,
-               input_embedding: torch.Tensor | None = None) -> None:
+    def attach(
+        self, lm_head_weight: torch.Tensor, input_embedding: torch.Tensor | None = None
+    ) -> None:
         """Share the target's LM head (V, D) and, if given, its input embedding (V, D)."""
         expected = (self.config.vocab_size, self.config.hidden_size)
         for name, w in (("lm_head_weight", lm_head_weight), ("input_embedding", input_embedding)):
             if w is not None and tuple(w.shape) != expected:
                 raise ValueError(
-                    f"{name} has shape {tuple(w.shape)}, expected (vocab, hidden) = {expected}")
+                    f"{name} has shape {tuple(w.shape)}, expected (vocab, hidden) = {expected}"
+                )
         self._share(lm_head_weight, input_embedding)
 
     def _share(self, lm_head: torch.Tensor, input_embedding: torch.Tensor | None) -> None:
         if self.config.needs_input_embedding and input_embedding is None:
             raise ValueError(
-                "regressive_embedding='input_embedding' needs the target input embedding")
+                "regressive_embedding='input_embedding' needs the target input embedding"
+            )
         self.lm_head_weight = lm_head.detach()
         self.input_embedding = None if input_embedding is None else input_embedding.detach()
 
@@ -140,8 +150,10 @@ class TargetTables(nn.Module):
     def lm_head(self) -> torch.Tensor:
         """The attached LM head (RuntimeError before ``attach``)."""
         if self.lm_head_weight is None:
-            raise RuntimeError("Clover: attach the target's LM head (attach_target / "
-                               "TargetTables.attach) before running the heads")
+            raise RuntimeError(
+                "Clover: attach the target's LM head (attach_target / "
+                "TargetTables.attach) before running the heads"
+            )
         return self.lm_head_weight
 
     def choose_scoring(self, setting: str) -> torch.dtype:
@@ -208,16 +220,20 @@ class TargetTables(nn.Module):
         """The same rows for drafting, in ``scoring_dtype`` (``default_dtype`` if unset);
         gathered once and cached like vocab_weight."""
         dtype = self.scoring_dtype or default_dtype
-        return self._cached("draft_rows", (dtype,),
-                            lambda: DraftRows.of(self._gather_rows(), dtype))
+        return self._cached(
+            "draft_rows", (dtype,), lambda: DraftRows.of(self._gather_rows(), dtype)
+        )
 
     def greedy_draft_ids(self, z: torch.Tensor, rows: DraftRows) -> torch.Tensor:
         """Draft-vocab indices of the best-scoring rows: head features (M, D) -> (M,) int64."""
         return rows.scores(z).argmax(dim=-1)
 
-    def draft_token_table(self, fn: Callable[[torch.Tensor], torch.Tensor],
-                          sources: tuple[torch.Tensor, ...], dtype: torch.dtype
-                          ) -> torch.Tensor | None:
+    def draft_token_table(
+        self,
+        fn: Callable[[torch.Tensor], torch.Tensor],
+        sources: tuple[torch.Tensor, ...],
+        dtype: torch.dtype,
+    ) -> torch.Tensor | None:
         """fn(embed(every draft-vocabulary token)): (N, ...), or None for the full vocabulary
         (a table of all V tokens would be too large).
 
@@ -227,8 +243,11 @@ class TargetTables(nn.Module):
         if self.draft_vocab_ids is None:
             return None
         key = (dtype, fn.__qualname__, versions_key(*sources, self.input_embedding))
-        return self._cached("draft_token_table", key,
-                            lambda: fn(self.embed(self.draft_vocab_ids, dtype)).contiguous())
+        return self._cached(
+            "draft_token_table",
+            key,
+            lambda: fn(self.embed(self.draft_vocab_ids, dtype)).contiguous(),
+        )
 
     def _gather_rows(self) -> torch.Tensor:
         """W_lm[draft_vocab_ids] (N, D), or W_lm itself for the full vocabulary."""

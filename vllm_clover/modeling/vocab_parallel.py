@@ -39,8 +39,9 @@ class VocabParallelTables(TargetTables):
         self.vocab_start, self.vocab_end = 0, config.vocab_size
         self.first_draft_index = 0  # draft index of this rank's first draft row
 
-    def attach(self, lm_head_weight: torch.Tensor,
-               input_embedding: torch.Tensor | None = None) -> None:
+    def attach(
+        self, lm_head_weight: torch.Tensor, input_embedding: torch.Tensor | None = None
+    ) -> None:
         raise TypeError("VocabParallelTables holds a shard: use attach_shard")
 
     def attach_shard(
@@ -55,9 +56,12 @@ class VocabParallelTables(TargetTables):
         """
         n, d = lm_head_shard.shape
         if d != self.config.hidden_size or not 0 <= vocab_start <= vocab_start + n <= (
-                self.config.vocab_size):
-            raise ValueError(f"LM-head shard {tuple(lm_head_shard.shape)} at id {vocab_start} "
-                             f"does not fit vocab {self.config.vocab_size} x hidden {d}")
+            self.config.vocab_size
+        ):
+            raise ValueError(
+                f"LM-head shard {tuple(lm_head_shard.shape)} at id {vocab_start} "
+                f"does not fit vocab {self.config.vocab_size} x hidden {d}"
+            )
         if input_embedding_shard is not None and input_embedding_shard.shape != (n, d):
             raise ValueError("the input-embedding shard must match the LM-head shard's shape")
         self.vocab_start, self.vocab_end = vocab_start, vocab_start + n
@@ -72,14 +76,17 @@ class VocabParallelTables(TargetTables):
         return rows
 
     def vocab_weight(self, dtype: torch.dtype) -> torch.Tensor:
-        raise NotImplementedError("training logits are not sharded: vocab_weight would index "
-                                  "this rank's shard with global draft ids")
+        raise NotImplementedError(
+            "training logits are not sharded: vocab_weight would index "
+            "this rank's shard with global draft ids"
+        )
 
     def draft_rows(self, default_dtype: torch.dtype) -> DraftRows:
         """This rank's draft rows (n, D), n >= 0; cached like the base class's."""
         dtype = self.scoring_dtype or default_dtype
-        return self._cached("draft_rows", (dtype, self.vocab_start),
-                            lambda: self._local_draft_rows(dtype))
+        return self._cached(
+            "draft_rows", (dtype, self.vocab_start), lambda: self._local_draft_rows(dtype)
+        )
 
     def _local_draft_rows(self, dtype: torch.dtype) -> DraftRows:
         ids = self.draft_vocab_ids

@@ -58,8 +58,10 @@ class HiddenStateCache:
         try:
             if index.is_file():
                 if json.loads(index.read_text()) != self.fingerprint:
-                    raise TrainingError(f"{index}: fingerprint differs from its folder name; "
-                                        "delete this cache folder")
+                    raise TrainingError(
+                        f"{index}: fingerprint differs from its folder name; "
+                        "delete this cache folder"
+                    )
                 return
             self.dir.mkdir(parents=True, exist_ok=True)
             atomic_write_bytes(index, (json.dumps(self.fingerprint, indent=2) + "\n").encode())
@@ -76,8 +78,9 @@ class HiddenStateCache:
                 meta = handle.metadata() or {}
                 keys, lengths = json.loads(meta["keys"]), json.loads(meta["lengths"])
             except (SafetensorError, OSError, KeyError, json.JSONDecodeError) as err:
-                raise TrainingError(f"corrupt hidden-state cache shard {shard} ({err}); delete "
-                                    "it and run again") from err
+                raise TrainingError(
+                    f"corrupt hidden-state cache shard {shard} ({err}); delete it and run again"
+                ) from err
             self._handles[shard] = handle
             start = 0
             for key, length in zip(keys, lengths, strict=True):
@@ -100,8 +103,10 @@ class HiddenStateCache:
         """(hidden (T, D) bfloat16, top1 (T,) int32) of one cached sequence."""
         shard, start, length = self._where[key]
         handle = self._handles[shard]
-        return (handle.get_slice("hidden")[start:start + length],
-                handle.get_slice("top1")[start:start + length])
+        return (
+            handle.get_slice("hidden")[start : start + length],
+            handle.get_slice("top1")[start : start + length],
+        )
 
     # ------------------------------------------------------------------ writing
     def check_free_space(self, num_tokens: int, hidden_size: int) -> None:
@@ -112,32 +117,45 @@ class HiddenStateCache:
             raise TrainingError(
                 f"out of disk space for the hidden-state cache {self.dir}: it needs "
                 f"{needed / 2**30:.2f} GiB for {num_tokens} tokens, {free / 2**30:.2f} GiB free "
-                "(free space, pass --cache-dir elsewhere, or lower --max-samples)")
+                "(free space, pass --cache-dir elsewhere, or lower --max-samples)"
+            )
 
-    def write_shard(self, keys: list[str], hidden: list[torch.Tensor], top1: list[torch.Tensor]
-                    ) -> Path:
+    def write_shard(
+        self, keys: list[str], hidden: list[torch.Tensor], top1: list[torch.Tensor]
+    ) -> Path:
         """Store sequences (hidden (T_j, D), top1 (T_j,)) as one new shard, atomically."""
         final = self.dir / f"shard-{uuid.uuid4().hex}.safetensors"
         tmp = final.with_name(f".{final.name}.tmp")
-        tensors = {"hidden": torch.cat(hidden).to(CACHE_DTYPE).cpu().contiguous(),
-                   "top1": torch.cat(top1).to(torch.int32).cpu().contiguous()}
-        meta = {"keys": json.dumps(keys), "lengths": json.dumps([len(t) for t in top1]),
-                "format": str(FORMAT_VERSION)}
+        tensors = {
+            "hidden": torch.cat(hidden).to(CACHE_DTYPE).cpu().contiguous(),
+            "top1": torch.cat(top1).to(torch.int32).cpu().contiguous(),
+        }
+        meta = {
+            "keys": json.dumps(keys),
+            "lengths": json.dumps([len(t) for t in top1]),
+            "format": str(FORMAT_VERSION),
+        }
         try:
             save_file(tensors, tmp, metadata=meta)
             os.replace(tmp, final)
         except OSError as err:
             reason = "out of disk space" if err.errno == errno.ENOSPC else "write failed"
-            raise TrainingError(f"hidden-state cache {self.dir}: {reason} writing a shard "
-                                f"({err}); nothing partial was kept") from err
+            raise TrainingError(
+                f"hidden-state cache {self.dir}: {reason} writing a shard "
+                f"({err}); nothing partial was kept"
+            ) from err
         finally:
             tmp.unlink(missing_ok=True)
         self.refresh()
         return final
 
-    def fill(self, sequences: Sequence[TokenizedSequence],
-             forward: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
-             batch_tokens: int, progress: Callable[[int], None] | None = None) -> int:
+    def fill(
+        self,
+        sequences: Sequence[TokenizedSequence],
+        forward: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+        batch_tokens: int,
+        progress: Callable[[int], None] | None = None,
+    ) -> int:
         """Compute and store every sequence not yet cached; return the number computed.
 
         Sequences go longest first into right-padded batches of at most ``batch_tokens``
@@ -148,16 +166,16 @@ class HiddenStateCache:
         i = 0
         while i < len(todo):
             rows = max(1, batch_tokens // len(todo[i]))
-            group = todo[i:i + rows]
+            group = todo[i : i + rows]
             ids = torch.nn.utils.rnn.pad_sequence([s.input_ids for s in group], batch_first=True)
             mask = ids.new_zeros(ids.shape, dtype=torch.bool)
             for row, seq in enumerate(group):
-                mask[row, :len(seq)] = True
+                mask[row, : len(seq)] = True
             hidden, top1 = forward(ids, mask)  # (B, T, D), (B, T)
             for row, seq in enumerate(group):
                 pending[0].append(seq.key)
-                pending[1].append(hidden[row, :len(seq)].to(CACHE_DTYPE).cpu())
-                pending[2].append(top1[row, :len(seq)].cpu())
+                pending[1].append(hidden[row, : len(seq)].to(CACHE_DTYPE).cpu())
+                pending[2].append(top1[row, : len(seq)].cpu())
             if sum(len(t) for t in pending[2]) >= SHARD_TOKENS:
                 self.write_shard(*pending)
                 pending = ([], [], [])

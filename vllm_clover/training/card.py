@@ -14,10 +14,15 @@ from vllm_clover.training.evaluate import format_table
 def variant_name(config: CloverConfig) -> str:
     if config.is_medusa:
         return "Medusa-1 heads (all Clover components off)"
-    parts = [name for flag, name in (
-        (config.use_augmenting_block, f"Augmenting Block x{config.num_augmenting_layers}"),
-        (config.use_attention_decoder, "Attention Decoder"),
-        (config.use_regressive_connection, "Regressive Connection")) if flag]
+    parts = [
+        name
+        for flag, name in (
+            (config.use_augmenting_block, f"Augmenting Block x{config.num_augmenting_layers}"),
+            (config.use_attention_decoder, "Attention Decoder"),
+            (config.use_regressive_connection, "Regressive Connection"),
+        )
+        if flag
+    ]
     return "Clover: " + " + ".join(parts)
 
 
@@ -26,8 +31,11 @@ def model_card(cfg: TrainConfig, config: CloverConfig, summary: dict[str, Any]) 
     evaluation = summary.get("eval")
     table = format_table({"held-out": evaluation}) if evaluation else "(no held-out set)"
     vocab = config.draft_vocab_size or f"full ({config.vocab_size})"
-    settings = {k: v for k, v in dataclasses.asdict(cfg).items()
-                if k not in ("resume", "overwrite", "progress", "stop_after")}
+    settings = {
+        k: v
+        for k, v in dataclasses.asdict(cfg).items()
+        if k not in ("resume", "overwrite", "progress", "stop_after")
+    }
     kind = "Medusa-1 baseline heads" if config.is_medusa else "Clover draft heads"
     return f"""# {kind} for `{cfg.target}` (vllm-clover format)
 

@@ -33,11 +33,17 @@ def opt(default: Any, help: str, **extra: Any) -> Any:
 class TrainConfig:
     """Everything a training run depends on (recorded in the model card and the state)."""
 
-    target: str = opt("", "target model: a folder, a cached Hugging Face id, or "
-                       "'smollm2-135m-instruct'", required=True)
+    target: str = opt(
+        "",
+        "target model: a folder, a cached Hugging Face id, or 'smollm2-135m-instruct'",
+        required=True,
+    )
     out: str = opt("", "output folder of the final Clover checkpoint", required=True)
-    data: str | None = opt(None, "ShareGPT-style .json/.jsonl, our {id, messages} JSONL or "
-                            "{prompt, response} JSONL (default: the bundled ShareGPT set)")
+    data: str | None = opt(
+        None,
+        "ShareGPT-style .json/.jsonl, our {id, messages} JSONL or "
+        "{prompt, response} JSONL (default: the bundled ShareGPT set)",
+    )
     max_samples: int | None = opt(None, "use only the first N conversations of the data")
     max_seq_len: int = opt(1024, "truncate every tokenised conversation to this many tokens")
     eval_fraction: float = opt(0.02, "held-out fraction of the sequences for evaluation")
@@ -60,25 +66,35 @@ class TrainConfig:
     grad_clip: float = opt(1.0, "clip the global gradient norm to this (0 = off)")
     head_weight_base: float = opt(0.8, "loss weight of head i is base**i")
     hidden_loss_weight: float = opt(0.0, "weight of SmoothL1(z_i, H_{t+1+i}) (Clover-2: 10)")
-    soft_labels: bool = opt(True, "distil the target's distribution (off: one-hot data "
-                            "tokens, the Medusa-1 recipe, for comparison)")
+    soft_labels: bool = opt(
+        True,
+        "distil the target's distribution (off: one-hot data "
+        "tokens, the Medusa-1 recipe, for comparison)",
+    )
     seed: int = opt(0, "seed of the initialisation, data order and split")
-    dtype: str = opt("float32", "compute dtype: float32 or bfloat16 (autocast)",
-                      choices=("float32", "bfloat16"))
+    dtype: str = opt(
+        "float32", "compute dtype: float32 or bfloat16 (autocast)", choices=("float32", "bfloat16")
+    )
     device: str = opt("auto", "cpu, cuda, cuda:N or auto")
-    save_dtype: str = opt("bfloat16", "dtype of the saved checkpoint's weights",
-                          choices=("float32", "bfloat16"))
+    save_dtype: str = opt(
+        "bfloat16", "dtype of the saved checkpoint's weights", choices=("float32", "bfloat16")
+    )
     # bookkeeping
-    cache_dir: str | None = opt(None, "hidden-state cache root (default: "
-                                 "<vllm-clover cache>/hidden-states)")
+    cache_dir: str | None = opt(
+        None, "hidden-state cache root (default: <vllm-clover cache>/hidden-states)"
+    )
     teacher_batch_tokens: int = opt(8192, "padded tokens per target forward when caching")
     eval_every: int = opt(200, "evaluate every N steps (0 = only at the end)")
-    save_every: int = opt(200, "save resumable training state every N steps (0 = only at "
-                           "the end)")
-    stop_after: int | None = opt(None, "stop resumably after N steps in this invocation "
-                                  "(no final checkpoint)")
-    resume: str | None = opt(None, "resume from a training-state folder (bare flag: "
-                              "<out>.train-state)", nargs="?", const="auto")
+    save_every: int = opt(200, "save resumable training state every N steps (0 = only at the end)")
+    stop_after: int | None = opt(
+        None, "stop resumably after N steps in this invocation (no final checkpoint)"
+    )
+    resume: str | None = opt(
+        None,
+        "resume from a training-state folder (bare flag: <out>.train-state)",
+        nargs="?",
+        const="auto",
+    )
     overwrite: bool = opt(False, "replace an existing --out folder")
     progress: bool = opt(True, "show a progress bar")
 
@@ -95,17 +111,25 @@ class TrainConfig:
             (self.batch_size >= 1, f"--batch-size must be >= 1, got {self.batch_size}"),
             (self.grad_accum >= 1, f"--grad-accum must be >= 1, got {self.grad_accum}"),
             (self.epochs >= 1, f"--epochs must be >= 1, got {self.epochs}"),
-            (self.max_seq_len >= self.num_heads + 2,
-             f"--max-seq-len must be >= num_heads + 2, got {self.max_seq_len}"),
-            (0.0 <= self.eval_fraction < 1.0,
-             f"--eval-fraction must be in [0, 1), got {self.eval_fraction}"),
-            (0.0 <= self.warmup_fraction < 1.0,
-             f"--warmup-fraction must be in [0, 1), got {self.warmup_fraction}"),
+            (
+                self.max_seq_len >= self.num_heads + 2,
+                f"--max-seq-len must be >= num_heads + 2, got {self.max_seq_len}",
+            ),
+            (
+                0.0 <= self.eval_fraction < 1.0,
+                f"--eval-fraction must be in [0, 1), got {self.eval_fraction}",
+            ),
+            (
+                0.0 <= self.warmup_fraction < 1.0,
+                f"--warmup-fraction must be in [0, 1), got {self.warmup_fraction}",
+            ),
             (self.lr > 0, f"--lr must be > 0, got {self.lr}"),
             (self.max_tokens is None or self.max_tokens > 0, "--max-tokens must be > 0"),
             (self.max_samples is None or self.max_samples > 0, "--max-samples must be > 0"),
-            (self.draft_vocab_size is None or self.draft_vocab_size >= 1,
-             "--draft-vocab-size must be >= 1"),
+            (
+                self.draft_vocab_size is None or self.draft_vocab_size >= 1,
+                "--draft-vocab-size must be >= 1",
+            ),
             (self.dtype in ("float32", "bfloat16"), "--dtype must be float32 or bfloat16"),
         ]
         for ok, message in checks:
@@ -125,13 +149,17 @@ class EvalConfig:
     """`vllm-clover eval-heads` flags; data fields mean the same as in TrainConfig."""
 
     target: str = opt("", "target model the heads were trained for", required=True)
-    heads: list[str] = opt(None, "one or more Clover/Medusa checkpoint folders", nargs="+",
-                           required=True)
+    heads: list[str] = opt(
+        None, "one or more Clover/Medusa checkpoint folders", nargs="+", required=True
+    )
     data: str | None = opt(None, "data file (default: bundled ShareGPT)")
     max_samples: int | None = opt(None, "use only the first N records")
     max_seq_len: int = opt(1024, "truncate sequences to this many tokens")
-    eval_fraction: float = opt(0.02, "held-out fraction (same split as train with the same "
-                               "--seed); 0 = evaluate on every sequence of --data")
+    eval_fraction: float = opt(
+        0.02,
+        "held-out fraction (same split as train with the same "
+        "--seed); 0 = evaluate on every sequence of --data",
+    )
     seed: int = opt(0, "seed of the train/held-out split")
     cache_dir: str | None = opt(None, "hidden-state cache root")
     teacher_batch_tokens: int = opt(8192, "padded tokens per target forward when caching")
@@ -145,8 +173,9 @@ class EvalConfig:
 class GenerateConfig:
     """`vllm-clover generate-data` flags (see training/generate_data.py)."""
 
-    target: str = opt("", "target model (folder, cached HF id or 'smollm2-135m-instruct')",
-                      required=True)
+    target: str = opt(
+        "", "target model (folder, cached HF id or 'smollm2-135m-instruct')", required=True
+    )
     out: str = opt("", "output JSONL ({id, messages} per line)", required=True)
     data: str | None = opt(None, "input conversations/prompts (default: bundled ShareGPT)")
     max_samples: int | None = opt(None, "use only the first N records")
@@ -154,19 +183,33 @@ class GenerateConfig:
     max_new_tokens: int = opt(256, "tokens generated per assistant turn")
     temperature: float = opt(0.0, "sampling temperature (0 = greedy)")
     seed: int = opt(0, "sampling seed")
-    engine: str = opt("vllm", "vllm (fast) or hf (transformers, no vLLM needed)",
-                      choices=("vllm", "hf"))
+    engine: str = opt(
+        "vllm", "vllm (fast) or hf (transformers, no vLLM needed)", choices=("vllm", "hf")
+    )
     max_model_len: int = opt(2048, "context length (prompt + reply) of the engine")
     batch_size: int = opt(16, "prompts per generate call (hf engine)")
     device: str = opt("auto", "device of the hf engine")
-    dtype: str = opt("auto", "vllm engine dtype: auto (float32 on CPU, the model's on GPU), "
-                     "float32 or bfloat16 (several times faster on CPUs with AMX)",
-                     choices=("auto", "float32", "bfloat16"))
+    dtype: str = opt(
+        "auto",
+        "vllm engine dtype: auto (float32 on CPU, the model's on GPU), "
+        "float32 or bfloat16 (several times faster on CPUs with AMX)",
+        choices=("auto", "float32", "bfloat16"),
+    )
 
 
 # Fields whose change does not change the trained weights (allowed to differ on --resume).
-RUN_ONLY_FIELDS = ("eval_every", "save_every", "stop_after", "resume", "overwrite", "progress",
-                   "cache_dir", "teacher_batch_tokens", "out", "device")
+RUN_ONLY_FIELDS = (
+    "eval_every",
+    "save_every",
+    "stop_after",
+    "resume",
+    "overwrite",
+    "progress",
+    "cache_dir",
+    "teacher_batch_tokens",
+    "out",
+    "device",
+)
 
 
 def _flag(name: str) -> str:

@@ -86,8 +86,9 @@ def record_to_conversation(record: Any, where: str) -> Conversation:
     )
 
 
-def load_conversations(path: str | Path | None, max_samples: int | None = None
-                       ) -> list[Conversation]:
+def load_conversations(
+    path: str | Path | None, max_samples: int | None = None
+) -> list[Conversation]:
     """All conversations of a data file (default: the bundled ShareGPT set, fetched once)."""
     if path is None:
         from vllm_clover.assets.data import fetch_sharegpt
@@ -96,9 +97,11 @@ def load_conversations(path: str | Path | None, max_samples: int | None = None
         try:
             path = fetch_sharegpt()
         except (AssetError, OSError) as err:
-            raise TrainingError(f"the bundled ShareGPT set is not cached and could not be "
-                                f"fetched ({err}); run `vllm-clover fetch sharegpt` or pass "
-                                f"--data") from err
+            raise TrainingError(
+                f"the bundled ShareGPT set is not cached and could not be "
+                f"fetched ({err}); run `vllm-clover fetch sharegpt` or pass "
+                f"--data"
+            ) from err
     conversations = []
     for where, record in read_records(Path(path)):
         conversations.append(record_to_conversation(record, where))
@@ -110,8 +113,9 @@ def load_conversations(path: str | Path | None, max_samples: int | None = None
 
 
 # ---------------------------------------------------------------------- tokenising
-def assistant_spans(tokenizer: Any, chat: list[dict[str, str]]
-                    ) -> tuple[str, list[tuple[int, int]]]:
+def assistant_spans(
+    tokenizer: Any, chat: list[dict[str, str]]
+) -> tuple[str, list[tuple[int, int]]]:
     """Render the chat and return (text, character spans of the assistant turns).
 
     Turn j's span starts where ``render(chat[:j], add_generation_prompt=True)`` ends (the
@@ -121,9 +125,9 @@ def assistant_spans(tokenizer: Any, chat: list[dict[str, str]]
         <|im_start|>user\\nHi<|im_end|>\\n<|im_start|>assistant\\nHello!<|im_end|>\\n
                                                           [-------------------]  span
     """
+
     def render(messages: list[dict[str, str]], prompt: bool = False) -> str:
-        return tokenizer.apply_chat_template(messages, tokenize=False,
-                                             add_generation_prompt=prompt)
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt)
 
     text = render(chat)
     spans = []
@@ -133,15 +137,18 @@ def assistant_spans(tokenizer: Any, chat: list[dict[str, str]]
         prefix = render(chat[:j], prompt=True) if j else ""
         turn = render(chat[: j + 1]).rstrip()
         if not (text.startswith(prefix) and text.startswith(turn) and len(prefix) <= len(turn)):
-            raise TrainingError("the target's chat template does not render conversation "
-                                "prefixes as prefixes of the whole conversation; cannot locate "
-                                "assistant tokens")
+            raise TrainingError(
+                "the target's chat template does not render conversation "
+                "prefixes as prefixes of the whole conversation; cannot locate "
+                "assistant tokens"
+            )
         spans.append((len(prefix), len(turn)))
     return text, spans
 
 
-def tokenize_conversation(tokenizer: Any, conversation: Conversation, max_len: int
-                          ) -> TokenizedSequence | None:
+def tokenize_conversation(
+    tokenizer: Any, conversation: Conversation, max_len: int
+) -> TokenizedSequence | None:
     """Chat template + tokenisation + assistant mask, truncated to ``max_len`` tokens.
 
     Returns None when no assistant token is left to train on (a head needs at least the
@@ -167,8 +174,9 @@ def sequence_key(ids: torch.Tensor) -> str:
     return hashlib.sha256(ids.to(torch.int64).numpy().tobytes()).hexdigest()[:32]
 
 
-def tokenize_all(tokenizer: Any, conversations: Sequence[Conversation], max_len: int,
-                 source: str) -> list[TokenizedSequence]:
+def tokenize_all(
+    tokenizer: Any, conversations: Sequence[Conversation], max_len: int, source: str
+) -> list[TokenizedSequence]:
     if getattr(tokenizer, "chat_template", None) is None:
         raise TrainingError(f"the target's tokenizer has no chat template ({source})")
     sequences = [s for c in conversations if (s := tokenize_conversation(tokenizer, c, max_len))]
@@ -181,8 +189,9 @@ def tokenize_all(tokenizer: Any, conversations: Sequence[Conversation], max_len:
 
 
 # ---------------------------------------------------------------------- split and order
-def split_train_eval(sequences: Sequence[TokenizedSequence], eval_fraction: float, seed: int
-                     ) -> tuple[list[TokenizedSequence], list[TokenizedSequence]]:
+def split_train_eval(
+    sequences: Sequence[TokenizedSequence], eval_fraction: float, seed: int
+) -> tuple[list[TokenizedSequence], list[TokenizedSequence]]:
     """Seeded, deterministic split: a random ``eval_fraction`` (at least 1 if > 0) is held out."""
     n = len(sequences)
     n_eval = min(n - 1, max(1, round(eval_fraction * n))) if eval_fraction > 0 and n > 1 else 0
@@ -192,8 +201,9 @@ def split_train_eval(sequences: Sequence[TokenizedSequence], eval_fraction: floa
     return train, [sequences[i] for i in sorted(held)]
 
 
-def plan_steps(lengths: Sequence[int], global_batch: int, epochs: int, seed: int,
-               max_tokens: int | None) -> list[list[int]]:
+def plan_steps(
+    lengths: Sequence[int], global_batch: int, epochs: int, seed: int, max_tokens: int | None
+) -> list[list[int]]:
     """The whole run's optimizer steps, each a list of ``global_batch`` sequence indices.
 
     Epoch e visits the sequences in ``randperm(n, seed + e)`` order; an incomplete last batch
@@ -202,14 +212,16 @@ def plan_steps(lengths: Sequence[int], global_batch: int, epochs: int, seed: int
     lengths [5, 5, 5, 5, 5], global_batch 2, epochs 1 -> 2 steps of 2 indices.
     """
     if len(lengths) < global_batch:
-        raise TrainingError(f"{len(lengths)} training sequence(s) but one optimizer step needs "
-                            f"{global_batch} (batch size x grad accum x processes)")
+        raise TrainingError(
+            f"{len(lengths)} training sequence(s) but one optimizer step needs "
+            f"{global_batch} (batch size x grad accum x processes)"
+        )
     steps: list[list[int]] = []
     seen = 0
     for epoch in range(epochs):
         order = torch.randperm(len(lengths), generator=torch.Generator().manual_seed(seed + epoch))
         for start in range(0, len(lengths) - global_batch + 1, global_batch):
-            step = order[start:start + global_batch].tolist()
+            step = order[start : start + global_batch].tolist()
             steps.append(step)
             seen += sum(lengths[i] for i in step)
             if max_tokens is not None and seen >= max_tokens:
@@ -237,19 +249,33 @@ class Batch:
     target_top1: torch.Tensor  # (B, T) int64, argmax of the target's logits at t
 
     def to(self, device: torch.device | str) -> Batch:
-        return Batch(*(t.to(device, non_blocking=True) for t in (
-            self.input_ids, self.attention_mask, self.loss_mask, self.hidden, self.target_top1)))
+        return Batch(
+            *(
+                t.to(device, non_blocking=True)
+                for t in (
+                    self.input_ids,
+                    self.attention_mask,
+                    self.loss_mask,
+                    self.hidden,
+                    self.target_top1,
+                )
+            )
+        )
 
 
-def collate(sequences: Sequence[TokenizedSequence],
-            teacher: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> Batch:
+def collate(
+    sequences: Sequence[TokenizedSequence], teacher: Sequence[tuple[torch.Tensor, torch.Tensor]]
+) -> Batch:
     """Pad sequences and their cached (hidden (T, D), top1 (T,)) to the longest one."""
     b, t = len(sequences), max(len(s) for s in sequences)
     d = teacher[0][0].shape[-1]
-    batch = Batch(torch.zeros(b, t, dtype=torch.long), torch.zeros(b, t, dtype=torch.bool),
-                  torch.zeros(b, t, dtype=torch.bool),
-                  torch.zeros(b, t, d, dtype=teacher[0][0].dtype),
-                  torch.zeros(b, t, dtype=torch.long))
+    batch = Batch(
+        torch.zeros(b, t, dtype=torch.long),
+        torch.zeros(b, t, dtype=torch.bool),
+        torch.zeros(b, t, dtype=torch.bool),
+        torch.zeros(b, t, d, dtype=teacher[0][0].dtype),
+        torch.zeros(b, t, dtype=torch.long),
+    )
     for row, (seq, (hidden, top1)) in enumerate(zip(sequences, teacher, strict=True)):
         n = len(seq)
         batch.input_ids[row, :n] = seq.input_ids

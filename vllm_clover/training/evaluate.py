@@ -34,8 +34,9 @@ from vllm_clover.training.pipeline import DataSpec, Prepared, prepare
 from vllm_clover.training.runtime import init_runtime
 
 
-def chain_acceptance(preds: torch.Tensor, tokens: HeadTokens, valid: torch.Tensor,
-                     batch: Batch) -> tuple[int, int]:
+def chain_acceptance(
+    preds: torch.Tensor, tokens: HeadTokens, valid: torch.Tensor, batch: Batch
+) -> tuple[int, int]:
     """(number of start positions, accepted drafts summed over them) for one batch.
 
     preds: (B, T, K) head argmax as target ids; tokens/valid from ``graded_positions``.
@@ -62,14 +63,25 @@ class EvalResult:
     def summary(self) -> dict[str, object]:
         means = self.stats.means()
         expected = self.accepted / max(self.starts, 1)
-        return {"top1": means["top1"], "top5": means["top5"], "soft_ce": means["ce"],
-                "positions": self.stats.count.tolist(), "chain_starts": self.starts,
-                "expected_accepted": expected, "tau": 1.0 + expected}
+        return {
+            "top1": means["top1"],
+            "top5": means["top5"],
+            "soft_ce": means["ce"],
+            "positions": self.stats.count.tolist(),
+            "chain_starts": self.starts,
+            "expected_accepted": expected,
+            "tau": 1.0 + expected,
+        }
 
 
 @torch.no_grad()
-def evaluate(model: CloverModel, prepared: Prepared, sequences: Sequence[TokenizedSequence],
-             batch_size: int, device: torch.device) -> EvalResult:
+def evaluate(
+    model: CloverModel,
+    prepared: Prepared,
+    sequences: Sequence[TokenizedSequence],
+    batch_size: int,
+    device: torch.device,
+) -> EvalResult:
     """Teacher-forced metrics of ``model`` over ``sequences`` (see module docstring)."""
     k = model.config.num_heads
     was_training = model.training
@@ -77,7 +89,7 @@ def evaluate(model: CloverModel, prepared: Prepared, sequences: Sequence[Tokeniz
     stats, starts, accepted = HeadStats.zeros(k), 0, 0
     ones = torch.ones(k, device=device)
     for i in range(0, len(sequences), batch_size):
-        batch = prepared.batch(list(sequences[i:i + batch_size])).to(device)
+        batch = prepared.batch(list(sequences[i : i + batch_size])).to(device)
         tokens, valid = graded_positions(batch, k)
         features = model.head_features(batch.hidden, tokens.input_ids)  # (B, T, K, D)
         _, batch_stats, preds = distill_loss(model, features, batch, valid, ones, ones, 0.0)
@@ -96,8 +108,11 @@ def format_table(results: dict[str, dict[str, object]]) -> str:
     for name, r in results.items():
         cells = [f"{a:.3f}/{b:.3f}" for a, b in zip(r["top1"], r["top5"], strict=True)]
         cells += ["-"] * (k - len(cells))
-        rows.append(f"| {name} | " + " | ".join(cells) +
-                    f" | {r['expected_accepted']:.3f} | {r['tau']:.3f} |")
+        rows.append(
+            f"| {name} | "
+            + " | ".join(cells)
+            + f" | {r['expected_accepted']:.3f} | {r['tau']:.3f} |"
+        )
     return "\n".join(rows)
 
 
@@ -118,9 +133,12 @@ def eval_heads(cfg: EvalConfig) -> dict[str, dict]:
     for path in cfg.heads:
         try:
             embedding = teacher.input_embedding
-            model = load_clover(path, teacher.lm_head.to(runtime.device),
-                                None if embedding is None else embedding.to(runtime.device),
-                                dtype=torch.float32)
+            model = load_clover(
+                path,
+                teacher.lm_head.to(runtime.device),
+                None if embedding is None else embedding.to(runtime.device),
+                dtype=torch.float32,
+            )
         except CloverCheckpointError as err:
             raise TrainingError(str(err)) from err
         result = evaluate(model, prepared, sequences, cfg.batch_size, runtime.device)

@@ -46,8 +46,9 @@ def prompt_slots(conversation: Conversation, max_turns: int | None) -> list[Mess
     return messages
 
 
-def regenerate(conversations: Sequence[Conversation], generate: Generate,
-               max_turns: int | None = None) -> list[Conversation]:
+def regenerate(
+    conversations: Sequence[Conversation], generate: Generate, max_turns: int | None = None
+) -> list[Conversation]:
     """Replace every assistant turn with ``generate``'s reply, round by round (see above)."""
     chats = [prompt_slots(c, max_turns) for c in conversations]
     done = [False] * len(chats)
@@ -89,8 +90,9 @@ def vllm_generator(target_path: str, cfg: GenerateConfig) -> Generate:
         gpu["dtype"] = cfg.dtype
     llm = start_llm(target_path, max_model_len=cfg.max_model_len, seed=cfg.seed, **gpu)
     tokenizer = llm.get_tokenizer()
-    params = SamplingParams(temperature=cfg.temperature, max_tokens=cfg.max_new_tokens,
-                            seed=cfg.seed)
+    params = SamplingParams(
+        temperature=cfg.temperature, max_tokens=cfg.max_new_tokens, seed=cfg.seed
+    )
 
     def run(chats: list[list[dict[str, str]]]) -> list[str]:
         return [o.outputs[0].text for o in llm.chat(chats, params)]
@@ -113,23 +115,39 @@ def hf_generator(target: str, cfg: GenerateConfig) -> Generate:
     def run(chats: list[list[dict[str, str]]]) -> list[str]:
         replies = []
         for start in range(0, len(chats), cfg.batch_size):
-            texts = [tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True)
-                     for c in chats[start:start + cfg.batch_size]]
-            enc = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left",
-                            add_special_tokens=False).to(device)
-            out = model.generate(**enc, max_new_tokens=cfg.max_new_tokens,
-                                 do_sample=cfg.temperature > 0,
-                                 temperature=cfg.temperature or None, top_p=None, top_k=None,
-                                 pad_token_id=tokenizer.pad_token_id)
-            new = out[:, enc["input_ids"].shape[1]:]  # (B, new tokens)
+            texts = [
+                tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True)
+                for c in chats[start : start + cfg.batch_size]
+            ]
+            enc = tokenizer(
+                texts,
+                return_tensors="pt",
+                padding=True,
+                padding_side="left",
+                add_special_tokens=False,
+            ).to(device)
+            out = model.generate(
+                **enc,
+                max_new_tokens=cfg.max_new_tokens,
+                do_sample=cfg.temperature > 0,
+                temperature=cfg.temperature or None,
+                top_p=None,
+                top_k=None,
+                pad_token_id=tokenizer.pad_token_id,
+            )
+            new = out[:, enc["input_ids"].shape[1] :]  # (B, new tokens)
             replies += tokenizer.batch_decode(new, skip_special_tokens=True)
         return replies
 
     return lambda chats: only_fitting(chats, tokenizer, cfg, run)
 
 
-def only_fitting(chats: list[list[dict[str, str]]], tokenizer: object, cfg: GenerateConfig,
-                 run: Callable[[list[list[dict[str, str]]]], list[str]]) -> list[str | None]:
+def only_fitting(
+    chats: list[list[dict[str, str]]],
+    tokenizer: object,
+    cfg: GenerateConfig,
+    run: Callable[[list[list[dict[str, str]]]], list[str]],
+) -> list[str | None]:
     """``run`` on the chats whose prompt + reply fit ``max_model_len``; None for the others."""
     fits = [prompt_length(tokenizer, c) + cfg.max_new_tokens <= cfg.max_model_len for c in chats]
     kept = [c for c, ok in zip(chats, fits, strict=True) if ok]
@@ -149,14 +167,18 @@ def generate_data(cfg: GenerateConfig) -> Path:
     conversations = load_conversations(cfg.data, cfg.max_samples)
     path, _ = resolve_target(cfg.target)
     generate = (vllm_generator if cfg.engine == "vllm" else hf_generator)(
-        path if cfg.engine == "vllm" else cfg.target, cfg)
+        path if cfg.engine == "vllm" else cfg.target, cfg
+    )
     result = regenerate(conversations, generate, cfg.max_turns)
     if not result:
-        raise TrainingError(f"no conversation left after regeneration of {cfg.data} "
-                            f"(all prompts longer than --max-model-len {cfg.max_model_len}?)")
-    lines = [json.dumps({"id": c.id, "messages": c.as_chat()}, ensure_ascii=False)
-             for c in result]
+        raise TrainingError(
+            f"no conversation left after regeneration of {cfg.data} "
+            f"(all prompts longer than --max-model-len {cfg.max_model_len}?)"
+        )
+    lines = [json.dumps({"id": c.id, "messages": c.as_chat()}, ensure_ascii=False) for c in result]
     atomic_write_bytes(Path(cfg.out), ("\n".join(lines) + "\n").encode("utf-8"))
-    print(f"wrote {len(result)} conversation(s) ({len(conversations) - len(result)} dropped) "
-          f"to {cfg.out}")
+    print(
+        f"wrote {len(result)} conversation(s) ({len(conversations) - len(result)} dropped) "
+        f"to {cfg.out}"
+    )
     return Path(cfg.out)

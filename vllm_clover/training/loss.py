@@ -57,8 +57,7 @@ class HeadStats:
 
     @classmethod
     def zeros(cls, num_heads: int, device: torch.device | str = "cpu") -> HeadStats:
-        return cls(*(torch.zeros(num_heads, dtype=torch.float64, device=device)
-                     for _ in range(5)))
+        return cls(*(torch.zeros(num_heads, dtype=torch.float64, device=device) for _ in range(5)))
 
     def add_(self, other: HeadStats) -> HeadStats:
         for name in ("ce", "hidden", "count", "top1", "top5"):
@@ -74,12 +73,14 @@ class HeadStats:
 
     def means(self) -> dict[str, list[float]]:
         n = self.count.clamp(min=1)
-        return {name: (getattr(self, name) / n).tolist() for name in ("ce", "hidden", "top1",
-                                                                       "top5")}
+        return {
+            name: (getattr(self, name) / n).tolist() for name in ("ce", "hidden", "top1", "top5")
+        }
 
 
-def target_distributions(batch: Batch, valid: torch.Tensor, vocab_weight: torch.Tensor
-                         ) -> tuple[torch.Tensor, torch.Tensor]:
+def target_distributions(
+    batch: Batch, valid: torch.Tensor, vocab_weight: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The target's distribution at every position some head is graded against, once.
 
     Position s serves head 0 at t = s-1, head 1 at t = s-2, ...: one LM-head product per
@@ -89,7 +90,7 @@ def target_distributions(batch: Batch, valid: torch.Tensor, vocab_weight: torch.
     b_size, t_size, k = valid.shape
     need = torch.zeros(b_size, t_size, dtype=torch.bool, device=valid.device)  # (B, T)
     for i in range(k):
-        need[:, 1 + i:] |= valid[:, : t_size - 1 - i, i]  # head i at t needs s = t+1+i
+        need[:, 1 + i :] |= valid[:, : t_size - 1 - i, i]  # head i at t needs s = t+1+i
     b, s = need.nonzero(as_tuple=True)  # (P,), (P,)
     rows = torch.full((b_size, t_size), -1, dtype=torch.long, device=valid.device)
     rows[b, s] = torch.arange(b.numel(), device=valid.device)
@@ -97,9 +98,16 @@ def target_distributions(batch: Batch, valid: torch.Tensor, vocab_weight: torch.
     return rows, F.softmax(logits.float(), dim=-1)
 
 
-def distill_loss(model: CloverModel, features: torch.Tensor, batch: Batch, valid: torch.Tensor,
-                 weights: torch.Tensor, normaliser: torch.Tensor, hidden_loss_weight: float,
-                 soft_labels: bool = True) -> tuple[torch.Tensor, HeadStats, torch.Tensor]:
+def distill_loss(
+    model: CloverModel,
+    features: torch.Tensor,
+    batch: Batch,
+    valid: torch.Tensor,
+    weights: torch.Tensor,
+    normaliser: torch.Tensor,
+    hidden_loss_weight: float,
+    soft_labels: bool = True,
+) -> tuple[torch.Tensor, HeadStats, torch.Tensor]:
     """Loss of one micro-batch (see module docstring), its stats and the head predictions.
 
     features: (B, T, K, D) head features z from ``model.head_features``; valid: (B, T, K)

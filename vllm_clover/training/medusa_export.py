@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import save_file
 
 from vllm_clover.fsutil import atomic_directory
-from vllm_clover.modeling import CloverConfig, CloverModel, load_clover
+from vllm_clover.modeling import CloverModel, load_clover
 from vllm_clover.modeling.checkpoint import (
     CONFIG_NAME,
     MODEL_CARD_NAME,
@@ -62,14 +62,14 @@ def export_medusa(
     medusa_config, state = medusa_state(model, lm_head)
     state = {name: stored_tensor(t, dtype) for name, t in state.items()}
     with atomic_directory(Path(out_dir), overwrite=overwrite) as tmp:
-        (tmp / CONFIG_NAME).write_text(json.dumps(medusa_config, indent=2) + "\n",
-                                       encoding="utf-8")
+        (tmp / CONFIG_NAME).write_text(json.dumps(medusa_config, indent=2) + "\n", encoding="utf-8")
         save_file(state, tmp / WEIGHTS_NAME, metadata={"format": "pt"})
     return Path(out_dir)
 
 
-def medusa_state(model: CloverModel, lm_head: torch.Tensor
-                 ) -> tuple[dict[str, object], dict[str, torch.Tensor]]:
+def medusa_state(
+    model: CloverModel, lm_head: torch.Tensor
+) -> tuple[dict[str, object], dict[str, torch.Tensor]]:
     """config.json dict and tensors of a vLLM Medusa checkpoint (lm_head: (V, D) on CPU)."""
     config = model.config
     medusa_config: dict[str, object] = {
@@ -98,12 +98,14 @@ def medusa_state(model: CloverModel, lm_head: torch.Tensor
     return medusa_config, state
 
 
-def medusa_model_card(source_card: str | None, command: str, target: str,
-                      num_heads: int) -> str:
+def medusa_model_card(source_card: str | None, command: str, target: str, num_heads: int) -> str:
     """README.md of an exported folder: how to serve it, then the card of the heads it was
     exported from (their training and held-out accuracy)."""
-    source = "(the source heads had no model card)" if source_card is None else \
-        ("\n" + source_card).replace("\n#", "\n##").lstrip("\n")
+    source = (
+        "(the source heads had no model card)"
+        if source_card is None
+        else ("\n" + source_card).replace("\n#", "\n##").lstrip("\n")
+    )
     return f"""# vLLM-native Medusa heads for `{target}`
 
 Exported with `{command}` from Medusa-configured heads trained by `vllm-clover train
@@ -119,22 +121,27 @@ LLM(model="{target}", speculative_config={{"method": "medusa", "model": "<this f
 {source}"""
 
 
-def export_medusa_command(heads: str, target: str, out: str, overwrite: bool,
-                          dtype: str) -> Path:
+def export_medusa_command(heads: str, target: str, out: str, overwrite: bool, dtype: str) -> Path:
     """`vllm-clover export-medusa`: load the heads for the target, write the folder + card."""
     from vllm_clover.training.teacher import load_teacher
 
     teacher = load_teacher(target, torch.device("cpu"), torch.float32)
     try:  # CloverCheckpointError is a ValueError, as is "not a Medusa configuration"
         model = load_clover(heads, teacher.lm_head)
-        export_medusa(model, out, teacher.lm_head, overwrite=overwrite,
-                      dtype=getattr(torch, dtype))
+        export_medusa(model, out, teacher.lm_head, overwrite=overwrite, dtype=getattr(torch, dtype))
     except (ValueError, FileExistsError) as err:
         raise TrainingError(str(err)) from err
     source_card = Path(heads, MODEL_CARD_NAME)
-    command = (f"vllm-clover export-medusa --heads {heads} --target {target} --out {out} "
-               f"--dtype {dtype}")
-    Path(out, MODEL_CARD_NAME).write_text(medusa_model_card(
-        source_card.read_text() if source_card.is_file() else None, command, target,
-        model.config.num_heads), encoding="utf-8")
+    command = (
+        f"vllm-clover export-medusa --heads {heads} --target {target} --out {out} --dtype {dtype}"
+    )
+    Path(out, MODEL_CARD_NAME).write_text(
+        medusa_model_card(
+            source_card.read_text() if source_card.is_file() else None,
+            command,
+            target,
+            model.config.num_heads,
+        ),
+        encoding="utf-8",
+    )
     return Path(out)

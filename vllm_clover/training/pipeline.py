@@ -1,8 +1,8 @@
 """Shared front half of `train` and `eval-heads`: target, tokenised data, filled cache.
 
-    prepared = prepare(DataSpec(target="T", data="d.jsonl"), runtime, dtype)
-    prepared.train, prepared.eval   # TokenizedSequence lists (seeded split)
-    prepared.teacher_signal(seq)    # (hidden (T, D) bf16, top1 (T,)) from the cache
+prepared = prepare(DataSpec(target="T", data="d.jsonl"), runtime, dtype)
+prepared.train, prepared.eval   # TokenizedSequence lists (seeded split)
+prepared.teacher_signal(seq)    # (hidden (T, D) bf16, top1 (T,)) from the cache
 """
 
 from __future__ import annotations
@@ -68,8 +68,9 @@ def default_cache_root(cache_dir: str | None) -> Path:
     return cache_root() / "hidden-states"
 
 
-def prepare(spec: DataSpec, runtime: Runtime, dtype: torch.dtype,
-            cache_train: bool = True) -> Prepared:
+def prepare(
+    spec: DataSpec, runtime: Runtime, dtype: torch.dtype, cache_train: bool = True
+) -> Prepared:
     """Load the target, tokenise and split the data, and cache the hidden states it needs.
 
     With ``cache_train=False`` only the held-out split is cached (``eval-heads``). The caller
@@ -81,26 +82,38 @@ def prepare(spec: DataSpec, runtime: Runtime, dtype: torch.dtype,
     conversations = load_conversations(spec.data, spec.max_samples)
     sequences = tokenize_all(teacher.tokenizer, conversations, max_len, source)
     train, held = split_train_eval(sequences, spec.eval_fraction, spec.seed)
-    fingerprint = {"target_fingerprint": teacher.fingerprint, "teacher_dtype": str(dtype),
-                   "hidden_size": int(teacher.lm_head.shape[1]),
-                   "vocab_size": int(teacher.lm_head.shape[0])}
+    fingerprint = {
+        "target_fingerprint": teacher.fingerprint,
+        "teacher_dtype": str(dtype),
+        "hidden_size": int(teacher.lm_head.shape[1]),
+        "vocab_size": int(teacher.lm_head.shape[0]),
+    }
     cache = HiddenStateCache(default_cache_root(spec.cache_dir), fingerprint)
     fill_cache(cache, teacher, (train if cache_train else []) + held, runtime, spec)
     return Prepared(teacher, train, held, cache)
 
 
-def fill_cache(cache: HiddenStateCache, teacher: Teacher, sequences: list[TokenizedSequence],
-               runtime: Runtime, spec: DataSpec) -> None:
+def fill_cache(
+    cache: HiddenStateCache,
+    teacher: Teacher,
+    sequences: list[TokenizedSequence],
+    runtime: Runtime,
+    spec: DataSpec,
+) -> None:
     """Process r computes the missing ones among sequences r, r + world, ...; then all re-scan.
 
     The share is taken from the full list (not from what is missing when this process looks,
     which a faster process may already have changed), so every sequence has exactly one owner.
     """
-    mine = cache.missing(sequences[runtime.rank::runtime.world_size])
+    mine = cache.missing(sequences[runtime.rank :: runtime.world_size])
     if mine:
         cache.check_free_space(sum(len(s) for s in mine), int(teacher.lm_head.shape[1]))
-    bar = tqdm(total=sum(len(s) for s in mine), unit="tok", desc="caching target hidden states",
-               disable=not (spec.progress and runtime.is_main and mine))
+    bar = tqdm(
+        total=sum(len(s) for s in mine),
+        unit="tok",
+        desc="caching target hidden states",
+        disable=not (spec.progress and runtime.is_main and mine),
+    )
 
     def forward(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return teacher_forward(teacher, ids.to(runtime.device), mask.to(runtime.device))
@@ -113,5 +126,7 @@ def fill_cache(cache: HiddenStateCache, teacher: Teacher, sequences: list[Tokeni
     cache.refresh()
     absent = len(cache.missing(sequences))
     if absent:
-        raise TrainingError(f"hidden-state cache {cache.dir}: {absent} sequence(s) still missing "
-                            "after filling (another process failed?)")
+        raise TrainingError(
+            f"hidden-state cache {cache.dir}: {absent} sequence(s) still missing "
+            "after filling (another process failed?)"
+        )

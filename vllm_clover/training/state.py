@@ -25,13 +25,23 @@ STATE_FILE = "state.pt"
 INFO_FILE = "trainer.json"
 
 
-def save_state(folder: str | Path, cfg: TrainConfig, modules: dict[str, Any], step: int,
-               total_steps: int, tokens_seen: int) -> None:
+def save_state(
+    folder: str | Path,
+    cfg: TrainConfig,
+    modules: dict[str, Any],
+    step: int,
+    total_steps: int,
+    tokens_seen: int,
+) -> None:
     """modules: {"model": heads, "optimizer": ..., "scheduler": ...} (anything with state_dict)."""
     payload = {name: m.state_dict() for name, m in modules.items()}
     payload.update(step=step, tokens_seen=tokens_seen, rng=rng_state())
-    info = {"step": step, "total_steps": total_steps, "tokens_seen": tokens_seen,
-            "config": dataclasses.asdict(cfg)}
+    info = {
+        "step": step,
+        "total_steps": total_steps,
+        "tokens_seen": tokens_seen,
+        "config": dataclasses.asdict(cfg),
+    }
     try:
         with atomic_directory(Path(folder), overwrite=True) as tmp:
             torch.save(payload, tmp / STATE_FILE)
@@ -44,18 +54,24 @@ def load_state(folder: str | Path, cfg: TrainConfig) -> dict[str, Any]:
     """Read a state folder; TrainingError if missing, corrupt, or from an incompatible config."""
     folder = Path(folder)
     if not (folder / STATE_FILE).is_file() or not (folder / INFO_FILE).is_file():
-        raise TrainingError(f"no training state to resume in {folder} (expected {STATE_FILE} "
-                            f"and {INFO_FILE})")
+        raise TrainingError(
+            f"no training state to resume in {folder} (expected {STATE_FILE} and {INFO_FILE})"
+        )
     try:
         info = json.loads((folder / INFO_FILE).read_text())
         payload = torch.load(folder / STATE_FILE, map_location="cpu", weights_only=False)
     except (OSError, json.JSONDecodeError, RuntimeError, EOFError) as err:
         raise TrainingError(f"corrupt training state in {folder}: {err}") from err
     ours = dataclasses.asdict(cfg)
-    differ = sorted(k for k, v in info.get("config", {}).items()
-                    if k not in RUN_ONLY_FIELDS and ours.get(k) != v)
+    differ = sorted(
+        k
+        for k, v in info.get("config", {}).items()
+        if k not in RUN_ONLY_FIELDS and ours.get(k) != v
+    )
     if differ:
-        raise TrainingError(f"cannot resume from {folder}: these settings differ from the saved "
-                            f"run: {', '.join(differ)}")
+        raise TrainingError(
+            f"cannot resume from {folder}: these settings differ from the saved "
+            f"run: {', '.join(differ)}"
+        )
     payload["total_steps"] = info["total_steps"]
     return payload

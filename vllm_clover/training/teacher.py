@@ -50,8 +50,10 @@ def resolve_target(target: str) -> tuple[str, dict[str, Any]]:
     if target == REFERENCE_TARGET:
         folder = reference_target_dir()
         if not (folder / MARKER).is_file():
-            raise TrainingError(f"reference target not cached at {folder}; run "
-                                f"`vllm-clover fetch {REFERENCE_TARGET}` first")
+            raise TrainingError(
+                f"reference target not cached at {folder}; run "
+                f"`vllm-clover fetch {REFERENCE_TARGET}` first"
+            )
         return str(folder), {}
     if Path(target).expanduser().is_dir():
         return str(Path(target).expanduser()), {}
@@ -69,27 +71,43 @@ def load_teacher(target: str, device: torch.device, dtype: torch.dtype) -> Teach
         tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs)
     except (OSError, ValueError, KeyError) as err:
-        hint = (" (no network is used: pass a folder or pre-download the model into the "
-                "Hugging Face cache)" if kwargs else "")
+        hint = (
+            " (no network is used: pass a folder or pre-download the model into the "
+            "Hugging Face cache)"
+            if kwargs
+            else ""
+        )
         raise TrainingError(f"cannot load target {target!r} as a causal LM: {err}{hint}") from err
     model.to(device).eval().requires_grad_(False)
     check_architecture(model, target)
     head = model.get_output_embeddings().weight.detach()
     embed = model.get_input_embeddings()
     embedding = embed.weight.detach().float().cpu() if embed is not None else None
-    return Teacher(target, path, model, tokenizer, model.config, head.float().cpu().clone(),
-                   embedding, model_fingerprint(model))
+    return Teacher(
+        target,
+        path,
+        model,
+        tokenizer,
+        model.config,
+        head.float().cpu().clone(),
+        embedding,
+        model_fingerprint(model),
+    )
 
 
 def check_architecture(model: nn.Module, target: str) -> None:
     """TrainingError unless logits == last post-norm hidden state @ W_lm^T (plain linear head)."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if not isinstance(head, nn.Linear):
-        raise TrainingError(f"target {target!r} ({type(model).__name__}) has no linear LM head "
-                            "(get_output_embeddings); Clover needs one")
+        raise TrainingError(
+            f"target {target!r} ({type(model).__name__}) has no linear LM head "
+            "(get_output_embeddings); Clover needs one"
+        )
     if head.bias is not None:
-        raise TrainingError(f"target {target!r}: its LM head has a bias; Clover heads score "
-                            "with the bias-free LM-head weight, as vLLM's drafters do")
+        raise TrainingError(
+            f"target {target!r}: its LM head has a bias; Clover heads score "
+            "with the bias-free LM-head weight, as vLLM's drafters do"
+        )
     ids = torch.arange(1, 9, device=head.weight.device).unsqueeze(0) % head.weight.shape[0]
     out = model(ids, output_hidden_states=True)
     if getattr(out, "hidden_states", None) is None:
@@ -122,17 +140,24 @@ def model_fingerprint(model: nn.Module, samples: int = 64) -> str:
 
 
 @torch.no_grad()
-def teacher_forward(teacher: Teacher, input_ids: torch.Tensor, attention_mask: torch.Tensor
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+def teacher_forward(
+    teacher: Teacher, input_ids: torch.Tensor, attention_mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, T) right-padded ids -> (H (B, T, D) post-norm, argmax of the logits (B, T) int64)."""
     if teacher.model is None:
         raise RuntimeError("teacher model already released")
-    out = teacher.model(input_ids, attention_mask=attention_mask, output_hidden_states=True,
-                        logits_to_keep=1)
+    out = teacher.model(
+        input_ids, attention_mask=attention_mask, output_hidden_states=True, logits_to_keep=1
+    )
     hidden = out.hidden_states[-1]  # (B, T, D)
     weight = teacher.model.get_output_embeddings().weight  # (V, D)
-    top1 = torch.cat([F.linear(chunk, weight).argmax(-1)  # (B, t, V) -> (B, t)
-                      for chunk in hidden.split(256, dim=1)], dim=1)
+    top1 = torch.cat(
+        [
+            F.linear(chunk, weight).argmax(-1)  # (B, t, V) -> (B, t)
+            for chunk in hidden.split(256, dim=1)
+        ],
+        dim=1,
+    )
     return hidden, top1
 
 
@@ -147,9 +172,12 @@ def augmenting_init(teacher: Teacher, num_layers: int) -> tuple[list[dict], torc
     try:
         layers = select_last_layers(state, num_layers)
     except ValueError as err:
-        raise TrainingError(f"target {teacher.name!r}: cannot initialise the Augmenting Block "
-                            f"({err})") from err
+        raise TrainingError(
+            f"target {teacher.name!r}: cannot initialise the Augmenting Block ({err})"
+        ) from err
     if len(norms) != 1:
-        raise TrainingError(f"target {teacher.name!r}: expected one final norm weight, found "
-                            f"{norms or 'none'}; use --no-augmenting-block")
+        raise TrainingError(
+            f"target {teacher.name!r}: expected one final norm weight, found "
+            f"{norms or 'none'}; use --no-augmenting-block"
+        )
     return layers, state[norms[0]]

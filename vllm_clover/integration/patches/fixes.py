@@ -28,8 +28,9 @@ def _torch_expand(output, input_val, cu_num_tokens, replace_from, replace_to) ->
     import torch
 
     counts = torch.diff(cu_num_tokens.long(), prepend=cu_num_tokens.new_zeros(1).long())
-    values = torch.where(input_val == replace_from,
-                         torch.full_like(input_val, replace_to), input_val)
+    values = torch.where(
+        input_val == replace_from, torch.full_like(input_val, replace_to), input_val
+    )
     expanded = values.repeat_interleave(counts)
     output[: expanded.numel()].copy_(expanded)
 
@@ -43,11 +44,13 @@ def patch_cpu_float_expand() -> None:
         return
 
     @functools.wraps(original)
-    def _expand_kernel_impl(output, input_val, cu_num_tokens, replace_from, replace_to,
-                            MAX_NUM_TOKENS=None) -> None:
+    def _expand_kernel_impl(
+        output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None
+    ) -> None:
         if output.dtype == torch.int64 and input_val.dtype == torch.int64:
-            return original(output, input_val, cu_num_tokens, replace_from, replace_to,
-                            MAX_NUM_TOKENS)
+            return original(
+                output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS
+            )
         return _torch_expand(output, input_val, cu_num_tokens, replace_from, replace_to)
 
     cpu_triton_utils._expand_kernel_impl = mark(_expand_kernel_impl, "cpu_float_expand")
@@ -129,8 +132,11 @@ def patch_zero_draft_sampling() -> None:
 
     @functools.wraps(original)
     def _sample(self, logits, spec_decode_metadata):
-        if (spec_decode_metadata is not None and not self.use_async_scheduling
-                and bonus_tokens_only(spec_decode_metadata, self.input_batch.sampling_metadata)):
+        if (
+            spec_decode_metadata is not None
+            and not self.use_async_scheduling
+            and bonus_tokens_only(spec_decode_metadata, self.input_batch.sampling_metadata)
+        ):
             spec_decode_metadata = None  # the plain sampler, as without speculation
         return original(self, logits, spec_decode_metadata)
 
@@ -139,7 +145,9 @@ def patch_zero_draft_sampling() -> None:
 
 def bonus_tokens_only(spec_decode_metadata, sampling_metadata) -> bool:
     """True when a speculative step samples nothing but bonus tokens, without logprobs."""
-    return (spec_decode_metadata.max_spec_len == 0
-            and sampling_metadata.max_num_logprobs is None
-            and not sampling_metadata.logprob_token_ids
-            and not any(sampling_metadata.spec_token_ids or ()))
+    return (
+        spec_decode_metadata.max_spec_len == 0
+        and sampling_metadata.max_num_logprobs is None
+        and not sampling_metadata.logprob_token_ids
+        and not any(sampling_metadata.spec_token_ids or ())
+    )

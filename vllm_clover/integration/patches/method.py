@@ -50,10 +50,13 @@ def _clover_post_init(original: Callable) -> Callable:
         from vllm import envs
 
         if envs.VLLM_USE_V2_MODEL_RUNNER:  # vLLM reads it as bool(int(value))
-            raise ValueError("Clover runs on vLLM's V1 model runner; unset "
-                             "VLLM_USE_V2_MODEL_RUNNER=1 to use speculative method 'clover'")
-        config = check_clover_spec(self.model, self.num_speculative_tokens,
-                                   self.target_model_config.hf_config)
+            raise ValueError(
+                "Clover runs on vLLM's V1 model runner; unset "
+                "VLLM_USE_V2_MODEL_RUNNER=1 to use speculative method 'clover'"
+            )
+        config = check_clover_spec(
+            self.model, self.num_speculative_tokens, self.target_model_config.hf_config
+        )
         if self.num_speculative_tokens is None:
             self.num_speculative_tokens = config.num_heads
         # vLLM builds the draft ModelConfig (dtype, max_model_len, parallelism) for a
@@ -110,8 +113,10 @@ def patch_runner_drafter() -> None:
             from vllm_clover.integration.proposer import CloverProposer
 
             self.drafter = CloverProposer(vllm_config, device, self)
-            logger.info("Clover: drafting with CloverProposer on the V1 model runner (%s)",
-                        type(self).__name__)
+            logger.info(
+                "Clover: drafting with CloverProposer on the V1 model runner (%s)",
+                type(self).__name__,
+            )
 
     GPUModelRunner.__init__ = mark(__init__, "runner_drafter")
 
@@ -133,7 +138,8 @@ def patch_v1_runner_only() -> None:
         return features
 
     VllmConfig._get_v2_model_runner_unsupported_features = mark(
-        unsupported_features, "v1_runner_only")
+        unsupported_features, "v1_runner_only"
+    )
 
 
 # --------------------------------------------------------------------------- async_scheduling
