@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import json
 from pathlib import Path
 
@@ -11,14 +9,7 @@ import pytest
 import torch
 
 from vllm_clover.assets.data import Conversation, Message
-from vllm_clover.training.config import (
-    EvalConfig,
-    GenerateConfig,
-    TrainConfig,
-    TrainingError,
-    add_arguments,
-    from_args,
-)
+from vllm_clover.training.config import TrainingError
 from vllm_clover.training.data import (
     load_conversations,
     plan_steps,
@@ -128,6 +119,20 @@ def test_prompt_only_data_points_to_generate_data(tokenizer) -> None:
         tokenize_all(tokenizer, [conv(("user", "q"))], 64, "prompts.jsonl")
 
 
+def test_records_without_anything_to_learn_are_reported_by_id(tokenizer, capsys) -> None:
+    good = synthetic_conversations(2)
+    prompt_only = Conversation("prompt-only", (Message("user", "q"),))
+    long_question = Conversation(
+        "long-question", (Message("user", "word " * 300), Message("assistant", "short answer"))
+    )
+    seqs = tokenize_all(tokenizer, [*good, prompt_only, long_question], 64, "mixed.jsonl")
+    assert len(seqs) == 2
+    assert capsys.readouterr().err.strip() == (
+        "mixed.jsonl: dropped 2 of 4 record(s): 1 with no assistant turn (prompt-only); "
+        "1 with no assistant token to learn from within --max-seq-len 64 (long-question)"
+    )
+
+
 def test_split_is_seeded_disjoint_and_complete(tokenizer) -> None:
     seqs = tokenize_all(tokenizer, synthetic_conversations(40), 256, "syn")
     train, held = split_train_eval(seqs, 0.1, seed=3)
@@ -157,54 +162,11 @@ def test_token_counts_only_count_assistant_tokens(tokenizer) -> None:
     assert int(counts[tokenizer.convert_tokens_to_ids("<|im_start|>")]) == 0
 
 
-@pytest.mark.parametrize("cls", [TrainConfig, EvalConfig, GenerateConfig])
-def test_every_config_field_is_a_flag(cls) -> None:
-    parser = argparse.ArgumentParser()
-    add_arguments(parser, cls)
-    dests = {a.dest for a in parser._actions if a.dest != "help"}
-    assert dests == {f.name for f in dataclasses.fields(cls)}
+def test_dropped_records_are_named_with_their_reason(capsys) -> None:
+    from vllm_clover.training.data import describe_dropped
 
-
-def test_train_flags_round_trip() -> None:
-    parser = argparse.ArgumentParser()
-    add_arguments(parser, TrainConfig)
-    args = parser.parse_args(
-        [
-            "--target",
-            "t",
-            "--out",
-            "o",
-            "--num-heads",
-            "4",
-            "--no-attention-decoder",
-            "--draft-vocab-size",
-            "100",
-            "--dtype",
-            "bfloat16",
-            "--resume",
-        ]
+    dropped = {"no assistant turn": ["a", "b"], "x": [str(i) for i in range(7)]}
+    assert describe_dropped(dropped, 20) == (
+        "dropped 9 of 20 record(s): 2 with no assistant turn (a, b); "
+        "7 with x (0, 1, 2, 3, 4, ... 2 more)"
     )
-    cfg = from_args(args, TrainConfig)
-    assert (cfg.num_heads, cfg.attention_decoder, cfg.draft_vocab_size) == (4, False, 100)
-    assert cfg.regressive_connection and cfg.dtype == "bfloat16"
-    assert cfg.resume == "auto" and cfg.state_dir == "o.train-state"
-    medusa = from_args(parser.parse_args(["--target", "t", "--out", "o", "--medusa"]))
-    assert not (medusa.attention_decoder or medusa.regressive_connection or medusa.augmenting_block)
-    with pytest.raises(TrainingError, match="--num-heads"):
-        TrainConfig(target="t", out="o", num_heads=0)
-
-
-def test_command_line_rebuilds_the_config() -> None:
-    import argparse
-    import shlex
-
-    from vllm_clover.training.config import to_command_line
-
-    cfg = TrainConfig(
-        target="t", out="o dir", medusa=True, attention_decoder=False, draft_vocab_size=64, lr=3e-4
-    )
-    line = to_command_line(cfg)
-    assert line.startswith("vllm-clover train ") and "--no-attention-decoder" in line
-    parser = argparse.ArgumentParser()
-    add_arguments(parser, TrainConfig)
-    assert from_args(parser.parse_args(shlex.split(line)[2:]), TrainConfig) == cfg

@@ -51,8 +51,10 @@ def test_regenerate_round_by_round() -> None:
         conv("lead", ("assistant", "hello"), ("user", "c"), ("assistant", "old")),
         conv("cut", ("user", "d"), ("assistant", "old"), ("user", "huge"), ("assistant", "old")),
         conv("gone", ("user", "huge"), ("assistant", "old")),
+        conv("silent", ("assistant", "a reply to nothing")),
     ]
-    out = {c.id: c for c in regenerate(data, fake)}
+    regenerated, dropped = regenerate(data, fake)
+    out = {c.id: c for c in regenerated}
     assert len(calls) == 2 and len(calls[0]) == 5 and len(calls[1]) == 2  # batched per round
     # round 2 sees round 1's regenerated reply, not the original
     assert calls[1][0][2] == {"role": "assistant", "content": "r1:a"}
@@ -60,8 +62,12 @@ def test_regenerate_round_by_round() -> None:
     assert out["prompt"].messages == (Message("user", "p"), Message("assistant", "r1:p"))
     assert out["lead"].messages[0] == Message("user", "c")  # a reply to nothing is dropped
     assert [m.content for m in out["cut"].messages] == ["d", "r1:d"]  # ends before "huge"
-    assert "gone" not in out
-    limited = regenerate(data[:1], fake, max_turns=1)[0]
+    assert "gone" not in out and "silent" not in out
+    assert dropped == {
+        "a first prompt too long for the context": ["gone"],
+        "no user turn": ["silent"],
+    }
+    limited = regenerate(data[:1], fake, max_turns=1)[0][0]
     assert [m.content for m in limited.messages] == ["s", "a", "r3:a"]
 
 

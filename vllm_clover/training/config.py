@@ -50,9 +50,9 @@ class TrainConfig:
     # network
     num_heads: int = opt(3, "number of draft heads K")
     num_augmenting_layers: int = opt(1, "decoder layers in the Augmenting Block")
-    attention_decoder: bool = opt(True, "use the Attention Decoder")
-    regressive_connection: bool = opt(True, "use the Regressive Connection")
-    augmenting_block: bool = opt(True, "use the Augmenting Block")
+    attention_decoder: bool = opt(True, "the Attention Decoder")
+    regressive_connection: bool = opt(True, "the Regressive Connection")
+    augmenting_block: bool = opt(True, "the Augmenting Block")
     medusa: bool = opt(False, "Medusa-1 baseline: all three Clover components off")
     draft_vocab_size: int | None = opt(None, "score only the N most frequent training tokens")
     # optimisation
@@ -68,7 +68,7 @@ class TrainConfig:
     hidden_loss_weight: float = opt(0.0, "weight of SmoothL1(z_i, H_{t+1+i}) (Clover-2: 10)")
     soft_labels: bool = opt(
         True,
-        "distil the target's distribution (off: one-hot data "
+        "distillation against the target's distribution (off: one-hot data "
         "tokens, the Medusa-1 recipe, for comparison)",
     )
     seed: int = opt(0, "seed of the initialisation, data order and split")
@@ -96,7 +96,7 @@ class TrainConfig:
         const="auto",
     )
     overwrite: bool = opt(False, "replace an existing --out folder")
-    progress: bool = opt(True, "show a progress bar")
+    progress: bool = opt(True, "the progress bar")
 
     def __post_init__(self) -> None:
         if self.medusa:
@@ -166,7 +166,12 @@ class EvalConfig:
     batch_size: int = opt(8, "sequences per evaluation batch")
     device: str = opt("auto", "cpu, cuda, cuda:N or auto")
     json: str | None = opt(None, "also write the metrics as JSON to this file")
-    progress: bool = opt(True, "show a progress bar while caching")
+    dtype: str = opt(
+        "float32",
+        "dtype the target caches hidden states in (pass train's --dtype to reuse its cache)",
+        choices=("float32", "bfloat16"),
+    )
+    progress: bool = opt(True, "the progress bar while caching")
 
 
 @dataclass
@@ -225,8 +230,8 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type = TrainConfig) -> N
         if hints[f.name] is bool:
             flag = _flag(("no_" if f.default else "") + f.name)
             kwargs.update(action="store_false" if f.default else "store_true", default=f.default)
-            if f.default:  # the help describes the option; the flag turns it off
-                kwargs["help"] = f"turn off: {kwargs['help']}"
+            if f.default:  # the help names what is on by default; the flag turns it off
+                kwargs["help"] = f"turn off {kwargs['help']}"
         else:
             flag = _flag(f.name)
             base = [t for t in typing.get_args(hints[f.name]) if t is not type(None)]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -177,15 +178,44 @@ def sequence_key(ids: torch.Tensor) -> str:
 def tokenize_all(
     tokenizer: Any, conversations: Sequence[Conversation], max_len: int, source: str
 ) -> list[TokenizedSequence]:
+    """Every conversation that has something to train on; the others are reported (stderr)
+    with their ids and the reason, never dropped silently."""
     if getattr(tokenizer, "chat_template", None) is None:
         raise TrainingError(f"the target's tokenizer has no chat template ({source})")
-    sequences = [s for c in conversations if (s := tokenize_conversation(tokenizer, c, max_len))]
+    sequences, dropped = [], {}
+    for conversation in conversations:
+        sequence = tokenize_conversation(tokenizer, conversation, max_len)
+        if sequence is None:
+            has_reply = any(m.role == "assistant" for m in conversation.messages)
+            reason = (
+                f"no assistant token to learn from within --max-seq-len {max_len}"
+                if has_reply
+                else "no assistant turn"
+            )
+            dropped.setdefault(reason, []).append(conversation.id)
+        else:
+            sequences.append(sequence)
+    if dropped:
+        print(f"{source}: {describe_dropped(dropped, len(conversations))}", file=sys.stderr)
     if not sequences:
         raise TrainingError(
             f"no trainable conversation in {source}: {len(conversations)} record(s), none with "
             "an assistant turn (prompt-only data: run `vllm-clover generate-data` first)"
         )
     return sequences
+
+
+def describe_dropped(dropped: dict[str, list[str]], total: int, shown: int = 5) -> str:
+    """One line naming what was dropped and why. Example: ({"no assistant turn": ["a", "b"]},
+    10) -> "dropped 2 of 10 record(s): 2 with no assistant turn (a, b)"."""
+    parts = []
+    for reason, ids in dropped.items():
+        listed = ", ".join(ids[:shown]) + (
+            f", ... {len(ids) - shown} more" if len(ids) > shown else ""
+        )
+        parts.append(f"{len(ids)} with {reason} ({listed})")
+    count = sum(len(ids) for ids in dropped.values())
+    return f"dropped {count} of {total} record(s): " + "; ".join(parts)
 
 
 # ---------------------------------------------------------------------- split and order

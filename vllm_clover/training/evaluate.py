@@ -125,7 +125,9 @@ def eval_heads(cfg: EvalConfig) -> dict[str, dict]:
     if runtime.distributed:
         raise TrainingError("eval-heads runs in one process; do not launch it with torchrun")
     everything = cfg.eval_fraction == 0
-    prepared = prepare(DataSpec.from_config(cfg), runtime, torch.float32, cache_train=everything)
+    prepared = prepare(
+        DataSpec.from_config(cfg), runtime, getattr(torch, cfg.dtype), cache_train=everything
+    )
     sequences = prepared.train if everything else prepared.eval
     teacher = prepared.teacher
     teacher.release()

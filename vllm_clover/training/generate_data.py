@@ -20,13 +20,14 @@ and ``hf`` (transformers ``generate``; slow, for machines without vLLM).
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from vllm_clover.assets.data import Conversation, Message
 from vllm_clover.fsutil import atomic_write_bytes
 from vllm_clover.training.config import GenerateConfig, TrainingError
-from vllm_clover.training.data import load_conversations
+from vllm_clover.training.data import describe_dropped, load_conversations
 
 # A batch of chats (each ending with a user turn) -> one reply per chat (None: did not fit).
 Generate = Callable[[list[list[dict[str, str]]]], list[str | None]]
@@ -48,8 +49,12 @@ def prompt_slots(conversation: Conversation, max_turns: int | None) -> list[Mess
 
 def regenerate(
     conversations: Sequence[Conversation], generate: Generate, max_turns: int | None = None
-) -> list[Conversation]:
-    """Replace every assistant turn with ``generate``'s reply, round by round (see above)."""
+) -> tuple[list[Conversation], dict[str, list[str]]]:
+    """Replace every assistant turn with ``generate``'s reply, round by round (see above).
+
+    Returns the regenerated conversations and the ids of those left without a reply, by
+    reason (no user turn to answer, or a first prompt that did not fit the context).
+    """
     chats = [prompt_slots(c, max_turns) for c in conversations]
     done = [False] * len(chats)
     round_ = 0
@@ -69,12 +74,15 @@ def regenerate(
             else:
                 chats[c][i] = Message("assistant", reply)
         round_ += 1
-    out = []
-    for conversation, messages in zip(conversations, chats, strict=True):
+    out, dropped = [], {}
+    for conversation, messages, cut in zip(conversations, chats, done, strict=True):
         replies = [i for i, m in enumerate(messages) if m.role == "assistant"]
         if replies:  # end at the last reply: a trailing prompt has nothing to train on
             out.append(Conversation(conversation.id, tuple(messages[: replies[-1] + 1])))
-    return out
+        else:
+            reason = "a first prompt too long for the context" if cut else "no user turn"
+            dropped.setdefault(reason, []).append(conversation.id)
+    return out, dropped
 
 
 def vllm_generator(target_path: str, cfg: GenerateConfig) -> Generate:
@@ -169,7 +177,13 @@ def generate_data(cfg: GenerateConfig) -> Path:
     generate = (vllm_generator if cfg.engine == "vllm" else hf_generator)(
         path if cfg.engine == "vllm" else cfg.target, cfg
     )
-    result = regenerate(conversations, generate, cfg.max_turns)
+    result, dropped = regenerate(conversations, generate, cfg.max_turns)
+    if dropped:
+        print(
+            describe_dropped(dropped, len(conversations)) + f" (--max-model-len "
+            f"{cfg.max_model_len}, --max-new-tokens {cfg.max_new_tokens})",
+            file=sys.stderr,
+        )
     if not result:
         raise TrainingError(
             f"no conversation left after regeneration of {cfg.data} "
