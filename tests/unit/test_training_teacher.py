@@ -172,3 +172,25 @@ def test_corrupt_shard_is_named(tiny, teacher) -> None:
     (cache.dir / "shard-bad.safetensors").write_bytes(b"\x00garbage")
     with pytest.raises(TrainingError, match="corrupt hidden-state cache shard .*shard-bad"):
         make_cache(tiny, teacher, tiny["cache"] / "corrupt")
+
+
+@pytest.mark.parametrize("max_elements", [1, 7 * 50, 1 << 26])
+def test_argmax_rows_in_chunks_equals_one_product(max_elements: int) -> None:
+    """However small the chunk, the argmax over the whole vocabulary is the same."""
+    from vllm_clover.training.teacher import argmax_rows
+
+    gen = torch.Generator().manual_seed(0)
+    hidden, weight = torch.randn(3, 11, 8, generator=gen), torch.randn(50, 8, generator=gen)
+    expected = (hidden @ weight.T).argmax(-1)
+    assert torch.equal(argmax_rows(hidden, weight, max_elements), expected)
+
+
+def test_a_soft_capped_target_is_refused_naming_why() -> None:
+    """Gemma 2 soft-caps its logits: on small logits a probe cannot see it, the config can."""
+    from vllm_clover.training.teacher import check_architecture
+    from vllm_clover.training.tiny import tiny_target_config
+
+    special = {"pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2}
+    config, model_class = tiny_target_config("gemma2", 97, hidden_size=32, **special)
+    with pytest.raises(TrainingError, match=r"soft-capped \(final_logit_softcapping=30.0\)"):
+        check_architecture(model_class(config).eval(), "tiny-gemma2")

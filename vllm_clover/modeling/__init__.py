@@ -3,7 +3,7 @@
 Shared by the trainer and the vLLM layer; see docs/design.md and docs/checkpoint-format.md.
 """
 
-from vllm_clover.modeling.augmenting import AugmentingBlock, select_last_layers
+from vllm_clover.modeling.augmenting import AugmentingBlock
 from vllm_clover.modeling.checkpoint import (
     CloverCheckpointError,
     lm_head_fingerprint,
@@ -15,6 +15,7 @@ from vllm_clover.modeling.clover import CloverModel
 from vllm_clover.modeling.config import CloverConfig
 from vllm_clover.modeling.head_loop import HeadLoop
 from vllm_clover.modeling.tables import TargetTables, draft_vocab_from_counts
+from vllm_clover.modeling.target_layers import select_last_layers
 from vllm_clover.modeling.teacher_forcing import HeadTokens, shift_tokens_for_heads
 
 __all__ = [

@@ -15,7 +15,6 @@ cache here (vLLM runs its own paged cache in the wrapper).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -23,6 +22,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from vllm_clover.modeling.config import CloverConfig
+from vllm_clover.modeling.target_layers import layer_weights
 
 
 class RMSNorm(nn.Module):
@@ -138,6 +138,7 @@ class AugmentingBlock(nn.Module):
 
     def __init__(self, config: CloverConfig) -> None:
         super().__init__()
+        self.config = config
         depth = config.num_augmenting_layers
         self.layers = nn.ModuleList([DecoderLayer(config) for _ in range(depth)])
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -161,8 +162,9 @@ class AugmentingBlock(nn.Module):
 
         ``layer_states[j]`` initialises ``layers.{j}`` (pass the target's last L layers in
         order, e.g. from ``select_last_layers``); a single mapping is accepted when L == 1.
-        Keys may carry any prefix ('model.layers.31.'). Raises ValueError on a missing key
-        or a shape mismatch; values are cast to the parameter dtype.
+        Keys may carry any prefix ('model.layers.31.'), and fused projections (Phi-3's
+        qkv_proj, gate_up_proj) are split (``target_layers.layer_weights``). Raises ValueError
+        on a missing key or a shape mismatch; values are cast to the parameter dtype.
         """
         if isinstance(layer_states, Mapping):
             layer_states = [layer_states]
@@ -172,7 +174,7 @@ class AugmentingBlock(nn.Module):
                 "augmenting layers"
             )
         for j, (layer, raw) in enumerate(zip(self.layers, layer_states, strict=True)):
-            state = _strip_layer_prefix(raw)
+            state = layer_weights(raw, self.config)
             for name, param in layer.named_parameters():
                 if name not in state:
                     raise ValueError(f"target layer state for layers.{j} is missing '{name}'")
@@ -193,40 +195,6 @@ def normalize_positions(
             f"positions must be (T,) or (B, T) = ({batch}, {seq}), got {tuple(positions.shape)}"
         )
     return positions.long()
-
-
-# ---------------------------------------------------------------- init from the target
-def _strip_layer_prefix(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """'model.layers.31.self_attn.q_proj.weight' -> 'self_attn.q_proj.weight'.
-
-    Keys that are not decoder-layer parameters (e.g. a stale rotary inv_freq) are dropped.
-    """
-    out = {}
-    for key, value in state.items():
-        match = re.search(
-            r"(?:^|\.)((?:self_attn|mlp|input_layernorm|post_attention_layernorm)\..+)$", key
-        )
-        if match and not key.endswith("inv_freq"):
-            out[match.group(1)] = value
-    return out
-
-
-def select_last_layers(
-    state_dict: Mapping[str, torch.Tensor], num_layers: int
-) -> list[dict[str, torch.Tensor]]:
-    """The last ``num_layers`` decoder layers of a full target state dict, in order.
-
-    Example: a 32-layer Llama and num_layers=2 -> [state of layers.30, state of layers.31],
-    each with keys relative to the layer ('self_attn.q_proj.weight', ...).
-    """
-    by_index: dict[int, dict[str, torch.Tensor]] = {}
-    for key, value in state_dict.items():
-        match = re.search(r"(?:^|\.)layers\.(\d+)\.(.+)$", key)
-        if match:
-            by_index.setdefault(int(match.group(1)), {})[match.group(2)] = value
-    if len(by_index) < num_layers:
-        raise ValueError(f"target state dict has {len(by_index)} decoder layers, need {num_layers}")
-    return [by_index[i] for i in sorted(by_index)[-num_layers:]]
 
 
 def _copy_checked(param: torch.Tensor, value: torch.Tensor, name: str) -> None:

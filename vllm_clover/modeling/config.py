@@ -18,7 +18,11 @@ from typing import Any
 
 from transformers import PretrainedConfig
 
+from vllm_clover.modeling.target_layers import hidden_activation, rope_parameters
+
 REGRESSIVE_EMBEDDINGS = ("lm_head", "input_embedding")
+# The architecture name of every Clover checkpoint: the draft model class vLLM builds from it.
+CLOVER_ARCHITECTURE = "CloverModel"
 
 
 class CloverConfig(PretrainedConfig):
@@ -104,7 +108,7 @@ class CloverConfig(PretrainedConfig):
         self.target_hidden_size = _default(target_hidden_size, hidden_size)
         self.target_vocab_size = _default(target_vocab_size, vocab_size)
         self.target_lm_head_fingerprint = target_lm_head_fingerprint
-        kwargs.setdefault("architectures", ["CloverModel"])
+        kwargs.setdefault("architectures", [CLOVER_ARCHITECTURE])
         super().__init__(**kwargs)
         self._validate()
 
@@ -212,13 +216,16 @@ class CloverConfig(PretrainedConfig):
     def from_target_config(
         cls, target: PretrainedConfig, *, target_name: str = "", **kwargs: Any
     ) -> CloverConfig:
-        """Copy hidden/vocab size and decoder-layer shape from a Llama-like target config.
+        """Copy hidden/vocab size and decoder-layer shape from a target config (its text part).
+
+        The activation and RoPE base are read under any of the names configs give them
+        (target_layers.py); whether the block can mirror the layer is a separate check
+        (``target_layers.mirror_problems``).
 
         ``kwargs`` set the Clover fields (num_heads, use_* flags, ...) and may
         override any copied field.
         """
         text = target.get_text_config() if hasattr(target, "get_text_config") else target
-        rope_params = getattr(text, "rope_parameters", None) or {}
         copied = dict(
             hidden_size=text.hidden_size,
             vocab_size=text.vocab_size,
@@ -227,9 +234,9 @@ class CloverConfig(PretrainedConfig):
             num_key_value_heads=getattr(text, "num_key_value_heads", None),
             head_dim=getattr(text, "head_dim", None),
             rms_norm_eps=getattr(text, "rms_norm_eps", 1e-6),
-            rope_theta=rope_params.get("rope_theta", getattr(text, "rope_theta", 10000.0)),
+            rope_theta=rope_parameters(text)["rope_theta"],
             max_position_embeddings=getattr(text, "max_position_embeddings", 4096),
-            hidden_act=getattr(text, "hidden_act", "silu"),
+            hidden_act=hidden_activation(text),
             attention_bias=getattr(text, "attention_bias", False),
             target_name=target_name or getattr(target, "_name_or_path", ""),
         )

@@ -108,6 +108,12 @@ def check_architecture(model: nn.Module, target: str) -> None:
             f"target {target!r}: its LM head has a bias; Clover heads score "
             "with the bias-free LM-head weight, as vLLM's drafters do"
         )
+    transformed = logit_transform(model.config)
+    if transformed:
+        raise TrainingError(
+            f"target {target!r} ({type(model).__name__}): {transformed}, so its distribution is "
+            "not the plain LM head of its hidden state that the heads score"
+        )
     ids = torch.arange(1, 9, device=head.weight.device).unsqueeze(0) % head.weight.shape[0]
     out = model(ids, output_hidden_states=True)
     if getattr(out, "hidden_states", None) is None:
@@ -121,6 +127,24 @@ def check_architecture(model: nn.Module, target: str) -> None:
             "its last hidden state is not post-norm or its logits are scaled/soft-capped, so the "
             "heads could not be trained on what vLLM hands a proposer"
         )
+
+
+# Config fields by which Hugging Face models transform their logits after the LM head.
+SOFT_CAP_FIELDS = ("final_logit_softcapping",)  # Gemma 2
+SCALE_FIELDS = ("logit_scale", "logits_scaling")  # Cohere, Granite
+
+
+def logit_transform(config: Any) -> str:
+    """ "" if the config's logits are the plain LM-head product, else what it does to them
+    (a small probe input can miss a soft cap, whose effect shows only on large logits)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    for field in SOFT_CAP_FIELDS:
+        if getattr(text, field, None):
+            return f"its logits are soft-capped ({field}={getattr(text, field)})"
+    for field in SCALE_FIELDS:
+        if getattr(text, field, None) not in (None, 1, 1.0):
+            return f"its logits are scaled ({field}={getattr(text, field)})"
+    return ""
 
 
 def model_fingerprint(model: nn.Module, samples: int = 64) -> str:
@@ -139,6 +163,11 @@ def model_fingerprint(model: nn.Module, samples: int = 64) -> str:
     return digest.hexdigest()[:32]
 
 
+# Logits materialised at once by `argmax_rows`: 2**26 (256 MB in float32), whatever the vocabulary
+# and batch; larger chunks were barely faster (docs/training.md).
+ARGMAX_CHUNK_ELEMENTS = 1 << 26
+
+
 @torch.no_grad()
 def teacher_forward(
     teacher: Teacher, input_ids: torch.Tensor, attention_mask: torch.Tensor
@@ -150,20 +179,32 @@ def teacher_forward(
         input_ids, attention_mask=attention_mask, output_hidden_states=True, logits_to_keep=1
     )
     hidden = out.hidden_states[-1]  # (B, T, D)
-    weight = teacher.model.get_output_embeddings().weight  # (V, D)
-    top1 = torch.cat(
-        [
-            F.linear(chunk, weight).argmax(-1)  # (B, t, V) -> (B, t)
-            for chunk in hidden.split(256, dim=1)
-        ],
-        dim=1,
-    )
-    return hidden, top1
+    return hidden, argmax_rows(hidden, teacher.model.get_output_embeddings().weight)
+
+
+def argmax_rows(
+    hidden: torch.Tensor, weight: torch.Tensor, max_elements: int = ARGMAX_CHUNK_ELEMENTS
+) -> torch.Tensor:
+    """argmax_v (H @ W^T)[..., v] for H (..., D), W (V, D) -> (...,) int64, computing at most
+    ``max_elements`` logits at a time: a 262k-token vocabulary takes 256 positions per chunk
+    instead of materialising (positions x V) logits. Example: V = 49152 -> 1365 rows a chunk."""
+    flat = hidden.reshape(-1, hidden.shape[-1])  # (N, D)
+    rows = max(1, max_elements // weight.shape[0])
+    top1 = [F.linear(chunk, weight).argmax(-1) for chunk in flat.split(rows)]
+    return torch.cat(top1).view(hidden.shape[:-1])
 
 
 def augmenting_init(teacher: Teacher, num_layers: int) -> tuple[list[dict], torch.Tensor]:
-    """The target's last ``num_layers`` decoder layer states and final-norm weight."""
-    from vllm_clover.modeling import select_last_layers
+    """The target's last ``num_layers`` decoder layer states and final-norm weight.
+
+    TrainingError naming what does not fit when the Augmenting Block cannot start as a copy
+    of those layers (``target_layers.mirror_problems``), suggesting --no-augmenting-block.
+    """
+    from vllm_clover.modeling.target_layers import (
+        mirror_problems,
+        parameter_names,
+        select_last_layers,
+    )
 
     if teacher.model is None:
         raise RuntimeError("teacher model already released")
@@ -175,9 +216,42 @@ def augmenting_init(teacher: Teacher, num_layers: int) -> tuple[list[dict], torc
         raise TrainingError(
             f"target {teacher.name!r}: cannot initialise the Augmenting Block ({err})"
         ) from err
+    text = (
+        teacher.config.get_text_config()
+        if hasattr(teacher.config, "get_text_config")
+        else (teacher.config)
+    )
+    problems = mirror_problems(text, set.union(*(parameter_names(layer) for layer in layers)))
     if len(norms) != 1:
+        problems.append(f"expected one final norm weight, found {norms or 'none'}")
+    if problems:
         raise TrainingError(
-            f"target {teacher.name!r}: expected one final norm weight, found "
-            f"{norms or 'none'}; use --no-augmenting-block"
+            f"target {teacher.name!r} ({type(teacher.model).__name__}): the Augmenting Block "
+            f"cannot start as a copy of its last layer: {'; '.join(problems)}. Train the heads "
+            "without it: --no-augmenting-block"
         )
     return layers, state[norms[0]]
+
+
+@torch.no_grad()
+def check_block_mirrors(teacher: Teacher, block: nn.Module) -> None:
+    """TrainingError unless the freshly copied block computes what the target's last layers
+    compute: block(input of the last L layers) == the target's final hidden state H, on a
+    probe input. Catches any difference the structural check could not name."""
+    if teacher.model is None:
+        raise RuntimeError("teacher model already released")
+    weight = teacher.model.get_output_embeddings().weight
+    ids = torch.arange(1, 17, device=weight.device).unsqueeze(0) % weight.shape[0]  # (1, 16)
+    hidden = teacher.model(ids, output_hidden_states=True).hidden_states
+    num_layers = len(block.layers)
+    first = next(block.parameters())
+    got = block(hidden[-1 - num_layers].to(first.dtype), torch.arange(16, device=ids.device))
+    expected = hidden[-1].to(got.dtype)
+    tol = 1e-3 if hidden[-1].dtype == torch.float32 else 5e-2
+    if not torch.allclose(got, expected, rtol=tol, atol=tol):
+        gap = float((got - expected).abs().max())
+        raise TrainingError(
+            f"target {teacher.name!r} ({type(teacher.model).__name__}): the Augmenting Block, "
+            f"copied from its last layer, does not reproduce it (max |difference| {gap:.3g} on "
+            "a probe input). Train the heads without it: --no-augmenting-block"
+        )

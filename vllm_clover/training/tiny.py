@@ -1,4 +1,4 @@
-"""A tiny random Llama target with a ChatML tokenizer, and synthetic conversations.
+"""Tiny random targets (Llama and other architectures), a ChatML tokenizer, synthetic data.
 
 For tests, smoke runs and docs: builds in well under a second, no network::
 
@@ -13,6 +13,7 @@ import json
 import random
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from vllm_clover.assets.data import Conversation, Message
 
@@ -72,38 +73,81 @@ def build_tiny_tokenizer(texts: Sequence[str], vocab_size: int = 300):
     return fast
 
 
+# Tiny configs of other architectures (their own fields; shapes are set by build_tiny_target).
+ARCHITECTURE_FIELDS = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+    "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": None}),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),  # q/k/v biases
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {}),  # fused qkv_proj, gate_up_proj
+    "gemma3": (  # offset norms, q/k norms, GELU, scaled embeddings, per-layer-type RoPE
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        {
+            "layer_types": ["sliding_attention", "full_attention"],
+            "sliding_window": 64,
+            "query_pre_attn_scalar": 32,
+            "tie_word_embeddings": True,
+        },
+    ),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", {}),  # norms after the sublayers, q/k norms
+    "gemma2": (  # soft-capped logits: the heads cannot serve it at all
+        "Gemma2Config",
+        "Gemma2ForCausalLM",
+        {"final_logit_softcapping": 30.0, "query_pre_attn_scalar": 32},
+    ),
+}
+
+
+def tiny_target_config(
+    architecture: str, vocab_size: int, hidden_size: int = 64, init_std: float = 0.2, **extra: Any
+) -> tuple[Any, type]:
+    """(config, model class) of a 2-layer random causal LM of ``architecture`` (GQA 4/2)."""
+    import transformers
+
+    config_name, model_name, fields = ARCHITECTURE_FIELDS[architecture]
+    shape = {
+        "hidden_size": hidden_size,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": hidden_size // 4,
+        "intermediate_size": 2 * hidden_size,
+        "vocab_size": vocab_size,
+        "max_position_embeddings": 512,
+        "initializer_range": init_std,
+        "tie_word_embeddings": False,
+    }
+    config = getattr(transformers, config_name)(**{**shape, **extra, **fields})
+    return config, getattr(transformers, model_name)
+
+
 def build_tiny_target(
     out: Path,
     conversations: Sequence[Conversation],
     seed: int = 0,
     hidden_size: int = 64,
     init_std: float = 0.2,
+    architecture: str = "llama",
 ) -> Path:
-    """Save a 2-layer random Llama (hidden 64, GQA 4/2) + tokenizer to ``out``.
+    """Save a 2-layer random causal LM (GQA 4/2) of ``architecture`` + tokenizer to ``out``.
 
     ``init_std`` is large so that the random target has peaked, learnable distributions.
+    hidden_size 128 gives head_dim 32, which vLLM's CPU attention supports (64 does not).
     """
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     texts = [m.content for c in conversations for m in c.messages]
     tokenizer = build_tiny_tokenizer(texts)
-    config = LlamaConfig(
-        hidden_size=hidden_size,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=2 * hidden_size,
-        vocab_size=len(tokenizer),
-        max_position_embeddings=512,
-        initializer_range=init_std,
-        tie_word_embeddings=False,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.bos_token_id,
+    special = {
+        "pad_token_id": tokenizer.pad_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "bos_token_id": tokenizer.bos_token_id,
+    }
+    config, model_class = tiny_target_config(
+        architecture, len(tokenizer), hidden_size, init_std, **special
     )
     torch.manual_seed(seed)
-    LlamaForCausalLM(config).save_pretrained(out)
+    model_class(config).save_pretrained(out)
     tokenizer.save_pretrained(out)
     return Path(out)
 

@@ -26,6 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from vllm_clover.modeling import CloverConfig, CloverModel, draft_vocab_from_counts, save_clover
+from vllm_clover.modeling.target_layers import bias_fields, parameter_names
 from vllm_clover.training.card import model_card
 from vllm_clover.training.config import TrainConfig, TrainingError
 from vllm_clover.training.data import plan_steps, token_counts
@@ -44,7 +45,7 @@ from vllm_clover.training.runtime import (
     shutdown_runtime,
 )
 from vllm_clover.training.state import load_state, save_state
-from vllm_clover.training.teacher import augmenting_init
+from vllm_clover.training.teacher import augmenting_init, check_block_mirrors
 
 
 @dataclass
@@ -83,9 +84,13 @@ def lr_factor(step: int, total: int, warmup: int) -> float:
 
 
 def build_model(cfg: TrainConfig, prepared: Prepared, device: torch.device) -> CloverModel:
-    """A fresh network for the target (seeded), Augmenting Block copied from its last
-    layer(s), draft vocabulary from the training data's token counts."""
+    """A fresh network for the target (seeded): Augmenting Block copied from its last
+    layer(s) and checked to reproduce them, draft vocabulary from the training data."""
     teacher = prepared.teacher
+    block_init = (
+        augmenting_init(teacher, cfg.num_augmenting_layers) if cfg.augmenting_block else None
+    )
+    biases = bias_fields(parameter_names(block_init[0][-1])) if block_init else {}
     try:
         config = CloverConfig.from_target_config(
             teacher.config,
@@ -96,17 +101,20 @@ def build_model(cfg: TrainConfig, prepared: Prepared, device: torch.device) -> C
             use_attention_decoder=cfg.attention_decoder,
             use_regressive_connection=cfg.regressive_connection,
             draft_vocab_size=cfg.draft_vocab_size,
+            **biases,
         )
     except (ValueError, AttributeError) as err:
         raise TrainingError(f"target {cfg.target!r} does not fit Clover: {err}") from err
     torch.manual_seed(cfg.seed)
     model = CloverModel(config)
-    if model.augmenting is not None:
-        model.augmenting.init_from_target(*augmenting_init(teacher, config.num_augmenting_layers))
+    if block_init is not None:
+        model.augmenting.init_from_target(*block_init)
     if config.draft_vocab_size:
         counts = token_counts(prepared.train, config.vocab_size)
         model.tables.set_draft_vocab(draft_vocab_from_counts(counts, config.draft_vocab_size))
     model.to(device)
+    if model.augmenting is not None:
+        check_block_mirrors(teacher, model.augmenting)
     model.attach_target(teacher.lm_head.to(device))
     return model
 
