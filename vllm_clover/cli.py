@@ -70,6 +70,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--batch-size", type=int, default=1, help="vLLM max_num_seqs")
     demo.add_argument("--heads", help="Clover checkpoint (default: the bundled reference heads)")
     demo.add_argument("--cache-dir")
+    demo.add_argument("--verbose", action="store_true", help="show vLLM's own log lines")
+    demo.add_argument(
+        "--dtype",
+        default="auto",
+        choices=("auto", "float32", "bfloat16"),
+        help="target dtype (auto: the target's own, bfloat16; float32: token-exact equality)",
+    )
     bench = commands.add_parser(
         "bench",
         help="vanilla, ngram, Medusa and Clover through vLLM "
@@ -157,7 +164,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "demo":
             from vllm_clover.demo import run_demo
 
-            run_demo(args.num_prompts, args.max_tokens, args.cache_dir, args.heads, args.batch_size)
+            run_demo(
+                args.num_prompts,
+                args.max_tokens,
+                args.cache_dir,
+                args.heads,
+                args.batch_size,
+                args.verbose,
+                args.dtype,
+            )
         elif args.command == "bench":
             from vllm_clover.bench.runner import bench_command
 

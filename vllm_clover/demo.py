@@ -7,6 +7,7 @@ must be, greedy), how many tokens each verification step yields (tau), and the s
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from vllm_clover.assets.data import fetch_mtbench, mtbench_questions
@@ -14,16 +15,23 @@ from vllm_clover.assets.target import fetch_reference_target
 from vllm_clover.bench.measure import Run, engine, identical_outputs, timed_chat
 from vllm_clover.bundled import REFERENCE_HEADS
 
+BF16_NOTE = (
+    "  (in bfloat16 a verification step, which scores several tokens per request, runs other\n"
+    "  matmul shapes than decoding one token, so two candidates whose logits are within\n"
+    "  bfloat16 rounding may swap: see docs/equivalence.md; --dtype float32 is token-exact)"
+)
 SANITY_QUESTION = "What is the capital of France?"
 SANITY_ANSWER = "Paris"
 
 
-def generate(target: Path, chats: list, max_tokens: int, batch_size: int, spec=None) -> Run:
+def generate(
+    target: Path, chats: list, max_tokens: int, batch_size: int, spec=None, dtype: str = "auto"
+) -> Run:
     """Start an engine, generate greedily for `chats`, tear the engine down."""
     from vllm import SamplingParams
 
     greedy = SamplingParams(temperature=0.0, max_tokens=max_tokens)
-    with engine(target, spec, batch_size) as llm:
+    with engine(target, spec, batch_size, dtype=dtype) as llm:
         llm.chat(
             chats[:1], SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False
         )  # warm-up
@@ -34,11 +42,13 @@ def generate(target: Path, chats: list, max_tokens: int, batch_size: int, spec=N
     return run
 
 
-def report(vanilla: Run, clover: Run, num_heads: int) -> None:
+def report(vanilla: Run, clover: Run, num_heads: int, dtype: str) -> None:
     """Print output equality, tau, per-position acceptance and the speedup."""
     counters = clover.counters
     same = identical_outputs(vanilla.tokens, clover.tokens)
     print(f"\ngreedy outputs identical to vanilla: {same}/{len(vanilla.tokens)} prompts")
+    if same < len(vanilla.tokens) and dtype != "float32":
+        print(BF16_NOTE)
     if counters.drafts:
         print(
             f"mean acceptance length tau = 1 + accepted/drafts = {counters.tau:.2f} "
@@ -59,26 +69,42 @@ def run_demo(
     cache_dir: str | None = None,
     heads: str | None = None,
     batch_size: int = 1,
+    verbose: bool = False,
+    dtype: str = "auto",
 ) -> None:
+    """The main job, in the target's own dtype unless `dtype` says otherwise. vLLM's own log
+    lines are shown only with `verbose`; a --heads folder that is not a Clover checkpoint is
+    an error before any engine starts."""
+    if not verbose:  # read by vLLM when it is first imported, below
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    heads_dir = Path(heads) if heads else REFERENCE_HEADS
+    num_heads = _num_heads(heads_dir) if heads or (heads_dir / "config.json").is_file() else 0
     target = fetch_reference_target(cache_dir)
     questions = mtbench_questions(fetch_mtbench(cache_dir))[:num_prompts]
     chats = [[{"role": "user", "content": q.turns[0]}] for q in questions]
-    heads_dir = Path(heads) if heads else REFERENCE_HEADS
+    shown = "the target's own (bfloat16)" if dtype == "auto" else dtype
     print(
         f"reference target: {target}\n{len(chats)} MT-Bench prompts, {max_tokens} new tokens "
-        f"each, batch size {batch_size}, greedy, float32"
+        f"each, batch size {batch_size}, greedy, dtype {shown}"
     )
-    vanilla = generate(target, chats, max_tokens, batch_size)
+    vanilla = generate(target, chats, max_tokens, batch_size, dtype=dtype)
     print(f"sanity: {SANITY_QUESTION!r} -> contains {SANITY_ANSWER!r} [ok]")
-    if not (heads_dir / "config.json").is_file():
+    if not num_heads:
         print(
-            f"\nno Clover heads at {heads_dir} (pass --heads DIR): vanilla only, "
-            f"{vanilla.tokens_per_second:.1f} tokens/s"
+            f"\nno Clover heads at {heads_dir} (not a source checkout? pass --heads DIR): "
+            f"vanilla only, {vanilla.tokens_per_second:.1f} tokens/s"
         )
         return
-    from vllm_clover.modeling.checkpoint import load_clover_config
-
-    num_heads = load_clover_config(heads_dir).num_heads
     spec = {"method": "clover", "model": str(heads_dir), "num_speculative_tokens": num_heads}
-    clover = generate(target, chats, max_tokens, batch_size, spec)
-    report(vanilla, clover, num_heads)
+    clover = generate(target, chats, max_tokens, batch_size, spec, dtype)
+    report(vanilla, clover, num_heads, dtype)
+
+
+def _num_heads(heads_dir: Path) -> int:
+    """The trained heads of a Clover checkpoint; SystemExit naming the problem otherwise."""
+    from vllm_clover.modeling.checkpoint import CloverCheckpointError, load_clover_config
+
+    try:
+        return load_clover_config(heads_dir).num_heads
+    except CloverCheckpointError as err:
+        raise SystemExit(f"vllm-clover demo: error: --heads {heads_dir}: {err}") from None

@@ -153,7 +153,9 @@ def timed_chat(llm: LLM, chats: list, params: Any) -> Run:
 
 
 @contextlib.contextmanager
-def engine(target: str | Path, spec: dict | None, batch_size: int) -> Iterator[LLM]:
+def engine(
+    target: str | Path, spec: dict | None, batch_size: int, **engine_args: Any
+) -> Iterator[LLM]:
     """An engine in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0 unless set: a separate
     engine-core process busy-polls a core), with metrics on; torn down on exit."""
     import gc
@@ -162,7 +164,11 @@ def engine(target: str | Path, spec: dict | None, batch_size: int) -> Iterator[L
 
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     llm = start_llm(
-        str(target), speculative_config=spec, max_num_seqs=batch_size, disable_log_stats=False
+        str(target),
+        speculative_config=spec,
+        max_num_seqs=batch_size,
+        disable_log_stats=False,
+        **engine_args,
     )
     try:
         yield llm
