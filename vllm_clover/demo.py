@@ -8,6 +8,7 @@ must be, greedy), how many tokens each verification step yields (tau), and the s
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 from vllm_clover.assets.data import fetch_mtbench, mtbench_questions
@@ -20,7 +21,9 @@ BF16_NOTE = (
     "  matmul shapes than decoding one token, so two candidates whose logits are within\n"
     "  bfloat16 rounding may swap: see docs/equivalence.md; --dtype float32 is token-exact)"
 )
-SANITY_QUESTION = "What is the capital of France?"
+# The bare "What is the capital of France?" is a rounding tie in bfloat16 for this target (its
+# first tokens "L" and "The" are one bf16 step apart); asking for one sentence is not.
+SANITY_QUESTION = "What is the capital of France? Answer in one sentence."
 SANITY_ANSWER = "Paris"
 
 
@@ -77,6 +80,7 @@ def run_demo(
     an error before any engine starts."""
     if not verbose:  # read by vLLM when it is first imported, below
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+        warnings.filterwarnings("ignore", category=FutureWarning)  # deprecations in vLLM's code
     heads_dir = Path(heads) if heads else REFERENCE_HEADS
     num_heads = _num_heads(heads_dir) if heads or (heads_dir / "config.json").is_file() else 0
     target = fetch_reference_target(cache_dir)
