@@ -18,7 +18,13 @@ import pytest
 from helpers import make_untrained_clover
 from vllm_clover.assets.data import fetch_mtbench, fetch_sharegpt
 from vllm_clover.assets.target import fetch_reference_target
-from vllm_clover.bundled import FULL_CLOVER_HEADS
+from vllm_clover.bundled import FULL_CLOVER_HEADS, REFERENCE_HEADS
+
+# The two configurations the repository ships, each with its own code path in the proposer:
+# the reference heads (no Augmenting Block: h0 = H, no draft KV cache) and the paper's full
+# configuration (an Augmenting Block with its own paged KV cache, which prefix caching,
+# chunked prefill and preemption must keep right).
+SHIPPED_HEADS = {"reference": REFERENCE_HEADS, "full": FULL_CLOVER_HEADS}
 
 
 @pytest.fixture(scope="session")
@@ -49,3 +55,11 @@ def clover_heads(reference_target, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def clover_num_heads(clover_heads) -> int:
     return json.loads((clover_heads / "config.json").read_text())["num_heads"]
+
+
+@pytest.fixture(params=sorted(SHIPPED_HEADS), scope="module")
+def shipped_heads(request) -> Path:
+    """Each shipped Clover configuration in turn (a test using it runs once per config)."""
+    folder = SHIPPED_HEADS[request.param]
+    assert (folder / "config.json").is_file(), f"bundled heads missing: {folder}"
+    return folder

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
+import weakref
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -134,6 +137,8 @@ def in_process_llm(model: Path, **engine_args):
     """A vLLM engine in this process (start ~3-10 s instead of ~20 s), torn down after.
 
     Multiprocessing is off, so the worker is this process: collective_rpc functions run here.
+    Yields a weak proxy of the LLM: the engine is torn down when the block ends.
+    Stats are on (vLLM's speculative-decoding counters), unless disable_log_stats is passed.
     """
     import gc
 
@@ -146,10 +151,13 @@ def in_process_llm(model: Path, **engine_args):
     )
     from vllm_clover.engine import start_llm
 
+    engine_args.setdefault("disable_log_stats", False)  # the counters `speculation` reads
     llm = None
     try:
         llm = start_llm(str(model), **engine_args)
-        yield llm
+        # A proxy: the caller's `as` name must not keep the engine alive past the block, or
+        # its teardown would run later, while the next engine uses vLLM's global state.
+        yield weakref.proxy(llm)
     finally:
         del llm
         gc.collect()
@@ -220,3 +228,161 @@ def running_server(log_path: Path, extra_args=(), max_model_len: int = 1024):
         with contextlib.suppress(ProcessLookupError):  # the group may have exited already
             os.killpg(process.pid, signal.SIGKILL)
         process.wait(timeout=30)
+
+
+# ---------------------------------------------------------------- what speculation did
+SPEC_PREFIX = "vllm:spec_decode_"
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """What speculative decoding did in one engine: vLLM's counters and the proposer's log.
+
+    Equal outputs prove vLLM's rejection sampler, not Clover; a test that claims Clover also
+    shows with this that Clover drafted and that its drafts were accepted.
+    """
+
+    drafter: str  # the class the model runner drafted with ("" if unknown, e.g. a server)
+    drafts: int  # verification steps that carried drafts (one per request per step)
+    draft_tokens: int
+    accepted: int
+    accepted_per_pos: tuple[int, ...]
+    steps_by_k: dict[int, int]  # CloverProposer.propose calls per draft length K
+    max_requests: int = 0  # the most requests CloverProposer drafted for in one step
+    max_step_tokens: int = 0  # the most tokens one step's target forward scheduled
+
+    @property
+    def tau(self) -> float:
+        return 1 + self.accepted / self.drafts if self.drafts else 1.0
+
+    def __sub__(self, before: Speculation) -> Speculation:
+        """What happened between the snapshot `before` and this one (same engine)."""
+        size = max(len(self.accepted_per_pos), len(before.accepted_per_pos))
+        after_pos, before_pos = (
+            tuple(p) + (0,) * (size - len(p))
+            for p in (self.accepted_per_pos, before.accepted_per_pos)
+        )
+        steps = {k: n - before.steps_by_k.get(k, 0) for k, n in self.steps_by_k.items()}
+        return Speculation(
+            self.drafter,
+            self.drafts - before.drafts,
+            self.draft_tokens - before.draft_tokens,
+            self.accepted - before.accepted,
+            tuple(a - b for a, b in zip(after_pos, before_pos, strict=True)),
+            {k: n for k, n in steps.items() if n},
+            self.max_requests,
+            self.max_step_tokens,
+        )
+
+
+def _drafter_report(worker) -> tuple[str, tuple[tuple[int, int], ...], int, int]:
+    drafter = worker.model_runner.drafter
+    log = getattr(drafter, "draft_log", None)
+    if log is None:
+        return type(drafter).__name__, (), 0, 0
+    steps = tuple(sorted(log.steps_by_k.items()))
+    return type(drafter).__name__, steps, log.max_requests, log.max_step_tokens
+
+
+def speculation(llm) -> Speculation:
+    """The engine's cumulative speculation so far (an `in_process_llm`, stats on)."""
+    ((drafter, steps_by_k, max_requests, max_step_tokens),) = set(
+        llm.collective_rpc(_drafter_report)
+    )
+    totals = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0}
+    per_pos: tuple[int, ...] = ()
+    for metric in llm.get_metrics():
+        name = metric.name.removeprefix(SPEC_PREFIX)
+        if name in totals:
+            totals[name] += int(metric.value)
+        elif name == "num_accepted_tokens_per_pos":
+            per_pos = tuple(int(v) for v in metric.values)
+    return Speculation(
+        drafter,
+        totals["num_drafts"],
+        totals["num_draft_tokens"],
+        totals["num_accepted_tokens"],
+        per_pos,
+        dict(steps_by_k),
+        max_requests,
+        max_step_tokens,
+    )
+
+
+def server_speculation(metrics_text: str, server_log: str) -> Speculation:
+    """The same from a server's /metrics text and its log (the drafter is named in the log)."""
+
+    def total(name: str) -> int:
+        pattern = rf"^{re.escape(SPEC_PREFIX + name)}_total(?:{{[^}}]*}})? ([0-9.e+]+)$"
+        return int(sum(float(v) for v in re.findall(pattern, metrics_text, re.MULTILINE)))
+
+    per_pos = re.findall(
+        rf'^{SPEC_PREFIX}num_accepted_tokens_per_pos_total{{[^}}]*position="(\d+)"[^}}]*}} '
+        r"([0-9.e+]+)$",
+        metrics_text,
+        re.MULTILINE,
+    )
+    by_position = sorted((int(p), int(float(v))) for p, v in per_pos)
+    drafter = "CloverProposer" if "drafting with CloverProposer" in server_log else ""
+    return Speculation(
+        drafter,
+        total("num_drafts"),
+        total("num_draft_tokens"),
+        total("num_accepted_tokens"),
+        tuple(v for _, v in by_position),
+        {},
+    )
+
+
+def assert_clover_speculated(spec: Speculation, k: int | None = None) -> None:
+    """Clover was the drafter, it drafted, and the target accepted some of its drafts.
+
+    With k: every verification step carried k drafts per request (a fixed K).
+    """
+    assert spec.drafter == "CloverProposer", f"drafted with {spec.drafter!r}, not Clover"
+    assert spec.drafts > 0, f"Clover never drafted: {spec}"
+    assert spec.accepted > 0, f"no Clover draft was accepted: {spec}"
+    if k is not None:
+        assert spec.draft_tokens == k * spec.drafts, f"not {k} drafts per step: {spec}"
+
+
+def greedy_with_and_without_clover(
+    target: Path, spec: dict, prompts: list[dict], max_tokens: int, **engine_args
+) -> tuple[list[list[int]], list[list[int]], Speculation]:
+    """(vanilla tokens, Clover tokens, Clover's speculation) for greedy `prompts`, computed
+    in a child interpreter: vLLM serves some architectures (e.g. OLMo-2) through its
+    Transformers backend, which patches that Hugging Face model class in the process it runs
+    in, and later code in the test process must still find the class as it was."""
+    import json
+
+    code = f"""
+import json, sys
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from dataclasses import asdict
+from vllm import SamplingParams
+from helpers import in_process_llm, speculation
+
+
+def tokens(outputs):
+    return [list(o.outputs[0].token_ids) for o in outputs]
+
+
+def main():  # no engine proxy may outlive its block as a module global: vLLM walks those
+    prompts, greedy = {prompts!r}, SamplingParams(temperature=0.0, max_tokens={max_tokens})
+    with in_process_llm({str(target)!r}, **{engine_args!r}) as llm:
+        expected = tokens(llm.generate(prompts, greedy, use_tqdm=False))
+    with in_process_llm({str(target)!r}, speculative_config={spec!r}, **{engine_args!r}) as llm:
+        got = tokens(llm.generate(prompts, greedy, use_tqdm=False))
+        stats = asdict(speculation(llm))
+    print("RESULT " + json.dumps([expected, got, stats]))
+
+
+if __name__ == "__main__":
+    main()
+"""
+    output = run_python(code)
+    (line,) = [line for line in output.splitlines() if line.startswith("RESULT ")]
+    expected, got, stats = json.loads(line[len("RESULT ") :])
+    stats["accepted_per_pos"] = tuple(stats["accepted_per_pos"])
+    stats["steps_by_k"] = {int(k): n for k, n in stats["steps_by_k"].items()}
+    return expected, got, Speculation(**stats)

@@ -19,8 +19,6 @@ from vllm_clover.compat import check_vllm_version
 # A child of vLLM's "vllm" logger, so our lines carry vLLM's format and process prefix.
 logger = init_logger("vllm.clover")
 
-CLOVER_ARCHITECTURE = "CloverModel"
-
 
 def register() -> None:
     """Activate vllm-clover in this vLLM process.
@@ -33,7 +31,7 @@ def register() -> None:
     from vllm import ModelRegistry
 
     from vllm_clover.integration.patches import apply_patches
-    from vllm_clover.modeling.config import CloverConfig
+    from vllm_clover.modeling.config import CLOVER_ARCHITECTURE, CloverConfig
 
     apply_patches()
     AutoConfig.register("clover", CloverConfig, exist_ok=True)

@@ -68,7 +68,7 @@ def test_bench_runs_every_method_and_writes_complete_results(clover_heads, tmp_p
             assert row["equal_prompts"] == 4, f"{row['method']} differs from vanilla at T=0"
             assert row["drafting_calls"] > 0 and row["drafting_overhead"] is not None
     for row in (r for r in rows if r["method"] == "clover"):
-        assert row["drafts"] > 0 and row["tau"] >= 1
+        assert row["drafts"] > 0 and row["tau"] > 1  # Clover drafted, drafts were accepted
         assert len(row["acceptance_rates"]) == row["speculative_config"]["num_speculative_tokens"]
     assert (out / "results.md").read_text().count("\n| ") >= len(rows) + 1
     assert (out / "throughput_ratio.png").is_file()

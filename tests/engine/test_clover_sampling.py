@@ -1,4 +1,4 @@
-"""Temperature 1: Clover leaves the sampling distribution unchanged.
+"""Temperature 1, plain and with top-k / top-p: Clover leaves the sampling distribution unchanged.
 
 vLLM verifies Clover's drafts with rejection sampling (draft treated as one-hot), which is
 exact: the tokens it emits follow the target's distribution. We check this empirically.
@@ -8,16 +8,19 @@ homogeneity test compares Clover's samples with vanilla samples (N each, indepen
 categories with fewer than 10 expected counts are pooled.
 
 Power: the same test, same N, must reject vanilla T=1 against vanilla T=0.8 (a total
-variation distance of about 0.1 on these tokens); it is run here as a control, so a test that
-cannot fail would fail that control. Seeds are fixed: the verdict is reproducible.
+variation distance of about 0.1 on these tokens; T=0.7 with top-k / top-p, see
+CONTROL_TEMPERATURE), for each sampler; it is run here as a control, so a test that cannot
+fail would fail that control. Seeds are fixed: the verdict is reproducible. Each shipped Clover
+configuration is tested.
 """
 
+import json
 from collections import Counter
 
 import pytest
 import torch
 
-from helpers import in_process_llm
+from helpers import assert_clover_speculated, in_process_llm, speculation
 
 pytestmark = pytest.mark.engine
 
@@ -53,11 +56,19 @@ def chi_square_homogeneity(a: list[int], b: list[int], min_expected: float = 10.
     return statistic, dof, p_value
 
 
-def _sample(llm, temperature: float, first_seed: int) -> list[list[int]]:
+# Sampling settings whose output distribution must not change with Clover, and for each the
+# power control: the same settings at a lower temperature, which the test must tell apart from
+# T = 1. With top-k and top-p the truncation already removes the tail that T = 0.8 shrinks, and
+# 600 samples do not separate T = 0.8 from T = 1 there (p = 0.03); T = 0.7 is rejected.
+SAMPLERS = {"plain": {}, "top_k_top_p": {"top_k": 20, "top_p": 0.9}}
+CONTROL_TEMPERATURE = {"plain": 0.8, "top_k_top_p": 0.7}
+
+
+def _sample(llm, first_seed: int, temperature: float = 1.0, **sampler) -> list[list[int]]:
     from vllm import SamplingParams
 
     params = [
-        SamplingParams(temperature=temperature, max_tokens=3, seed=first_seed + i)
+        SamplingParams(temperature=temperature, max_tokens=3, seed=first_seed + i, **sampler)
         for i in range(NUM_SAMPLES)
     ]
     outputs = llm.chat([PROMPT] * NUM_SAMPLES, params, use_tqdm=False)
@@ -65,30 +76,46 @@ def _sample(llm, temperature: float, first_seed: int) -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def vanilla_samples(reference_target):
+def vanilla_samples(reference_target) -> dict[str, tuple[list, list]]:
+    """sampler -> (vanilla samples at T = 1, the power control's at a lower temperature)."""
     with in_process_llm(reference_target, max_num_seqs=64) as llm:
-        return {1.0: _sample(llm, 1.0, 0), 0.8: _sample(llm, 0.8, 0)}
+        return {
+            name: (
+                _sample(llm, 0, 1.0, **sampler),
+                _sample(llm, 0, CONTROL_TEMPERATURE[name], **sampler),
+            )
+            for name, sampler in SAMPLERS.items()
+        }
+
+
+@pytest.fixture(scope="module")
+def clover_samples(reference_target, shipped_heads) -> tuple[dict[str, list], object]:
+    """sampler -> Clover's samples at T = 1 (seeds disjoint from vanilla's), and the engine's
+    speculation."""
+    k = json.loads((shipped_heads / "config.json").read_text())["num_heads"]
+    spec = {"method": "clover", "model": str(shipped_heads), "num_speculative_tokens": k}
+    with in_process_llm(reference_target, speculative_config=spec, max_num_seqs=64) as llm:
+        samples = {name: _sample(llm, NUM_SAMPLES, 1.0, **s) for name, s in SAMPLERS.items()}
+        return samples, speculation(llm), k
 
 
 def _p_values(a, b):
     return [chi_square_homogeneity([s[pos] for s in a], [s[pos] for s in b])[2] for pos in (1, 2)]
 
 
-def test_the_test_detects_a_small_change_of_temperature(vanilla_samples):
-    assert min(_p_values(vanilla_samples[1.0], vanilla_samples[0.8])) < ALPHA
+@pytest.mark.parametrize("sampler", sorted(SAMPLERS))
+def test_the_test_detects_a_small_change_of_temperature(vanilla_samples, sampler):
+    at_one, cooler = vanilla_samples[sampler]
+    assert min(_p_values(at_one, cooler)) < ALPHA
 
 
-def test_clover_samples_follow_the_target_distribution(
-    reference_target, clover_heads, vanilla_samples
-):
-    spec = {"method": "clover", "model": str(clover_heads), "num_speculative_tokens": 4}
-    with in_process_llm(
-        reference_target, speculative_config=spec, max_num_seqs=64, disable_log_stats=False
-    ) as llm:
-        clover = _sample(llm, 1.0, NUM_SAMPLES)  # seeds disjoint from the vanilla ones
-        drafts = sum(m.value for m in llm.get_metrics() if m.name == "vllm:spec_decode_num_drafts")
-    assert drafts > 0
-    p_values = _p_values(vanilla_samples[1.0], clover)
+@pytest.mark.parametrize("sampler", sorted(SAMPLERS))
+def test_clover_samples_follow_the_target_distribution(vanilla_samples, clover_samples, sampler):
+    """T = 1, and T = 1 with top-k and top-p (vLLM applies them to the target's distribution
+    at every verified position): Clover's samples are distributed as vanilla's."""
+    samples, stats, k = clover_samples
+    assert_clover_speculated(stats, k=k)
+    p_values = _p_values(vanilla_samples[sampler][0], samples[sampler])
     assert min(p_values) > ALPHA / 2, p_values  # Bonferroni over the two positions
 
 

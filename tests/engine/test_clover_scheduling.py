@@ -1,14 +1,18 @@
 """Clover under vLLM's scheduler: outputs still equal vanilla decoding (greedy, float32).
 
 Each case changes how vLLM schedules requests (prefix cache hits, chunked prefill,
-preemption, per-request limits and stops, aborts, dynamic K, compiled mode); the reference
-is plain vLLM on the same prompts, which is batch invariant in float32
-(test_reference_generation.py checks that).
+preemption, per-request limits and stops, aborts, dynamic K, compiled mode) and runs with
+both shipped configurations (with and without the Augmenting Block's draft KV cache). Each
+asserts that Clover drafted, that drafts were accepted, and that the feature happened (cache
+hits, chunks, preemptions, aborts, K = 0 steps). The reference is plain vLLM on the same
+prompts, which is batch invariant in float32 (test_reference_generation.py checks that).
 """
+
+import json
 
 import pytest
 
-from helpers import in_process_llm
+from helpers import assert_clover_speculated, in_process_llm, speculation
 from vllm_clover.assets.data import mtbench_questions
 
 pytestmark = pytest.mark.engine
@@ -68,9 +72,15 @@ def cases(reference_target, mtbench_path):
         return {name: (p, s, _generate(llm, p, s)) for name, (p, s) in cases.items()}
 
 
-@pytest.fixture
-def clover_spec(clover_heads):
-    return {"method": "clover", "model": str(clover_heads), "num_speculative_tokens": 4}
+def _num_heads(heads) -> int:
+    return json.loads((heads / "config.json").read_text())["num_heads"]
+
+
+@pytest.fixture(scope="module")
+def clover_spec(shipped_heads):
+    """Each shipped configuration, drafting as many tokens as it has heads."""
+    k = _num_heads(shipped_heads)
+    return {"method": "clover", "model": str(shipped_heads), "num_speculative_tokens": k}
 
 
 def test_prefix_caching_with_shared_prefixes(reference_target, clover_spec, cases):
@@ -80,13 +90,14 @@ def test_prefix_caching_with_shared_prefixes(reference_target, clover_spec, case
         speculative_config=clover_spec,
         max_num_seqs=16,
         enable_prefix_caching=True,
-        disable_log_stats=False,
     ) as llm:
         first = _generate(llm, prompts, params)
         second = _generate(llm, prompts, params)  # every prompt is now a cache hit
         hits = _counter(llm, "vllm:prefix_cache_hits")
+        stats = speculation(llm)
     assert first == expected and second == expected
     assert hits > 0
+    assert_clover_speculated(stats, k=clover_spec["num_speculative_tokens"])
 
 
 def test_chunked_prefill_of_prompts_longer_than_the_token_budget(
@@ -104,7 +115,11 @@ def test_chunked_prefill_of_prompts_longer_than_the_token_budget(
         max_num_batched_tokens=budget,
         enable_prefix_caching=False,
     ) as llm:
-        assert _generate(llm, prompts, params) == expected
+        outputs = _generate(llm, prompts, params)
+        stats = speculation(llm)
+    assert outputs == expected
+    assert 0 < stats.max_step_tokens <= budget  # no step took a whole prompt: each was split
+    assert_clover_speculated(stats, k=clover_spec["num_speculative_tokens"])
 
 
 def test_preemption_forced_by_a_tiny_kv_cache(reference_target, clover_spec, cases):
@@ -116,57 +131,63 @@ def test_preemption_forced_by_a_tiny_kv_cache(reference_target, clover_spec, cas
         block_size=32,
         num_gpu_blocks_override=40,
         max_model_len=512,
-        disable_log_stats=False,
     ) as llm:
         outputs = _generate(llm, prompts, params)
         preemptions = _counter(llm, "vllm:num_preemptions")
+        stats = speculation(llm)
     assert preemptions > 0, "the KV cache was not small enough to force preemption"
     assert outputs == expected
+    assert_clover_speculated(stats, k=clover_spec["num_speculative_tokens"])
 
 
 def test_mixed_max_tokens_and_stop_strings(reference_target, clover_spec, cases):
     prompts, params, expected = cases["mixed"]
     with in_process_llm(reference_target, speculative_config=clover_spec, max_num_seqs=16) as llm:
         outputs = _generate(llm, prompts, params)
+        stats = speculation(llm)
     assert outputs == expected
     assert {len(tokens) for tokens, _ in outputs} != {MAX_TOKENS}
+    assert_clover_speculated(stats, k=clover_spec["num_speculative_tokens"])
 
 
 def test_aborted_requests_leave_the_others_unaffected(reference_target, clover_spec, cases):
     prompts, params, expected = cases["plain"]
+    aborted = [str(i) for i in range(0, 16, 3)]
     with in_process_llm(reference_target, speculative_config=clover_spec, max_num_seqs=16) as llm:
         engine = llm.llm_engine
         for i, (prompt, param) in enumerate(zip(prompts, params, strict=True)):
             engine.add_request(str(i), prompt, param)
-        finished = {}
+        finished, running_when_aborted = {}, set()
         for step in range(10_000):
             for output in engine.step():
                 if output.finished:
                     finished[int(output.request_id)] = list(output.outputs[0].token_ids)
             if step == 5:
-                engine.abort_request([str(i) for i in range(0, 16, 3)])
+                running_when_aborted = set(aborted) - {str(i) for i in finished}
+                engine.abort_request(aborted)
             if not engine.has_unfinished_requests():
                 break
+        stats = speculation(llm)
     kept = [i for i in range(16) if i % 3 != 0]
     assert {i: finished[i] for i in kept} == {i: expected[i][0] for i in kept}
+    assert running_when_aborted == set(aborted)  # every abort hit a request in flight
     assert all(len(finished.get(i, [])) < MAX_TOKENS for i in range(0, 16, 3))
+    assert_clover_speculated(stats, k=clover_spec["num_speculative_tokens"])
 
 
-def test_dynamic_speculation_down_to_k_zero(reference_target, clover_heads, cases):
+def test_dynamic_speculation_down_to_k_zero(reference_target, clover_spec, cases):
+    """K = 0 above 10 running requests, 2 for 5-10, all heads below: the mixed limits make the
+    batch shrink through all three, so all three draft lengths must have run."""
     prompts, params, expected = cases["mixed"]  # requests finish at different times
-    spec = {
-        "method": "clover",
-        "model": str(clover_heads),
-        "num_speculative_tokens": 4,
-        "num_speculative_tokens_per_batch_size": [[1, 4, 4], [5, 10, 2], [11, 256, 0]],
-    }
-    with in_process_llm(
-        reference_target, speculative_config=spec, max_num_seqs=16, disable_log_stats=False
-    ) as llm:
+    k = clover_spec["num_speculative_tokens"]
+    schedule = [[1, 4, k], [5, 10, 2], [11, 256, 0]]
+    spec = {**clover_spec, "num_speculative_tokens_per_batch_size": schedule}
+    with in_process_llm(reference_target, speculative_config=spec, max_num_seqs=16) as llm:
         outputs = _generate(llm, prompts, params)
-        drafts = _counter(llm, "vllm:spec_decode_num_drafts")
+        stats = speculation(llm)
     assert outputs == expected
-    assert drafts > 0  # batches shrank below 11 requests, so K > 0 was used at some point
+    assert {0, 2, k} <= set(stats.steps_by_k), stats.steps_by_k
+    assert stats.drafts > 0 and stats.accepted > 0 and stats.drafter == "CloverProposer"
 
 
 def test_compiled_mode(reference_target, clover_spec, cases):
@@ -175,7 +196,10 @@ def test_compiled_mode(reference_target, clover_spec, cases):
     with in_process_llm(
         reference_target, speculative_config=clover_spec, max_num_seqs=4, enforce_eager=False
     ) as llm:
-        assert _generate(llm, prompts[:4], params[:4]) == expected[:4]
+        outputs = _generate(llm, prompts[:4], params[:4])
+        stats = speculation(llm)
+    assert outputs == expected[:4]
+    assert_clover_speculated(stats, k=clover_spec["num_speculative_tokens"])
 
 
 def _counter(llm, name: str) -> float:

@@ -1,5 +1,9 @@
 """The real vLLM engine generates correctly from the offline reference target."""
 
+import re
+import subprocess
+import sys
+
 import pytest
 
 from helpers import in_process_llm, run_python
@@ -39,12 +43,27 @@ def test_batched_greedy_equals_one_at_a_time(llm, mtbench_path):
 
 def test_demo_command_compares_clover_with_vanilla(reference_target):
     """The README's main job, small, with the reference heads (no Augmenting Block): both
-    runs, identical greedy outputs, figures printed."""
+    runs, identical greedy outputs in float32, figures printed, vLLM's own logs kept out."""
     code = (
         "from vllm_clover.cli import main; import sys; sys.exit(main(['demo', "
-        "'--num-prompts', '2', '--max-tokens', '16']))"
+        "'--num-prompts', '2', '--max-tokens', '16', '--dtype', 'float32']))"
     )
     output = run_python(f"if __name__ == '__main__':\n    {code}")
     assert "contains 'Paris' [ok]" in output
     assert "greedy outputs identical to vanilla: 2/2 prompts" in output
-    assert "mean acceptance length tau" in output and "speedup" in output
+    assert "speedup" in output
+    tau = re.search(r"mean acceptance length tau = 1 \+ accepted/drafts = ([0-9.]+)", output)
+    assert tau and float(tau.group(1)) > 1, output[-3000:]  # Clover drafted, drafts accepted
+    assert " INFO " not in output and "WARNING" not in output, output[-3000:]
+
+
+def test_demo_refuses_a_heads_folder_that_is_no_checkpoint(tmp_path):
+    code = (
+        "from vllm_clover.cli import main; import sys; "
+        f"sys.exit(main(['demo', '--heads', {str(tmp_path)!r}]))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode != 0
+    assert f"vllm-clover demo: error: --heads {tmp_path}: missing config.json" in result.stderr

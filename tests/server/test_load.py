@@ -1,6 +1,7 @@
 """A Clover server under load, faults included, and stopped with SIGTERM mid-load.
 
-One `vllm-clover serve` (reference target, bundled Clover heads, K=3, float32, eager) gets
+One `vllm-clover serve` (reference target, each shipped Clover configuration in turn, K=3,
+float32, eager) gets
 64 concurrent streaming chat requests at once: 56 valid ones with max_tokens from 8 to 96
 (some carrying unknown fields, which vLLM ignores, as the OpenAI API does), 8 that the
 client closes after a few chunks, and alongside them 8 malformed requests (bad JSON, a field
@@ -30,7 +31,13 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from helpers import http_get, run_python, running_server
+from helpers import (
+    assert_clover_speculated,
+    http_get,
+    run_python,
+    running_server,
+    server_speculation,
+)
 
 pytestmark = pytest.mark.server
 
@@ -253,10 +260,10 @@ def vanilla_tokens(reference_target, valid_bodies, tmp_path_factory) -> list[lis
 
 
 @pytest.fixture(scope="module")
-def clover_server(vanilla_tokens, clover_heads, tmp_path_factory):
+def clover_server(vanilla_tokens, shipped_heads, tmp_path_factory):
     """Started after the reference run (vanilla_tokens) so the two never share the 2 cores."""
     log = tmp_path_factory.mktemp("load") / "clover.log"
-    with running_server(log, _clover_args(clover_heads), max_model_len=MAX_MODEL_LEN) as server:
+    with running_server(log, _clover_args(shipped_heads), max_model_len=MAX_MODEL_LEN) as server:
         yield server
 
 
@@ -322,15 +329,13 @@ def test_cancelled_streams_are_aborted_and_free_their_kv_blocks(load_run):
     assert NUM_CANCELLED <= cancelled_tokens < LONG_MAX_TOKENS
 
 
-def test_health_stays_ok_and_clover_drafts_under_load(load_run):
+def test_health_stays_ok_and_clover_drafts_under_load(clover_server, load_run):
     polls = load_run["health"]
     assert polls and {outcome for outcome, _ in polls} == {200}, polls
     print(f"/health: {len(polls)} polls, slowest {max(s for _, s in polls)} s")  # pytest -s
-    metrics = load_run["metrics"]
-    drafts = _metric(metrics, "vllm:spec_decode_num_drafts_total")
-    assert drafts > 0
-    assert _metric(metrics, "vllm:spec_decode_num_draft_tokens_total") == SPEC_TOKENS * drafts
-    assert _metric(metrics, "vllm:spec_decode_num_accepted_tokens_total") > 0
+    stats = server_speculation(load_run["metrics"], clover_server["log"].read_text())
+    assert_clover_speculated(stats, k=SPEC_TOKENS)
+    assert len(stats.accepted_per_pos) == SPEC_TOKENS
 
 
 def _group_members(pgid: int) -> list[tuple[int, str]]:
@@ -401,7 +406,7 @@ async def _sigterm_mid_load(base: str, server, num_streams: int) -> dict:
 
 
 def test_sigterm_mid_load_stops_every_process_and_a_restart_answers_the_same(
-    clover_server, load_run, valid_bodies, vanilla_tokens, clover_heads, tmp_path
+    clover_server, load_run, valid_bodies, vanilla_tokens, shipped_heads, tmp_path
 ):
     """Runs last in this module: it stops the module's server, then starts a new one."""
     server = clover_server["process"]
@@ -416,7 +421,7 @@ def test_sigterm_mid_load_stops_every_process_and_a_restart_answers_the_same(
     print(f"SIGTERM mid-load: {times}")  # for docs/serving.md (pytest -s)
 
     with running_server(
-        tmp_path / "restart.log", _clover_args(clover_heads), max_model_len=MAX_MODEL_LEN
+        tmp_path / "restart.log", _clover_args(shipped_heads), max_model_len=MAX_MODEL_LEN
     ) as restarted:
         results = asyncio.run(_streams(restarted["base"], valid_bodies[:NUM_RESTART_CHECKS]))
     assert [r["tokens"] for r in results] == vanilla_tokens[:NUM_RESTART_CHECKS]

@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from helpers import REPO, running_server
+from helpers import REPO, assert_clover_speculated, running_server, server_speculation
 from helpers import http_get as _get
 
 pytestmark = pytest.mark.server
@@ -83,8 +83,4 @@ def test_clover_server_via_spec_shorthands_matches_vanilla_and_reports_drafts(
         reply = _chat(clover["base"], prompt, max_tokens=64)
         metrics = _get(clover["base"] + "/metrics")
     assert reply["choices"][0]["message"]["content"] == vanilla
-    assert _counter(metrics, "spec_decode_num_drafts") > 0
-    assert _counter(metrics, "spec_decode_num_draft_tokens") == 3 * _counter(
-        metrics, "spec_decode_num_drafts"
-    )
-    assert "Clover: drafting with CloverProposer" in clover["log"].read_text()
+    assert_clover_speculated(server_speculation(metrics, clover["log"].read_text()), k=3)

@@ -18,8 +18,18 @@ from vllm_clover.modeling.checkpoint import (
     read_config_json,
     validate_checkpoint,
 )
-from vllm_clover.modeling.config import CloverConfig
+from vllm_clover.modeling.config import CLOVER_ARCHITECTURE, CloverConfig
 from vllm_clover.modeling.tables import check_draft_dtype_fits, draft_dtype_setting
+
+
+class CloverStartupError(RuntimeError):
+    """A Clover `speculative_config` that cannot start: one line naming the problem.
+
+    Not a ValueError on purpose: vLLM's config is a pydantic dataclass, and pydantic would
+    wrap a ValueError raised while building it in a multi-line validation report (the
+    arguments dumped, a link); a RuntimeError reaches the user as it is.
+    """
+
 
 # vLLM routes draft paths containing these substrings to other methods (config/speculative.py).
 ROUTED_PATH_SUBSTRINGS = ("eagle-", "eagle3", "dflash", "dspark")
@@ -58,6 +68,11 @@ def check_clover_spec(
             "vLLM 0.32 routes to another speculative method; rename the folder"
         )
     config = validate_checkpoint(model)
+    if config.architectures != [CLOVER_ARCHITECTURE]:
+        raise CloverCheckpointError(
+            f"Clover checkpoint {model}: architectures is {config.architectures}, expected "
+            f"[{CLOVER_ARCHITECTURE!r}] (the draft model vLLM builds from it)"
+        )
     check_target_shape(config, model, target_hf_config.hidden_size, target_hf_config.vocab_size)
     if num_speculative_tokens is not None and num_speculative_tokens > config.num_heads:
         raise CloverCheckpointError(

@@ -18,6 +18,9 @@ calls, and every attribute it reads, is listed in the patches ledger
 
 from __future__ import annotations
 
+from collections import Counter
+from dataclasses import dataclass, field
+
 import torch
 from torch import nn
 from vllm.config import CUDAGraphMode
@@ -26,6 +29,7 @@ from vllm.forward_context import set_forward_context
 from vllm.logger import init_logger
 from vllm.v1.spec_decode.eagle import EagleProposer
 
+from vllm_clover.integration.checks import CloverStartupError
 from vllm_clover.modeling.checkpoint import CloverCheckpointError, check_target_fits
 from vllm_clover.modeling.tables import DRAFT_DTYPE_ENV, draft_dtype_setting
 from vllm_clover.modeling.vocab_parallel import VocabParallelTables
@@ -33,7 +37,33 @@ from vllm_clover.modeling.vocab_parallel import VocabParallelTables
 logger = init_logger("vllm.clover.proposer")
 
 
+@dataclass
+class DraftLog:
+    """What the proposer was asked to draft, step by step (diagnostics and tests).
+
+    keep_drafts: also keep every step's drafts ([num_reqs, K] as lists, in the runner's row
+    order); off by default, since a long-running server would keep them all.
+    """
+
+    steps_by_k: Counter[int] = field(default_factory=Counter)  # propose calls per draft length
+    max_requests: int = 0  # the largest number of requests drafted for in one step
+    max_step_tokens: int = 0  # the most tokens the target's forward of a step scheduled
+    keep_drafts: bool = False
+    drafts: list[list[list[int]]] = field(default_factory=list)
+
+    def record(self, num_speculative_tokens: int, drafts: torch.Tensor, step_tokens: int) -> None:
+        self.steps_by_k[num_speculative_tokens] += 1
+        self.max_requests = max(self.max_requests, drafts.shape[0])
+        self.max_step_tokens = max(self.max_step_tokens, step_tokens)
+        if self.keep_drafts:
+            self.drafts.append(drafts.tolist())
+
+
 class CloverProposer(EagleProposer):
+    def __init__(self, vllm_config, device: torch.device, runner=None) -> None:
+        super().__init__(vllm_config, device, runner)
+        self.draft_log = DraftLog()
+
     def propose(
         self,
         num_speculative_tokens: int,
@@ -70,18 +100,15 @@ class CloverProposer(EagleProposer):
                 common_attn_metadata,
                 num_rejected_tokens_gpu,
             )
-        else:  # no Augmenting Block: h0 = H, no draft forward, no draft KV cache
-            rows = (
-                common_attn_metadata.query_start_loc[1:] - 1
-                if token_indices_to_sample is None
-                else token_indices_to_sample
-            )
-            h0 = target_hidden_states[rows]
+        else:  # no Augmenting Block: h0 = H at the last accepted token, no draft KV cache
+            h0 = target_hidden_states[_last_accepted(token_indices_to_sample, common_attn_metadata)]
         if num_speculative_tokens == 0:
-            return next_token_ids.new_empty((next_token_ids.shape[0], 0), dtype=torch.int64)
-        return self.model.heads.propose(
-            h0, next_token_ids.long(), num_speculative_tokens, self.model.tables
-        )
+            drafts = next_token_ids.new_empty((next_token_ids.shape[0], 0), dtype=torch.int64)
+        else:
+            t0 = next_token_ids.long()
+            drafts = self.model.heads.propose(h0, t0, num_speculative_tokens, self.model.tables)
+        self.draft_log.record(num_speculative_tokens, drafts, target_token_ids.shape[0])
+        return drafts
 
     def _augmenting_pass(
         self,
@@ -211,7 +238,39 @@ class CloverProposer(EagleProposer):
             raise
 
 
-def _target_layers(target_language_model: nn.Module, config) -> tuple[nn.Module, nn.Module | None]:
-    """The target's LM head layer and, if the heads read it, its input-embedding layer."""
-    embedding = target_language_model.model.embed_tokens if config.needs_input_embedding else None
-    return target_language_model.lm_head, embedding
+def _last_accepted(token_indices_to_sample: torch.Tensor | None, common_attn_metadata):
+    """[num_reqs] index of each request's last accepted token among the scheduled ones (the
+    last scheduled token of each request when the runner gives no indices)."""
+    if token_indices_to_sample is not None:
+        return token_indices_to_sample
+    return common_attn_metadata.query_start_loc[1:] - 1
+
+
+def _target_layers(target: nn.Module, config) -> tuple[nn.Module, nn.Module | None]:
+    """The target's LM head layer and, if the heads read it, its input-embedding layer.
+
+    CloverStartupError naming why when the heads cannot serve the target: its logits are
+    not the plain LM-head product of H the heads score (soft-capped or scaled logits), or it
+    has no LM head or input embedding where expected.
+    """
+    processor = getattr(target, "logits_processor", None)
+    problems = []
+    lm_head = getattr(target, "lm_head", None)
+    if getattr(lm_head, "weight", None) is None:
+        problems.append("it has no LM-head weight (lm_head)")
+    if getattr(processor, "soft_cap", None):
+        problems.append(f"its logits are soft-capped at {processor.soft_cap}")
+    if getattr(processor, "scale", 1.0) != 1.0:
+        problems.append(f"its logits are scaled by {processor.scale}")
+    embedding = None
+    if config.needs_input_embedding:
+        inner = getattr(target, "model", None)
+        embedding = getattr(inner, "embed_tokens", None)
+        if getattr(embedding, "weight", None) is None:
+            problems.append("its input embedding is not at model.embed_tokens")
+    if problems:
+        raise CloverStartupError(
+            f"Clover cannot draft for target {type(target).__name__}: {'; '.join(problems)} "
+            "(the heads score draft tokens with the target's plain LM head)"
+        )
+    return lm_head, embedding

@@ -226,14 +226,15 @@ RELIANCES = (
         "proposer_target_tables",
         "override",
         "the heads read the target's LM head and "
-        "embedding instead of sharing them into an EAGLE model; under TP each rank attaches "
-        "its shard",
+        "embedding instead of sharing them into an EAGLE model (under TP each rank attaches "
+        "its shard), and refuse a target whose logits processor soft-caps or scales",
         "integration/proposer.py",
         {
             f"{BASE}._maybe_share_embeddings": "7c93570a79fb",
             f"{BASE}._maybe_share_lm_head": "c04915835072",
             f"{LLAMA}:LlamaForCausalLM.__init__": "defbaf7cd714",
             f"{LAYERS}.vocab_parallel_embedding:VocabParallelEmbedding.__init__": "cf1293c90859",
+            f"{LAYERS}.logits_processor:LogitsProcessor.__init__": "384814fe7397",
             "vllm.distributed.communication_op:tensor_model_parallel_all_gather": "e8ecb7247ce4",
         },
     ),

@@ -41,7 +41,11 @@ def patch_method_literal() -> None:
 def _clover_post_init(original: Callable) -> Callable:
     @functools.wraps(original)
     def __post_init__(self) -> None:
-        from vllm_clover.integration.checks import check_clover_spec, is_clover_checkpoint
+        from vllm_clover.integration.checks import (
+            CloverStartupError,
+            check_clover_spec,
+            is_clover_checkpoint,
+        )
 
         if self.method is None and is_clover_checkpoint(self.model):
             self.method = CLOVER_METHOD  # detected from the checkpoint's model_type
@@ -50,13 +54,16 @@ def _clover_post_init(original: Callable) -> Callable:
         from vllm import envs
 
         if envs.VLLM_USE_V2_MODEL_RUNNER:  # vLLM reads it as bool(int(value))
-            raise ValueError(
+            raise CloverStartupError(
                 "Clover runs on vLLM's V1 model runner; unset "
                 "VLLM_USE_V2_MODEL_RUNNER=1 to use speculative method 'clover'"
             )
-        config = check_clover_spec(
-            self.model, self.num_speculative_tokens, self.target_model_config.hf_config
-        )
+        try:
+            config = check_clover_spec(
+                self.model, self.num_speculative_tokens, self.target_model_config.hf_config
+            )
+        except ValueError as err:  # a bad checkpoint or setting: one line, not pydantic's report
+            raise CloverStartupError(str(err)) from None
         if self.num_speculative_tokens is None:
             self.num_speculative_tokens = config.num_heads
         # vLLM builds the draft ModelConfig (dtype, max_model_len, parallelism) for a
