@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vllm_clover.modeling import CloverConfig, CloverModel, shift_tokens_for_heads
+from helpers import tiny_config
+from vllm_clover.modeling import CloverModel, shift_tokens_for_heads
 from vllm_clover.training.data import Batch
 from vllm_clover.training.loss import distill_loss, graded_positions, head_weights
 
@@ -16,15 +17,8 @@ D, V, K = 16, 50, 3
 
 
 def random_heads(draft_vocab_size: int | None = None) -> tuple[CloverModel, torch.Tensor]:
-    cfg = CloverConfig(
-        hidden_size=D,
-        vocab_size=V,
-        num_heads=K,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=24,
-        decoder_num_heads=4,
-        draft_vocab_size=draft_vocab_size,
+    cfg = tiny_config(
+        hidden_size=D, vocab_size=V, intermediate_size=24, draft_vocab_size=draft_vocab_size
     )
     torch.manual_seed(0)
     heads = CloverModel(cfg)

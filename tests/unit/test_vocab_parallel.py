@@ -12,30 +12,20 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from helpers import D, K, tiny_config
 from vllm_clover.modeling import CloverConfig, HeadLoop, TargetTables
 from vllm_clover.modeling.vocab_parallel import VocabParallelTables
 
 pytestmark = pytest.mark.unit
 
-D, V, K, N = 32, 50, 3, 16  # hidden, vocab, heads, batch rows
+V, N = 50, 16  # vocab, batch rows (hidden D and heads K: the helpers' tiny config)
 # (rank 0's rows [0, SPLIT), rank 1's [SPLIT, V)), uneven like vLLM's padded shards
 SPLIT = 27
 
 
 def _config(**overrides) -> CloverConfig:
-    fields = dict(
-        hidden_size=D,
-        vocab_size=V,
-        num_heads=K,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=48,
-        decoder_num_heads=4,
-        rope_theta=1e3,
-        num_augmenting_layers=0,
-        use_augmenting_block=False,
-    )
-    return CloverConfig(**{**fields, **overrides})
+    """The tiny config of the helpers, V = 50, heads only (TP shards the head loop's tables)."""
+    return tiny_config(vocab_size=V, use_augmenting_block=False, **overrides)
 
 
 def _weights(cfg: CloverConfig, low_ids: bool = False) -> tuple[dict, torch.Tensor, torch.Tensor]:
