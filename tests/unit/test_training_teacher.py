@@ -185,6 +185,17 @@ def test_argmax_rows_in_chunks_equals_one_product(max_elements: int) -> None:
     assert torch.equal(argmax_rows(hidden, weight, max_elements), expected)
 
 
+def test_teacher_forward_over_some_rows_returns_target_ids(teacher) -> None:
+    """rows = [5, 9, 40, ...]: the best of those LM-head rows, as a target id, not an index."""
+    ids = torch.randint(3, 200, (2, 9))
+    mask = torch.ones(2, 9, dtype=torch.bool)
+    hidden, _ = teacher_forward(teacher, ids, mask)
+    rows = torch.tensor([5, 9, 40, 77, 150])
+    _, best = teacher_forward(teacher, ids, mask, rows)
+    logits = F.linear(hidden, teacher.lm_head)  # (2, 9, V)
+    assert torch.equal(best, rows[logits[..., rows].argmax(-1)])
+
+
 def test_a_soft_capped_target_is_refused_naming_why() -> None:
     """Gemma 2 soft-caps its logits: on small logits a probe cannot see it, the config can."""
     from vllm_clover.training.teacher import check_architecture

@@ -22,6 +22,8 @@ from vllm_clover.training.data import (
     token_counts,
     tokenize_all,
 )
+from vllm_clover.training.pipeline import DataSpec, prepare
+from vllm_clover.training.runtime import Runtime
 from vllm_clover.training.teacher import load_teacher
 from vllm_clover.training.tiny import tiny_workspace, torch_threads
 from vllm_clover.training.trainer import TrainLoop, lr_factor
@@ -170,6 +172,43 @@ def test_draft_vocab_medusa_and_eval_heads(tiny, tmp_path: Path, capsys) -> None
     results = json.loads(metrics.read_text())
     assert results[str(clover.out)]["top1"] == pytest.approx(clover.eval["top1"], abs=0.02)
     assert results[str(medusa.out)]["positions"] == clover.eval["positions"]
+
+
+def test_train_argmax_over_draft_rows(tiny, tmp_path: Path) -> None:
+    """--train-argmax draft caches the training split's argmax over the draft rows only: it
+    equals the full one wherever the target's best token is a draft token, training-time
+    top1 can only rise, and the weights and the (exact) held-out evaluation are unchanged."""
+    cache = str(tmp_path / "cache")  # fresh: the draft run must not find full-vocabulary shards
+    runs = {
+        mode: config(tiny, tmp_path / mode, draft_vocab_size=64, train_argmax=mode, cache_dir=cache)
+        for mode in ("draft", "full")
+    }
+    prepared = prepare(
+        DataSpec.from_config(runs["draft"]), Runtime(0, 1, torch.device("cpu")), torch.float32
+    )
+    assert prepared.train_cache is not prepared.cache  # a folder of its own
+    assert all(s.key in prepared.cache for s in prepared.eval)  # held-out: always exact
+    assert not any(s.key in prepared.cache for s in prepared.train)
+    draft, full = train(runs["draft"]), train(runs["full"])  # full fills prepared.cache
+    prepared.cache.refresh()
+    fast = torch.cat([prepared.train_cache.get(s.key)[1] for s in prepared.train]).long()
+    exact = torch.cat([prepared.cache.get(s.key)[1] for s in prepared.train]).long()
+    in_draft = torch.zeros(prepared.teacher.lm_head.shape[0], dtype=torch.bool)
+    in_draft[prepared.draft_vocab_ids] = True
+    assert bool(in_draft[fast].all())  # every cached argmax is a draft token
+    assert torch.equal(fast[in_draft[exact]], exact[in_draft[exact]])
+    assert bool((~in_draft[exact]).any())  # the case that differs was exercised
+    a, b = weights(full.out), weights(draft.out)
+    assert max((a[k].float() - b[k].float()).abs().max().item() for k in a) < 1e-6
+    assert draft.eval == full.eval
+    pairs = [
+        (d, f)
+        for hd, hf in zip(draft.history, full.history, strict=True)
+        for d, f in zip(hd["top1"], hf["top1"], strict=True)
+    ]
+    assert all(d >= f for d, f in pairs) and any(d > f for d, f in pairs)
+    with pytest.raises(TrainingError, match="--train-argmax draft needs --draft-vocab-size"):
+        config(tiny, tmp_path / "x", train_argmax="draft")
 
 
 def test_cli_reports_bad_input_clearly(tiny, tmp_path: Path, capsys) -> None:

@@ -5,13 +5,15 @@ Layout under the cache root (default ``<vllm-clover cache>/hidden-states``)::
     <digest>/index.json              the fingerprint this folder is keyed by (see below)
     <digest>/shard-<uuid>.safetensors
         hidden  (sum T, D) bfloat16   post-norm last hidden states, sequences back to back
-        top1    (sum T,)   int32      argmax of the target's logits at each position
+        top1    (sum T,)   int32      argmax of the target's logits at each position (over
+                                      the draft rows only in a folder keyed by argmax_rows)
         metadata: {"keys": [...], "lengths": [...]}  one key per sequence, in order
 
 ``<digest>`` hashes (format version, target weight fingerprint, teacher dtype, hidden size,
-vocab size). A sequence's key is the sha256 of its token ids, so tokenizer, chat template,
-data file and max length are all covered: different tokens are a different key, and a
-different target or teacher precision is a different folder. A stale entry can therefore
+vocab size, and the argmax's rows when not the whole vocabulary). A sequence's key is the
+sha256 of its token ids, so tokenizer, chat template, data file and max length are all
+covered: different tokens are a different key, and a different target or teacher precision
+is a different folder. A stale entry can therefore
 never be hit. Shards are written to a temp file and renamed, so a crash or a full disk never
 leaves a shard that looks complete; rank r of a distributed run writes its own shards.
 """

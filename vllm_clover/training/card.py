@@ -66,6 +66,8 @@ head weights {cfg.head_weight_base}^i; \
 | optimiser | AdamW(0.9, 0.999) lr {cfg.lr}, warmup {cfg.warmup_fraction:.0%} then cosine, \
 clip {cfg.grad_clip} |
 | final train loss | {summary["final_loss"]:.4f} |
+| training top-1 vs | the target's argmax over the \
+{summary.get("train_top1_vocabulary", "full")} vocabulary (held-out: always the full one) |
 | wall time | {summary["seconds"]:.0f} s in the training loop on {summary["hardware"]} |
 
 ## Held-out evaluation (teacher-forced, vs the target's argmax)

@@ -2,18 +2,25 @@
 
 prepared = prepare(DataSpec(target="T", data="d.jsonl"), runtime, dtype)
 prepared.train, prepared.eval   # TokenizedSequence lists (seeded split)
-prepared.teacher_signal(seq)    # (hidden (T, D) bf16, top1 (T,)) from the cache
+prepared.batch(sequences)       # Batch with (hidden (T, D) bf16, top1 (T,)) from the cache
+
+The held-out split's cached argmax is always over the full vocabulary, so every reported
+evaluation is exact. The training split's may cover only the draft vocabulary's rows
+(``train_argmax``): with a 262k vocabulary the full LM-head product costs more than the
+whole target forward, and training reads the argmax only for its progress statistics.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
+from vllm_clover.modeling import draft_vocab_from_counts
 from vllm_clover.training.cache import HiddenStateCache
 from vllm_clover.training.config import TrainingError
 from vllm_clover.training.data import (
@@ -22,6 +29,7 @@ from vllm_clover.training.data import (
     collate,
     load_conversations,
     split_train_eval,
+    token_counts,
     tokenize_all,
 )
 from vllm_clover.training.runtime import Runtime
@@ -41,6 +49,8 @@ class DataSpec:
     cache_dir: str | None = None
     teacher_batch_tokens: int = 8192
     progress: bool = True
+    draft_vocab_size: int | None = None
+    train_argmax: str = "full"
 
     @classmethod
     def from_config(cls, cfg: object) -> DataSpec:
@@ -49,15 +59,37 @@ class DataSpec:
         return cls(**{n: getattr(cfg, n) for n in names if hasattr(cfg, n)})
 
 
+# `train_argmax="auto"` covers only the draft rows above this vocabulary size (Gemma 3,
+# Qwen2: yes; Llama 3, SmolLM2: no); docs/training.md has the teacher throughput of both.
+DRAFT_ARGMAX_MIN_VOCAB = 131072
+
+
 @dataclass
 class Prepared:
     teacher: Teacher
     train: list[TokenizedSequence]
     eval: list[TokenizedSequence]
-    cache: HiddenStateCache
+    cache: HiddenStateCache  # full-vocabulary argmax: the held-out split, maybe the train split
+    train_cache: HiddenStateCache  # the training split's signal (`cache` unless draft rows)
+    draft_vocab_ids: torch.Tensor | None  # (N,) from the training split's token counts
 
     def batch(self, sequences: list[TokenizedSequence]) -> Batch:
-        return collate(sequences, [self.cache.get(s.key) for s in sequences])
+        """The full-vocabulary signal wherever the cache has it, else the training split's."""
+        signal = [
+            (self.cache if s.key in self.cache else self.train_cache).get(s.key) for s in sequences
+        ]
+        return collate(sequences, signal)
+
+
+def argmax_rows_for(
+    spec: DataSpec, vocab_size: int, draft_ids: torch.Tensor | None
+) -> torch.Tensor | None:
+    """The LM-head rows of the training split's cached argmax: None = all of them."""
+    if draft_ids is None or spec.train_argmax == "full":
+        return None
+    if spec.train_argmax == "auto" and vocab_size <= DRAFT_ARGMAX_MIN_VOCAB:
+        return None
+    return draft_ids
 
 
 def default_cache_root(cache_dir: str | None) -> Path:
@@ -82,15 +114,30 @@ def prepare(
     conversations = load_conversations(spec.data, spec.max_samples)
     sequences = tokenize_all(teacher.tokenizer, conversations, max_len, source)
     train, held = split_train_eval(sequences, spec.eval_fraction, spec.seed)
+    vocab_size = int(teacher.lm_head.shape[0])
+    draft_ids = None
+    if spec.draft_vocab_size:
+        counts = token_counts(train, vocab_size)
+        draft_ids = draft_vocab_from_counts(counts, spec.draft_vocab_size)
     fingerprint = {
         "target_fingerprint": teacher.fingerprint,
         "teacher_dtype": str(dtype),
         "hidden_size": int(teacher.lm_head.shape[1]),
-        "vocab_size": int(teacher.lm_head.shape[0]),
+        "vocab_size": vocab_size,
     }
-    cache = HiddenStateCache(default_cache_root(spec.cache_dir), fingerprint)
-    fill_cache(cache, teacher, (train if cache_train else []) + held, runtime, spec)
-    return Prepared(teacher, train, held, cache)
+    root = default_cache_root(spec.cache_dir)
+    cache = train_cache = HiddenStateCache(root, fingerprint)
+    rows = argmax_rows_for(spec, vocab_size, draft_ids)
+    to_cache = train if cache_train else []
+    if rows is None:
+        fill_cache(cache, teacher, to_cache + held, runtime, spec)
+    else:
+        rows_digest = hashlib.sha256(rows.numpy().tobytes()).hexdigest()[:16]
+        train_cache = HiddenStateCache(root, {**fingerprint, "argmax_rows": rows_digest})
+        fill_cache(cache, teacher, held, runtime, spec)
+        rest = [s for s in to_cache if s.key not in cache]
+        fill_cache(train_cache, teacher, rest, runtime, spec, rows)
+    return Prepared(teacher, train, held, cache, train_cache, draft_ids)
 
 
 def fill_cache(
@@ -99,6 +146,7 @@ def fill_cache(
     sequences: list[TokenizedSequence],
     runtime: Runtime,
     spec: DataSpec,
+    rows: torch.Tensor | None = None,
 ) -> None:
     """Process r computes the missing ones among sequences r, r + world, ...; then all re-scan.
 
@@ -111,12 +159,12 @@ def fill_cache(
     bar = tqdm(
         total=sum(len(s) for s in mine),
         unit="tok",
-        desc="caching target hidden states",
+        desc="caching target hidden states" + (" (draft-row argmax)" if rows is not None else ""),
         disable=not (spec.progress and runtime.is_main and mine),
     )
 
     def forward(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return teacher_forward(teacher, ids.to(runtime.device), mask.to(runtime.device))
+        return teacher_forward(teacher, ids.to(runtime.device), mask.to(runtime.device), rows)
 
     try:
         cache.fill(mine, forward, spec.teacher_batch_tokens, bar.update)

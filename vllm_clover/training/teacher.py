@@ -170,16 +170,28 @@ ARGMAX_CHUNK_ELEMENTS = 1 << 26
 
 @torch.no_grad()
 def teacher_forward(
-    teacher: Teacher, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    teacher: Teacher,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    rows: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, T) right-padded ids -> (H (B, T, D) post-norm, argmax of the logits (B, T) int64)."""
+    """(B, T) right-padded ids -> (H (B, T, D) post-norm, argmax of the logits (B, T) int64).
+
+    ``rows`` (N,) sorted target ids: the argmax over those LM-head rows only, as target ids.
+    With a 262k vocabulary the full product costs more than the whole forward (``pipeline``
+    uses it for the training split only). Example: rows [5, 9, 40], best row 2 -> id 40.
+    """
     if teacher.model is None:
         raise RuntimeError("teacher model already released")
     out = teacher.model(
         input_ids, attention_mask=attention_mask, output_hidden_states=True, logits_to_keep=1
     )
     hidden = out.hidden_states[-1]  # (B, T, D)
-    return hidden, argmax_rows(hidden, teacher.model.get_output_embeddings().weight)
+    weight = teacher.model.get_output_embeddings().weight  # (V, D)
+    if rows is None:
+        return hidden, argmax_rows(hidden, weight)
+    rows = rows.to(weight.device)
+    return hidden, rows[argmax_rows(hidden, weight[rows])]
 
 
 def argmax_rows(

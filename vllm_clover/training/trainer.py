@@ -25,11 +25,11 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
-from vllm_clover.modeling import CloverConfig, CloverModel, draft_vocab_from_counts, save_clover
+from vllm_clover.modeling import CloverConfig, CloverModel, save_clover
 from vllm_clover.modeling.target_layers import bias_fields, parameter_names
 from vllm_clover.training.card import model_card
 from vllm_clover.training.config import TrainConfig, TrainingError
-from vllm_clover.training.data import plan_steps, token_counts
+from vllm_clover.training.data import plan_steps
 from vllm_clover.training.evaluate import evaluate
 from vllm_clover.training.loss import HeadStats, distill_loss, graded_positions, head_weights
 from vllm_clover.training.pipeline import DataSpec, Prepared, prepare
@@ -109,9 +109,8 @@ def build_model(cfg: TrainConfig, prepared: Prepared, device: torch.device) -> C
     model = CloverModel(config)
     if block_init is not None:
         model.augmenting.init_from_target(*block_init)
-    if config.draft_vocab_size:
-        counts = token_counts(prepared.train, config.vocab_size)
-        model.tables.set_draft_vocab(draft_vocab_from_counts(counts, config.draft_vocab_size))
+    if prepared.draft_vocab_ids is not None:
+        model.tables.set_draft_vocab(prepared.draft_vocab_ids)
     model.to(device)
     if model.augmenting is not None:
         check_block_mirrors(teacher, model.augmenting)
@@ -346,6 +345,9 @@ class TrainLoop:
             "eval_sequences": len(self.prepared.eval),
             "world_size": self.runtime.world_size,
             "final_loss": self.history[-1]["loss"] if self.history else float("nan"),
+            "train_top1_vocabulary": (
+                "full" if self.prepared.train_cache is self.prepared.cache else "draft"
+            ),
         }
         if self.runtime.is_main:
             card = model_card(self.cfg, self.model.config, summary)
