@@ -15,7 +15,7 @@ import sys
 import time
 import urllib.request
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -250,6 +250,7 @@ class Speculation:
     steps_by_k: dict[int, int]  # CloverProposer.propose calls per draft length K
     max_requests: int = 0  # the most requests CloverProposer drafted for in one step
     max_step_tokens: int = 0  # the most tokens one step's target forward scheduled
+    drafts_by_length: dict[int, int] = field(default_factory=dict)  # requests per draft length
 
     @property
     def tau(self) -> float:
@@ -272,21 +273,27 @@ class Speculation:
             {k: n for k, n in steps.items() if n},
             self.max_requests,
             self.max_step_tokens,
+            {
+                n: c - before.drafts_by_length.get(n, 0)
+                for n, c in self.drafts_by_length.items()
+                if c - before.drafts_by_length.get(n, 0)
+            },
         )
 
 
-def _drafter_report(worker) -> tuple[str, tuple[tuple[int, int], ...], int, int]:
+def _drafter_report(worker) -> tuple:
     drafter = worker.model_runner.drafter
     log = getattr(drafter, "draft_log", None)
     if log is None:
-        return type(drafter).__name__, (), 0, 0
+        return type(drafter).__name__, (), 0, 0, ()
     steps = tuple(sorted(log.steps_by_k.items()))
-    return type(drafter).__name__, steps, log.max_requests, log.max_step_tokens
+    lengths = tuple(sorted(log.drafts_by_length.items()))
+    return type(drafter).__name__, steps, log.max_requests, log.max_step_tokens, lengths
 
 
 def speculation(llm) -> Speculation:
     """The engine's cumulative speculation so far (an `in_process_llm`, stats on)."""
-    ((drafter, steps_by_k, max_requests, max_step_tokens),) = set(
+    ((drafter, steps_by_k, max_requests, max_step_tokens, lengths),) = set(
         llm.collective_rpc(_drafter_report)
     )
     totals = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0}
@@ -306,6 +313,7 @@ def speculation(llm) -> Speculation:
         dict(steps_by_k),
         max_requests,
         max_step_tokens,
+        dict(lengths),
     )
 
 

@@ -1,7 +1,8 @@
 """Clover under vLLM's scheduler: outputs still equal vanilla decoding (greedy, float32).
 
 Each case changes how vLLM schedules requests (prefix cache hits, chunked prefill,
-preemption, per-request limits and stops, aborts, dynamic K, compiled mode) and runs with
+preemption, per-request limits and stops, aborts, dynamic K, per-request draft lengths,
+compiled mode) and runs with
 both shipped configurations (with and without the Augmenting Block's draft KV cache). Each
 asserts that Clover drafted, that drafts were accepted, and that the feature happened (cache
 hits, chunks, preemptions, aborts, K = 0 steps). The reference is plain vLLM on the same
@@ -188,6 +189,23 @@ def test_dynamic_speculation_down_to_k_zero(reference_target, clover_spec, cases
     assert outputs == expected
     assert {0, 2, k} <= set(stats.steps_by_k), stats.steps_by_k
     assert stats.drafts > 0 and stats.accepted > 0 and stats.drafter == "CloverProposer"
+
+
+def test_confidence_stop_drafts_per_request_lengths(reference_target, clover_spec, cases):
+    """draft_confidence in speculative_config: each request's chain stops at its first
+    unsure head, so one step verifies chains of different lengths, 0 included."""
+    prompts, params, expected = cases["plain"]
+    k = clover_spec["num_speculative_tokens"]
+    spec = {**clover_spec, "draft_confidence": [0.3] * k}
+    with in_process_llm(reference_target, speculative_config=spec, max_num_seqs=16) as llm:
+        outputs = _generate(llm, prompts, params)
+        stats = speculation(llm)
+    assert outputs == expected
+    lengths = stats.drafts_by_length
+    assert lengths.get(0, 0) > 0 and lengths.get(k, 0) > 0, lengths  # stopped and full chains
+    assert any(lengths.get(n, 0) > 0 for n in range(1, k)), lengths  # and chains cut midway
+    assert_clover_speculated(stats)
+    assert stats.draft_tokens < k * stats.drafts  # vLLM verified fewer than k per request
 
 
 def test_compiled_mode(reference_target, clover_spec, cases):

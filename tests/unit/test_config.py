@@ -20,6 +20,8 @@ pytestmark = pytest.mark.unit
         (dict(num_key_value_heads=3), "num_key_value_heads=3"),
         (dict(hidden_act="gelu"), "silu"),
         (dict(target_hidden_size=D + 1), "target_hidden_size"),
+        (dict(num_heads=2, draft_confidence=[0.1]), "one threshold per head \\(2\\), got 1"),
+        (dict(num_heads=2, draft_confidence=[0.1, -1]), "draft_confidence: thresholds are"),
     ],
 )
 def test_config_validation(overrides: dict, message: str) -> None:

@@ -58,6 +58,42 @@ def test_propose_equals_manual_greedy(draft_vocab_size: int | None) -> None:
     assert torch.equal(model.heads.propose(h0, t0, K, model.tables), expected)
 
 
+def head_probabilities(model: CloverModel, h0: torch.Tensor, t0: torch.Tensor) -> torch.Tensor:
+    """(M, K) each head's probability of its greedy draft along the unstopped chain."""
+    heads, tables = model.heads, model.tables
+    rows, h, prev, probs = tables.draft_rows(heads.dtype), h0, t0, []
+    for i in range(K):
+        h, z = heads.step(i, h, h0, prev, tables)
+        logits = z @ tables.vocab_weight(torch.float32).T  # (M, N)
+        probs.append(F.softmax(logits, dim=-1).max(-1).values)
+        prev = tables.draft_to_target(tables.best_draft(z, rows)[0])
+    return torch.stack(probs, -1)
+
+
+@pytest.mark.parametrize("draft_vocab_size", [None, 40])
+def test_confidence_stop_cuts_each_chain_at_its_first_unsure_head(draft_vocab_size) -> None:
+    """Thresholds in the middle of each head's probabilities: every request keeps the leading
+    drafts whose heads were sure enough, -1 from its first unsure head on."""
+    model, _ = random_clover(
+        tiny_config(use_augmenting_block=False, draft_vocab_size=draft_vocab_size)
+    )
+    h0, t0 = torch.randn(16, D), torch.randint(0, V, (16,))
+    with torch.no_grad():
+        full = model.heads.propose(h0, t0, K, model.tables)
+        probs = head_probabilities(model, h0, t0)  # (16, K)
+    ordered = probs.sort(dim=0).values  # (16, K); thresholds halfway between two of them,
+    thresholds = (ordered[7] + ordered[8]) / 2  # so float rounding cannot flip a comparison
+    cut = model.heads.propose(h0, t0, K, model.tables, thresholds)
+    keep = (probs >= thresholds).long().cumprod(dim=-1).bool()  # (16, K) leading sure heads
+    assert torch.equal(cut, torch.where(keep, full, -1))
+    lengths = keep.sum(-1)
+    assert lengths.unique().numel() > 1  # chains of different lengths in one batch
+    never = model.heads.propose(h0, t0, K, model.tables, torch.ones(K))
+    assert bool((never == -1).all())  # no head is ever sure: nothing drafted, loop ended early
+    always = model.heads.propose(h0, t0, K, model.tables, torch.zeros(K))
+    assert torch.equal(always, full)
+
+
 def test_ablation_step_formulas() -> None:
     """No decoder: h_i = h0 + W_R e; no regressive: e = learned step vector; Medusa: h_i = h0."""
     h_prev, h0, prev = torch.randn(4, D), torch.randn(4, D), torch.randint(0, V, (4,))

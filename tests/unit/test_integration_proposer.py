@@ -48,13 +48,19 @@ def test_a_target_the_heads_cannot_score_is_refused(kwargs, config, message):
 
 def test_draft_log_counts_steps_by_k_and_keeps_drafts_on_request():
     log = DraftLog()
-    log.record(3, torch.zeros(2, 3, dtype=torch.long), step_tokens=8)
-    log.record(0, torch.zeros(5, 0, dtype=torch.long), step_tokens=300)
+    log.record(3, torch.zeros(2, 3, dtype=torch.long), step_tokens=8, cut=False)
+    log.record(0, torch.zeros(5, 0, dtype=torch.long), step_tokens=300, cut=False)
     assert log.steps_by_k == {3: 1, 0: 1} and log.max_requests == 5 and log.drafts == []
-    assert log.max_step_tokens == 300
+    assert log.max_step_tokens == 300 and log.drafts_by_length == {3: 2, 0: 5}
     log.keep_drafts = True
-    log.record(2, torch.tensor([[7, 8]]), step_tokens=3)
+    log.record(2, torch.tensor([[7, 8]]), step_tokens=3, cut=False)
     assert log.drafts == [[[7, 8]]]
+
+
+def test_draft_log_counts_the_length_of_cut_chains():
+    log = DraftLog()
+    log.record(3, torch.tensor([[5, 6, 7], [5, -1, -1], [-1, -1, -1]]), step_tokens=6, cut=True)
+    assert log.drafts_by_length == {3: 1, 1: 1, 0: 1} and log.steps_by_k == {3: 1}
 
 
 def test_last_accepted_token_of_each_request():

@@ -30,3 +30,40 @@ def test_use_eagle_is_on_for_clover_only():
     patches.apply_patches()
     assert SpeculativeConfig.use_eagle(SimpleNamespace(method="clover"))
     assert not SpeculativeConfig.use_eagle(SimpleNamespace(method="ngram"))
+
+
+def test_draft_lengths_cut_each_clover_row_at_its_first_minus_one():
+    """[12, 7, -1] reaches the scheduler as [12, 7]: that request verifies two drafts."""
+    from types import SimpleNamespace
+
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    patches.apply_patches()
+
+    def runner(stops_early: bool) -> SimpleNamespace:
+        rows = [[12, 7, -1], [3, 4, 5], [-1, -1, -1]]
+        return SimpleNamespace(
+            num_spec_tokens=3,
+            _draft_token_req_ids=["a", "b", "c"],
+            _get_draft_token_ids_cpu=lambda: (rows, ["a", "b", "c"]),
+            drafter=SimpleNamespace(stops_early=stops_early),
+        )
+
+    drafts = GPUModelRunner.take_draft_token_ids(runner(stops_early=True))
+    assert drafts.req_ids == ["a", "b", "c"]
+    assert drafts.draft_token_ids == [[12, 7], [3, 4, 5], []]
+    untouched = GPUModelRunner.take_draft_token_ids(runner(stops_early=False))
+    assert untouched.draft_token_ids[0] == [12, 7, -1]  # other drafters: as vLLM hands them
+
+
+def test_clover_keys_of_speculative_config_are_clover_only():
+    from vllm.config.speculative import SpeculativeConfig
+
+    from vllm_clover.integration.checks import CloverStartupError
+
+    patches.apply_patches()
+    assert SpeculativeConfig(method="ngram", num_speculative_tokens=2).draft_confidence is None
+    with pytest.raises(
+        CloverStartupError, match=r"\['draft_confidence'\] apply to method 'clover'"
+    ):
+        SpeculativeConfig(method="ngram", num_speculative_tokens=2, draft_confidence=0.3)

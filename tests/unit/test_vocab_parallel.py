@@ -21,6 +21,8 @@ pytestmark = pytest.mark.unit
 V, N = 50, 16  # vocab, batch rows (hidden D and heads K: the helpers' tiny config)
 # (rank 0's rows [0, SPLIT), rank 1's [SPLIT, V)), uneven like vLLM's padded shards
 SPLIT = 27
+# per-head confidence thresholds that cut some chains of these random heads, not all
+CONFIDENCE = torch.tensor([0.9, 0.9, 0.9])
 
 
 def _config(**overrides) -> CloverConfig:
@@ -53,7 +55,9 @@ def _drafts(
         tables.set_draft_vocab(draft_ids)
     gen = torch.Generator().manual_seed(1)
     h0, t0 = torch.randn(N, D, generator=gen), torch.randint(0, V, (N,), generator=gen)
-    return heads.propose(h0, t0, K, tables)  # (N, K)
+    full = heads.propose(h0, t0, K, tables)  # (N, K)
+    cut = heads.propose(h0, t0, K, tables, CONFIDENCE)  # (N, K), -1 after a confidence stop
+    return torch.cat([full, cut], dim=-1)  # (N, 2K)
 
 
 def _reference(cfg: CloverConfig, low_ids: bool = False, scoring=None) -> torch.Tensor:
@@ -98,6 +102,8 @@ def test_two_ranks_draft_what_one_process_drafts(draft_vocab_size, scoring):
     reference = _reference(cfg, scoring=scoring)
     sharded = _sharded(cfg, scoring=scoring)
     assert torch.equal(sharded[0], reference) and torch.equal(sharded[1], reference)
+    cut = reference[:, K:]
+    assert bool((cut == -1).any()) and bool((cut[:, 0] != -1).any())  # the stop was exercised
 
 
 def test_a_rank_without_draft_rows_still_takes_part():

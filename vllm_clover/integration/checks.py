@@ -18,7 +18,7 @@ from vllm_clover.modeling.checkpoint import (
     read_config_json,
     validate_checkpoint,
 )
-from vllm_clover.modeling.config import CLOVER_ARCHITECTURE, CloverConfig
+from vllm_clover.modeling.config import CLOVER_ARCHITECTURE, CloverConfig, check_confidence
 from vllm_clover.modeling.tables import check_draft_dtype_fits, draft_dtype_setting
 
 
@@ -80,3 +80,27 @@ def check_clover_spec(
             f"has {config.num_heads} trained heads (use at most {config.num_heads})"
         )
     return config
+
+
+def resolve_draft_confidence(
+    override: float | list[float] | None, config: CloverConfig
+) -> list[float] | None:
+    """The per-head draft-confidence thresholds a Clover engine drafts with.
+
+    ``override`` is ``speculative_config["draft_confidence"]``: None keeps the checkpoint's
+    (``config.draft_confidence``, possibly None), a number applies to every head, a list
+    gives one per head. No threshold above 0 means no stop (None). ValueError naming the
+    problem otherwise. Example, 3 heads: 0.2 -> [0.2, 0.2, 0.2]; 0 -> None.
+    """
+    if override is None:
+        thresholds = config.draft_confidence
+    elif isinstance(override, int | float) and not isinstance(override, bool):
+        thresholds = [float(override)] * config.num_heads
+    else:
+        thresholds = override
+    if thresholds is None:
+        return None
+    problem = check_confidence(thresholds, config.num_heads)
+    if problem:
+        raise CloverCheckpointError(f"speculative_config draft_confidence {problem}")
+    return [float(x) for x in thresholds] if any(x > 0 for x in thresholds) else None

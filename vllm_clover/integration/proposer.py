@@ -46,13 +46,20 @@ class DraftLog:
     """
 
     steps_by_k: Counter[int] = field(default_factory=Counter)  # propose calls per draft length
+    drafts_by_length: Counter[int] = field(default_factory=Counter)  # requests per drafted length
     max_requests: int = 0  # the largest number of requests drafted for in one step
     max_step_tokens: int = 0  # the most tokens the target's forward of a step scheduled
     keep_drafts: bool = False
     drafts: list[list[list[int]]] = field(default_factory=list)
 
-    def record(self, num_speculative_tokens: int, drafts: torch.Tensor, step_tokens: int) -> None:
+    def record(
+        self, num_speculative_tokens: int, drafts: torch.Tensor, step_tokens: int, cut: bool
+    ) -> None:
         self.steps_by_k[num_speculative_tokens] += 1
+        if cut:  # a stopped chain ends in -1s (read on the host: the runner syncs here anyway)
+            self.drafts_by_length.update((drafts >= 0).sum(dim=-1).tolist())
+        else:
+            self.drafts_by_length[num_speculative_tokens] += drafts.shape[0]
         self.max_requests = max(self.max_requests, drafts.shape[0])
         self.max_step_tokens = max(self.max_step_tokens, step_tokens)
         if self.keep_drafts:
@@ -63,6 +70,9 @@ class CloverProposer(EagleProposer):
     def __init__(self, vllm_config, device: torch.device, runner=None) -> None:
         super().__init__(vllm_config, device, runner)
         self.draft_log = DraftLog()
+        self.min_confidence = _confidence_thresholds(vllm_config, device)  # (K_max,) or None
+        # Read by the draft_lengths patch: rows may end in -1 (a request's chain stopped).
+        self.stops_early = self.min_confidence is not None
 
     def propose(
         self,
@@ -106,8 +116,12 @@ class CloverProposer(EagleProposer):
             drafts = next_token_ids.new_empty((next_token_ids.shape[0], 0), dtype=torch.int64)
         else:
             t0 = next_token_ids.long()
-            drafts = self.model.heads.propose(h0, t0, num_speculative_tokens, self.model.tables)
-        self.draft_log.record(num_speculative_tokens, drafts, target_token_ids.shape[0])
+            drafts = self.model.heads.propose(
+                h0, t0, num_speculative_tokens, self.model.tables, self.min_confidence
+            )
+        self.draft_log.record(
+            num_speculative_tokens, drafts, target_token_ids.shape[0], self.stops_early
+        )
         return drafts
 
     def _augmenting_pass(
@@ -236,6 +250,28 @@ class CloverProposer(EagleProposer):
                 self.vllm_config.model_config.model,
             )
             raise
+
+
+def _confidence_thresholds(vllm_config, device: torch.device) -> torch.Tensor | None:
+    """The per-head draft-confidence thresholds (resolved at start-up by the post_init patch
+    from the checkpoint and `speculative_config`), or None for fixed-length chains.
+
+    Under async scheduling the runner feeds the on-device [num_reqs, K] drafts to the next
+    step itself, -1 included, so chains are never cut there.
+    """
+    thresholds = vllm_config.speculative_config.draft_confidence
+    if thresholds is None:
+        return None
+    if vllm_config.scheduler_config.async_scheduling:
+        logger.warning(
+            "Clover: draft_confidence %s is not applied under async scheduling "
+            "(drafts stay %d long); pass --no-async-scheduling to use it",
+            thresholds,
+            vllm_config.speculative_config.num_speculative_tokens,
+        )
+        return None
+    logger.info("Clover: draft chains stop below head confidence %s", thresholds)
+    return torch.tensor(thresholds, dtype=torch.float32, device=device)
 
 
 def _last_accepted(token_indices_to_sample: torch.Tensor | None, common_attn_metadata):

@@ -23,7 +23,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from vllm_clover.fsutil import atomic_directory
+from vllm_clover.fsutil import atomic_directory, atomic_write_bytes
 from vllm_clover.modeling.clover import CloverModel
 from vllm_clover.modeling.config import CloverConfig
 from vllm_clover.modeling.tables import check_draft_vocab
@@ -163,6 +163,19 @@ def read_config_json(path: str | os.PathLike, model_type: str = "clover") -> dic
             f"{config_file}: model_type must be {model_type!r}, got {found!r}"
         )
     return raw
+
+
+def set_draft_confidence(path: str | os.PathLike, thresholds: list[float] | None) -> None:
+    """Write ``draft_confidence`` into a Clover checkpoint's config.json, every other field
+    kept as it is; validated like a loaded config first, written atomically."""
+    raw = read_config_json(path)
+    raw["draft_confidence"] = thresholds
+    try:
+        CloverConfig.from_dict(raw)
+    except (TypeError, ValueError) as err:
+        raise CloverCheckpointError(f"{path}: cannot set draft_confidence: {err}") from err
+    text = json.dumps(raw, indent=2, sort_keys=True) + "\n"
+    atomic_write_bytes(Path(path) / CONFIG_NAME, text.encode())
 
 
 def load_clover_config(path: str | os.PathLike) -> CloverConfig:

@@ -41,6 +41,11 @@ class CloverConfig(PretrainedConfig):
         regressive_embedding: "lm_head" (RMS-normalised rows of the target LM
             head, default, as in the paper) or "input_embedding".
         draft_vocab_size: N, size of the draft vocabulary; None = full vocab.
+        draft_confidence: one threshold per head, in [0, 1]: a request's draft chain
+            stops at the first head whose best token has a lower probability (the head's
+            softmax over the draft vocabulary); None = always draft K tokens. Calibrated
+            on held-out data by ``vllm-clover calibrate``; ``speculative_config`` may
+            override it (docs/serving.md).
         intermediate_size, num_attention_heads, num_key_value_heads, head_dim,
         rms_norm_eps, rope_theta, max_position_embeddings, hidden_act,
         attention_bias, qkv_bias: shape of the augmenting decoder layers, copied
@@ -68,6 +73,7 @@ class CloverConfig(PretrainedConfig):
         use_regressive_connection: bool = True,
         regressive_embedding: str = "lm_head",
         draft_vocab_size: int | None = None,
+        draft_confidence: list[float] | None = None,
         intermediate_size: int = 11008,
         num_attention_heads: int = 32,
         num_key_value_heads: int | None = None,
@@ -94,6 +100,7 @@ class CloverConfig(PretrainedConfig):
         self.use_regressive_connection = use_regressive_connection
         self.regressive_embedding = regressive_embedding
         self.draft_vocab_size = draft_vocab_size
+        self.draft_confidence = None if draft_confidence is None else list(draft_confidence)
         self.intermediate_size = intermediate_size
         self.num_attention_heads = num_attention_heads
         self.num_key_value_heads = _default(num_key_value_heads, num_attention_heads)
@@ -133,6 +140,11 @@ class CloverConfig(PretrainedConfig):
                 1 <= self.draft_vocab_size <= self.vocab_size,
                 f"draft_vocab_size must be in [1, vocab_size={self.vocab_size}] or None, "
                 f"got {self.draft_vocab_size}",
+            )
+        if self.draft_confidence is not None:
+            _require(
+                check_confidence(self.draft_confidence, self.num_heads) == "",
+                f"draft_confidence: {check_confidence(self.draft_confidence, self.num_heads)}",
             )
         _require(
             self.target_hidden_size == self.hidden_size,
@@ -244,6 +256,22 @@ class CloverConfig(PretrainedConfig):
             copied["qkv_bias"] = True  # Qwen2: q/k/v have a bias, o_proj does not
         copied.update(kwargs)
         return cls(**copied)
+
+
+def check_confidence(thresholds: object, num_heads: int) -> str:
+    """What is wrong with per-head draft-confidence thresholds ("" when nothing).
+
+    Example: ([0.1, 0.2], 3) -> "needs one threshold per head (3), got 2".
+    """
+    if not isinstance(thresholds, list | tuple) or not all(
+        isinstance(x, int | float) and not isinstance(x, bool) for x in thresholds
+    ):
+        return f"must be a list of numbers, got {thresholds!r}"
+    if len(thresholds) != num_heads:
+        return f"needs one threshold per head ({num_heads}), got {len(thresholds)}"
+    if not all(0.0 <= x <= 1.0 for x in thresholds):
+        return f"thresholds are probabilities in [0, 1], got {list(thresholds)}"
+    return ""
 
 
 def _default(value: Any, default: Any) -> Any:

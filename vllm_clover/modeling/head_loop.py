@@ -172,27 +172,47 @@ class HeadLoop(nn.Module):
 
     @torch.no_grad()
     def propose(
-        self, h0: torch.Tensor, t0: torch.Tensor, num_steps: int, tables: TargetTables
+        self,
+        h0: torch.Tensor,
+        t0: torch.Tensor,
+        num_steps: int,
+        tables: TargetTables,
+        min_confidence: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Greedy regressive drafting: h0 (M, D), t0 (M,) -> draft target ids (M, num_steps).
 
         h0 is the (augmented) hidden state at the last accepted position, t0 the token the
         target produced there; each step feeds its own argmax to the next, whose decoder
         [k | v] comes from ``regressive_table`` when there is one.
+
+        ``min_confidence`` (num_steps,): a request's chain stops at the first head whose
+        best draft token has probability below that head's entry; the rest of its row is
+        -1, and the loop ends early once every chain has stopped. Example, thresholds
+        [0.2, 0.3, 0.3], head probabilities per request [0.9, 0.5, 0.1] and [0.1, 0.9, 0.9]:
+        drafts [d0, d1, -1] and [-1, -1, -1] (a chain never resumes after a stop).
         """
         self.check_steps(num_steps)
         rows, table = tables.draft_rows(self.dtype), self.regressive_table(tables)
         h0 = h0.to(self.dtype)
         h, prev, kv, drafts = h0, t0, None, []
+        alive = torch.ones(t0.shape, dtype=torch.bool, device=t0.device)  # (M,)
         for i in range(num_steps):
             h, z = self.step(i, h, h0, prev, tables, kv)
-            best = tables.greedy_draft_ids(z, rows)  # (M,) draft-vocab indices
-            drafts.append(best)
+            if min_confidence is None:
+                best = tables.greedy_draft_ids(z, rows)  # (M,) draft-vocab indices
+            else:
+                best, prob = tables.best_draft(z, rows)  # (M,), (M,)
+                alive &= prob >= min_confidence[i]
+            drafts.append(tables.draft_to_target(best).long().masked_fill(~alive, -1))
+            if min_confidence is not None and not bool(alive.any()):
+                break
             if table is not None:
                 kv = F.embedding(best, table)  # (M, 2D)
             else:
                 prev = tables.draft_to_target(best)  # (M,) target ids
-        return tables.draft_to_target(torch.stack(drafts, dim=-1)).long()  # (M, num_steps)
+        out = torch.full((t0.shape[0], num_steps), -1, dtype=torch.long, device=t0.device)
+        out[:, : len(drafts)] = torch.stack(drafts, dim=-1)
+        return out  # (M, num_steps)
 
     def regressive_table(self, tables: TargetTables) -> torch.Tensor | None:
         """The decoder's [k | v] of every draft-vocabulary token: (N, 2D), or None.

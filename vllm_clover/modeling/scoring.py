@@ -75,7 +75,16 @@ class DraftRows(NamedTuple):
         is left out: it multiplies a whole row of scores by one positive number, which moves
         no argmax, so the result is z . W[j] up to that factor per row of z.
         """
+        return self._products(z)[0]
+
+    def logits(self, z: torch.Tensor) -> torch.Tensor:
+        """Head features z (M, D) -> float logits z . W[j] (M, N), z's int8 scale put back."""
+        products, z_scale = self._products(z)
+        return products.float() if z_scale is None else products * z_scale[:, None]
+
+    def _products(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(scores (M, N), z's int8 scale (M,) or None for float rows); see ``scores``."""
         if self.scale is None:
-            return row_scores(z.to(self.weight.dtype), self.weight)
-        q, _ = quantize_int8(z)  # (M, D)
-        return torch._int_mm(self.weight, q.t()).t().float() * self.scale  # (M, N)
+            return row_scores(z.to(self.weight.dtype), self.weight), None
+        q, z_scale = quantize_int8(z)  # (M, D), (M,)
+        return torch._int_mm(self.weight, q.t()).t().float() * self.scale, z_scale  # (M, N)

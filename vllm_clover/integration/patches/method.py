@@ -37,6 +37,36 @@ def patch_method_literal() -> None:
     mark(config_class, "method_literal")
 
 
+# --------------------------------------------------------------------------- clover_fields
+# Clover's own `speculative_config` keys: name -> (type, default). vLLM 0.32's SpeculativeConfig
+# is a closed pydantic dataclass, so `speculative_config={"draft_confidence": ...}` would be
+# refused as an unexpected keyword without them.
+CLOVER_FIELDS: dict[str, tuple[object, object]] = {
+    "draft_confidence": (float | list[float] | None, None),
+}
+
+
+def patch_clover_fields() -> None:
+    """Add CLOVER_FIELDS to SpeculativeConfig (validated by pydantic like its own fields)."""
+    import dataclasses
+
+    from pydantic.dataclasses import rebuild_dataclass
+    from vllm.config import speculative
+
+    config_class = speculative.SpeculativeConfig
+    if is_patched(config_class, "clover_fields"):
+        return
+    for name, (annotation, default) in CLOVER_FIELDS.items():
+        spec_field = dataclasses.field(default=default)
+        spec_field.name, spec_field.type = name, annotation
+        spec_field._field_type = dataclasses._FIELD  # what @dataclass sets on its own fields
+        config_class.__dataclass_fields__[name] = spec_field
+        config_class.__annotations__[name] = annotation
+        setattr(config_class, name, default)
+    rebuild_dataclass(config_class, force=True)
+    mark(config_class, "clover_fields")
+
+
 # --------------------------------------------------------------------------- post_init
 def _clover_post_init(original: Callable) -> Callable:
     @functools.wraps(original)
@@ -45,11 +75,17 @@ def _clover_post_init(original: Callable) -> Callable:
             CloverStartupError,
             check_clover_spec,
             is_clover_checkpoint,
+            resolve_draft_confidence,
         )
 
         if self.method is None and is_clover_checkpoint(self.model):
             self.method = CLOVER_METHOD  # detected from the checkpoint's model_type
         if self.method != CLOVER_METHOD:
+            given = [name for name in CLOVER_FIELDS if getattr(self, name) is not None]
+            if given:
+                raise CloverStartupError(
+                    f"speculative_config {given} apply to method 'clover' only, not {self.method!r}"
+                )
             return original(self)
         from vllm import envs
 
@@ -66,6 +102,10 @@ def _clover_post_init(original: Callable) -> Callable:
             raise CloverStartupError(str(err)) from None
         if self.num_speculative_tokens is None:
             self.num_speculative_tokens = config.num_heads
+        try:
+            self.draft_confidence = resolve_draft_confidence(self.draft_confidence, config)
+        except ValueError as err:
+            raise CloverStartupError(str(err)) from None
         # vLLM builds the draft ModelConfig (dtype, max_model_len, parallelism) for a
         # generic draft model; Clover needs exactly that, under its own name afterwards.
         self.method = "draft_model"
@@ -166,3 +206,31 @@ def patch_async_scheduling() -> None:
     eagle_types = config_module.EagleModelTypes
     if CLOVER_METHOD not in get_args(eagle_types):
         config_module.EagleModelTypes = Literal[eagle_types, CLOVER_METHOD]
+
+
+# --------------------------------------------------------------------------- draft_lengths
+def patch_draft_lengths() -> None:
+    """Cut each request's Clover draft at its first -1 before the scheduler sees it.
+
+    The proposer returns [num_reqs, K] with -1 after a request's confidence stop
+    (`HeadLoop.propose`); vLLM's scheduler takes per-request draft lists of any length (ngram
+    relies on it), so a row [12, 7, -1, -1] becomes [12, 7] and that request verifies two
+    drafts next step. Under async scheduling the runner reads the on-device draft tensor
+    instead, so the proposer never stops early there (see `CloverProposer`).
+    """
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    original = GPUModelRunner.take_draft_token_ids
+    if is_patched(original, "draft_lengths"):
+        return
+
+    @functools.wraps(original)
+    def take_draft_token_ids(self):
+        drafts = original(self)
+        if drafts is not None and getattr(getattr(self, "drafter", None), "stops_early", False):
+            for row in drafts.draft_token_ids:
+                if -1 in row:
+                    del row[row.index(-1) :]
+        return drafts
+
+    GPUModelRunner.take_draft_token_ids = mark(take_draft_token_ids, "draft_lengths")
