@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from vllm_clover.training.data import Batch
-from vllm_clover.training.evaluate import chain_acceptance, format_table
+from vllm_clover.training.evaluate import chain_hits, format_table
 from vllm_clover.training.loss import graded_positions
 
 pytestmark = pytest.mark.unit
@@ -23,6 +23,12 @@ def chain_batch(x: list[int], top1: list[int]) -> Batch:
         torch.zeros(1, t, D),
         torch.tensor([top1]),
     )
+
+
+def chain_acceptance(preds, tokens, valid, batch) -> tuple[int, int]:
+    """(starts, accepted drafts summed over them), as EvalResult counts them."""
+    start, ok = chain_hits(preds, tokens, valid, batch)
+    return int(start.sum()), int(ok[start].long().cumprod(dim=-1).sum())
 
 
 def test_chain_acceptance_worked_example() -> None:

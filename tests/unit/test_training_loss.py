@@ -82,7 +82,9 @@ def test_loss_matches_naive_reference(draft_vocab_size: int | None, lam: float, 
     normaliser = valid.sum(dim=(0, 1)).float()  # (K,) graded positions per head
     assert normaliser.tolist() == counts
     features = heads.head_features(batch.hidden, tokens.input_ids)
-    loss, stats, preds = distill_loss(heads, features, batch, valid, weights, normaliser, lam, soft)
+    loss, stats, preds, _ = distill_loss(
+        heads, features, batch, valid, weights, normaliser, lam, soft
+    )
     torch.testing.assert_close(loss, expected.float(), rtol=1e-5, atol=1e-5)
     assert stats.count.tolist() == counts
     assert ((preds >= 0) == valid).all()
@@ -103,5 +105,5 @@ def test_top1_accuracy_is_measured_against_the_target_argmax() -> None:
         [F.pad(batch.hidden[:, 1 + i :], (0, 0, 0, 1 + i)) for i in range(K)], dim=2
     )  # (B, T, K, D): H_{t+1+i}
     ones = torch.ones(K)
-    _, stats, _ = distill_loss(heads, shifted, batch, valid, ones, ones, 0.0)
+    _, stats, _, _ = distill_loss(heads, shifted, batch, valid, ones, ones, 0.0)
     assert stats.top1.tolist() == stats.count.tolist() == stats.top5.tolist()

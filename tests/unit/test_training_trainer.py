@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 
 from vllm_clover.cli import main
 from vllm_clover.modeling import draft_vocab_from_counts, load_clover
+from vllm_clover.modeling.checkpoint import load_clover_config
 from vllm_clover.training import TrainConfig, TrainingError, train
 from vllm_clover.training.data import (
     load_conversations,
@@ -172,6 +173,28 @@ def test_draft_vocab_medusa_and_eval_heads(tiny, tmp_path: Path, capsys) -> None
     results = json.loads(metrics.read_text())
     assert results[str(clover.out)]["top1"] == pytest.approx(clover.eval["top1"], abs=0.02)
     assert results[str(medusa.out)]["positions"] == clover.eval["positions"]
+
+
+def test_eval_heads_calibrates_and_writes_draft_confidence(tiny, tmp_path: Path, capsys) -> None:
+    heads = train(config(tiny, tmp_path / "heads", draft_vocab_size=64)).out
+    before = json.loads((heads / "config.json").read_text())
+    assert before.get("draft_confidence") is None
+    metrics = tmp_path / "metrics.json"
+    common = ["--target", str(tiny["target"]), "--heads", str(heads), "--data", str(tiny["data"])]
+    common += ["--cache-dir", str(tiny["cache"]), "--eval-fraction", "0.2", "--max-seq-len", "128"]
+    args = ["eval-heads", *common, "--no-progress", "--json", str(metrics)]
+    assert main([*args, "--draft-token-cost", "0.1", "--write-confidence"]) == 0
+    out = capsys.readouterr().out
+    assert "| model | thresholds (cost 0.1) | E[drafted] | E[accepted] | value |" in out
+    calibration = json.loads(metrics.read_text())[str(heads)]["draft_confidence"]
+    assert calibration["written"] and len(calibration["thresholds"]) == 3
+    assert calibration["calibrated"]["value"] >= calibration["always"]["value"]
+    after = json.loads((heads / "config.json").read_text())
+    assert after.pop("draft_confidence") == calibration["thresholds"]
+    assert after == {k: v for k, v in before.items() if k != "draft_confidence"}  # kept as is
+    assert load_clover_config(heads).draft_confidence == calibration["thresholds"]
+    assert main([*args, "--write-confidence"]) == 2  # nothing to write without a cost
+    assert "--write-confidence needs --draft-token-cost" in capsys.readouterr().err
 
 
 def test_train_argmax_over_draft_rows(tiny, tmp_path: Path) -> None:

@@ -189,6 +189,20 @@ class EvalConfig:
         choices=("float32", "bfloat16"),
     )
     progress: bool = opt(True, "the progress bar while caching")
+    draft_token_cost: float | None = opt(
+        None,
+        "calibrate per-head draft-confidence thresholds for this price of one verified "
+        "draft, in accepted tokens (e.g. 0.1; see docs/serving.md)",
+    )
+    write_confidence: bool = opt(
+        False, "store the calibrated thresholds in each checkpoint's config.json"
+    )
+
+    def __post_init__(self) -> None:
+        if self.draft_token_cost is not None and self.draft_token_cost < 0:
+            raise TrainingError(f"--draft-token-cost must be >= 0, got {self.draft_token_cost}")
+        if self.write_confidence and self.draft_token_cost is None:
+            raise TrainingError("--write-confidence needs --draft-token-cost")
 
 
 @dataclass

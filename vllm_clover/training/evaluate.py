@@ -26,7 +26,8 @@ from pathlib import Path
 import torch
 
 from vllm_clover.modeling import CloverModel, HeadTokens, load_clover, shift_tokens_for_heads
-from vllm_clover.modeling.checkpoint import CloverCheckpointError
+from vllm_clover.modeling.checkpoint import CloverCheckpointError, set_draft_confidence
+from vllm_clover.training.calibrate import calibrate_confidence, chain_value
 from vllm_clover.training.config import EvalConfig, TrainingError
 from vllm_clover.training.data import Batch, TokenizedSequence
 from vllm_clover.training.loss import HeadStats, distill_loss, graded_positions
@@ -34,19 +35,19 @@ from vllm_clover.training.pipeline import DataSpec, Prepared, prepare
 from vllm_clover.training.runtime import init_runtime
 
 
-def chain_acceptance(
+def chain_hits(
     preds: torch.Tensor, tokens: HeadTokens, valid: torch.Tensor, batch: Batch
-) -> tuple[int, int]:
-    """(number of start positions, accepted drafts summed over them) for one batch.
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(start positions (B, T) bool, draft i equals the target's argmax there (B, T, K) bool).
 
     preds: (B, T, K) head argmax as target ids; tokens/valid from ``graded_positions``.
+    A start's accepted drafts are its leading run of hits (``ok.cumprod``).
     """
     k = preds.shape[-1]
     top1_next = tokens_shift(batch.target_top1, k, batch.attention_mask)  # (B, T, K): at t+1+i
     ok = valid & (preds == top1_next) & (top1_next == tokens.target_ids)  # (B, T, K)
     start = valid[..., 0] & (tokens.input_ids[..., 0] == batch.target_top1)  # (B, T)
-    accepted = ok.long().cumprod(dim=-1).sum(dim=-1)  # (B, T) consecutive accepted drafts
-    return int(start.sum()), int(accepted[start].sum())
+    return start, ok
 
 
 def tokens_shift(values: torch.Tensor, k: int, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -57,8 +58,16 @@ def tokens_shift(values: torch.Tensor, k: int, attention_mask: torch.Tensor) -> 
 @dataclass
 class EvalResult:
     stats: HeadStats
-    starts: int
-    accepted: int
+    hits: torch.Tensor  # (S, K) bool: draft i right at each of the S chain starts
+    confidence: torch.Tensor  # (S, K) float32: the head's probability of that draft
+
+    @property
+    def starts(self) -> int:
+        return self.hits.shape[0]
+
+    @property
+    def accepted(self) -> int:
+        return int(self.hits.long().cumprod(dim=-1).sum())
 
     def summary(self) -> dict[str, object]:
         means = self.stats.means()
@@ -86,18 +95,22 @@ def evaluate(
     k = model.config.num_heads
     was_training = model.training
     model.eval()
-    stats, starts, accepted = HeadStats.zeros(k), 0, 0
+    stats, hits, confidence = HeadStats.zeros(k), [], []
     ones = torch.ones(k, device=device)
     for i in range(0, len(sequences), batch_size):
         batch = prepared.batch(list(sequences[i : i + batch_size])).to(device)
         tokens, valid = graded_positions(batch, k)
         features = model.head_features(batch.hidden, tokens.input_ids)  # (B, T, K, D)
-        _, batch_stats, preds = distill_loss(model, features, batch, valid, ones, ones, 0.0)
+        _, batch_stats, preds, conf = distill_loss(model, features, batch, valid, ones, ones, 0.0)
         stats.add_(batch_stats)
-        s, a = chain_acceptance(preds, tokens, valid, batch)
-        starts, accepted = starts + s, accepted + a
+        start, ok = chain_hits(preds, tokens, valid, batch)
+        hits.append(ok[start].cpu())
+        confidence.append(conf[start].cpu())
     model.train(was_training)
-    return EvalResult(stats, starts, accepted)
+    empty = torch.zeros(0, k)
+    return EvalResult(
+        stats, torch.cat([empty.bool(), *hits]), torch.cat([empty.float(), *confidence])
+    )
 
 
 def format_table(results: dict[str, dict[str, object]]) -> str:
@@ -145,7 +158,47 @@ def eval_heads(cfg: EvalConfig) -> dict[str, dict]:
             raise TrainingError(str(err)) from err
         result = evaluate(model, prepared, sequences, cfg.batch_size, runtime.device)
         results[str(path)] = result.summary()
+        if cfg.draft_token_cost is not None:
+            results[str(path)]["draft_confidence"] = calibrate(result, path, cfg)
     print(format_table(results))
+    if cfg.draft_token_cost is not None:
+        print(format_calibration(results, cfg.draft_token_cost))
     if cfg.json:
         Path(cfg.json).write_text(json.dumps(results, indent=2) + "\n")
     return results
+
+
+def calibrate(result: EvalResult, path: str, cfg: EvalConfig) -> dict[str, object]:
+    """Thresholds for ``cfg.draft_token_cost`` and what they change on the held-out chains;
+    written into the checkpoint with ``--write-confidence``."""
+    cost = cfg.draft_token_cost
+    thresholds, tuned = calibrate_confidence(result.confidence, result.hits, cost)
+    always = chain_value(result.confidence, result.hits, torch.zeros(len(thresholds)), cost)
+    if cfg.write_confidence:
+        try:
+            set_draft_confidence(path, thresholds)
+        except CloverCheckpointError as err:
+            raise TrainingError(str(err)) from err
+    return {
+        "cost": cost,
+        "thresholds": thresholds,
+        "written": cfg.write_confidence,
+        "always": vars(always),
+        "calibrated": vars(tuned),
+    }
+
+
+def format_calibration(results: dict[str, dict], cost: float) -> str:
+    """Markdown table: thresholds, E[drafted] and E[accepted] without and with them."""
+    rows = [
+        f"| model | thresholds (cost {cost}) | E[drafted] | E[accepted] | value |",
+        "|---|---|---|---|---|",
+    ]
+    for name, r in results.items():
+        c = r["draft_confidence"]
+        a, t = c["always"], c["calibrated"]
+        rows.append(
+            f"| {name} | {c['thresholds']} | {a['drafted']:.2f} -> {t['drafted']:.2f} | "
+            f"{a['accepted']:.3f} -> {t['accepted']:.3f} | {a['value']:.3f} -> {t['value']:.3f} |"
+        )
+    return "\n".join(rows)

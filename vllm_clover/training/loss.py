@@ -107,20 +107,22 @@ def distill_loss(
     normaliser: torch.Tensor,
     hidden_loss_weight: float,
     soft_labels: bool = True,
-) -> tuple[torch.Tensor, HeadStats, torch.Tensor]:
+) -> tuple[torch.Tensor, HeadStats, torch.Tensor, torch.Tensor]:
     """Loss of one micro-batch (see module docstring), its stats and the head predictions.
 
     features: (B, T, K, D) head features z from ``model.head_features``; valid: (B, T, K)
     from ``graded_positions``; weights, normaliser: (K,). ``soft_labels=False`` is the
     Medusa-1 ablation: one-hot labels x_{t+2+i} from the data instead of the target's
     distribution (a label outside the draft vocabulary contributes nothing). Returns (scalar
-    loss to backward, HeadStats, predictions (B, T, K) int64 target ids, -1 where not graded).
+    loss to backward, HeadStats, predictions (B, T, K) int64 target ids, -1 where not graded,
+    their probabilities under the head (B, T, K) float32, 0 where not graded).
     """
     k = features.shape[2]
     tables = model.tables
     w = tables.vocab_weight(model.dtype)  # (N, D)
     stats = HeadStats.zeros(k, features.device)
     preds = torch.full(valid.shape, -1, dtype=torch.long, device=features.device)  # (B, T, K)
+    confidence = torch.zeros(valid.shape, device=features.device)  # (B, T, K)
     loss = features.float().sum() * 0.0  # every parameter gets a gradient (DDP needs it)
     with torch.no_grad():
         rows, probs = target_distributions(batch, valid if soft_labels else valid[..., :0], w)
@@ -141,10 +143,12 @@ def distill_loss(
         hl = F.smooth_l1_loss(z.float(), h, reduction="none").mean(-1).sum()
         loss = loss + weights[i] * (ce + hidden_loss_weight * hl) / normaliser[i].clamp(min=1)
         with torch.no_grad():
-            best = tables.draft_to_target(log_q.topk(min(5, log_q.shape[-1]), dim=-1).indices)
+            top = log_q.topk(min(5, log_q.shape[-1]), dim=-1)
+            best = tables.draft_to_target(top.indices)
+            confidence[b, t, i] = top.values[:, 0].exp()
             want = batch.target_top1[b, t + 1 + i]  # (M,) target argmax for x_{t+2+i}
             preds[b, t, i] = best[:, 0]
             stats.ce[i], stats.hidden[i], stats.count[i] = ce.detach(), hl.detach(), b.numel()
             stats.top1[i] = (best[:, 0] == want).sum()
             stats.top5[i] = (best == want[:, None]).any(-1).sum()
-    return loss, stats, preds
+    return loss, stats, preds, confidence

@@ -223,7 +223,7 @@ class TrainLoop:
                 torch.autocast(rt.device.type, torch.bfloat16, enabled=cfg.dtype == "bfloat16"),
             ):
                 features = self.wrapped(batch.hidden, tokens.input_ids)  # (B, T, K, D)
-                loss, micro, _ = distill_loss(
+                loss, micro, _, _ = distill_loss(
                     self.model,
                     features,
                     batch,
