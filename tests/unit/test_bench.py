@@ -26,6 +26,7 @@ from vllm_clover.bench.report import (
     markdown_document,
     markdown_table,
 )
+from vllm_clover.bench.summary import summarize
 from vllm_clover.bundled import REFERENCE_HEADS, REFERENCE_MEDUSA
 from vllm_clover.cli import build_parser, main
 
@@ -88,8 +89,12 @@ def test_identical_outputs_counts_equal_prompts():
 
 
 # ------------------------------------------------------------------ rows and tables
-def _results():
-    job = lambda method, batch: SimpleNamespace(method=method, batch_size=batch)  # noqa: E731
+def _job(method, batch, repeat=0, mode="in-process"):
+    return SimpleNamespace(method=method, batch_size=batch, repeat=repeat, engine_mode=mode)
+
+
+def _results(repeat=0, clover_seconds=2.0):
+    job = lambda method, batch: _job(method, batch, repeat)  # noqa: E731
     vanilla = {
         0.0: Run([[1, 2, 3, 4]] * 2, 4.0, Counters(steps=8)),
         1.0: Run([[5, 6]] * 2, 2.0, Counters(steps=4)),
@@ -104,7 +109,7 @@ def _results():
         drafting_calls=4,
     )
     clover = {
-        0.0: Run([[1, 2, 3, 4], [1, 2, 3, 0]], 2.0, clover_counters),
+        0.0: Run([[1, 2, 3, 4], [1, 2, 3, 0]], clover_seconds, clover_counters),
         1.0: Run([[7, 8]] * 2, 1.0, clover_counters),
     }
     engine = {"async_scheduling": False}
@@ -134,15 +139,65 @@ def test_rows_compare_with_vanilla_at_same_batch_and_temperature():
 
 
 def test_markdown_table_rendering():
-    table = markdown_table(build_rows(_results()))
+    table = markdown_table(summarize(build_rows(_results())))
     lines = table.splitlines()
-    assert lines[0].startswith("| method | batch | T | tokens/s | vs vanilla | tau |")
-    assert len(lines) == 2 + 4 and all(line.count("|") == 11 for line in lines)
-    assert lines[2] == "| vanilla | 2 | 0 | 2.0 | 1.00x | - | - | - | - | reference |"
+    assert lines[0].startswith("| method | engine | batch | T | tokens/s | vs vanilla | tau |")
+    assert len(lines) == 2 + 4 and all(line.count("|") == 12 for line in lines)
+    assert lines[2] == (
+        "| vanilla | in-process | 2 | 0 | 2.0 | 1.00x | - | - | - | - | reference |"
+    )
     assert lines[4] == (
-        "| clover | 2 | 0 | 4.0 | 2.00x | 2.00 | 0.75 0.25 0.00 0.00 | 20% | 1.00 | 1/2 |"
+        "| clover | in-process | 2 | 0 | 4.0 | 2.00x | 2.00 | 0.75 0.25 0.00 0.00 | 20% | 1.00 "
+        "| 1/2 |"
     )
     assert lines[5].endswith("| n/a |")
+
+
+def test_summary_takes_medians_over_rounds_with_their_range():
+    """Three rounds, Clover at T=0 taking 2, 4 and 1 s against vanilla's 4 s: ratios 2, 1, 4
+    -> median 2 (1-4); acceptance and equal prompts pooled over the rounds."""
+    rows = [
+        row
+        for repeat, seconds in enumerate((2.0, 4.0, 1.0))
+        for row in build_rows(_results(repeat, seconds))
+    ]
+    assert [r["repeat"] for r in rows] == [0] * 4 + [1] * 4 + [2] * 4
+    summary = summarize(rows)
+    assert [(r["method"], r["temperature"]) for r in summary] == [
+        ("vanilla", 0.0),
+        ("vanilla", 1.0),
+        ("clover", 0.0),
+        ("clover", 1.0),
+    ]
+    clover = summary[2]
+    assert clover["rounds"] == 3 and clover["ratio_to_vanilla"] == pytest.approx(2.0)
+    assert clover["ratio_to_vanilla_range"] == pytest.approx([1.0, 4.0])
+    assert clover["tokens_per_second"] == pytest.approx(4.0)  # 8 tokens in 2 s
+    assert clover["acceptance_rates"] == pytest.approx([0.75, 0.25, 0.0, 0.0])
+    assert (clover["equal_prompts"], clover["num_prompts"]) == (3, 6)
+    line = markdown_table(summary).splitlines()[4]
+    assert "| 4.0 (2.0-8.0) | 2.00x (1.00-4.00) |" in line and line.endswith("| 3/6 |")
+    json.dumps(summary)
+
+
+def test_engine_jobs_alternate_methods_round_by_round():
+    from vllm_clover.bench.runner import engine_jobs
+
+    config = BenchConfig(
+        methods=(VANILLA, CLOVER),
+        batch_sizes=(1, 4),
+        repeats=2,
+        engines=("in-process", "multiprocess"),
+    )
+    jobs = engine_jobs(config, "target", [[{"role": "user", "content": "hi"}]])
+    order = [(j.repeat, j.engine_mode, j.batch_size, j.method.name) for j in jobs]
+    assert order[:4] == [
+        (0, "in-process", 1, "vanilla"),
+        (0, "in-process", 1, "clover"),
+        (0, "in-process", 4, "vanilla"),
+        (0, "in-process", 4, "clover"),
+    ]
+    assert len(order) == 2 * 2 * 2 * 2 and order[8][0] == 1  # round 2 after all of round 1
 
 
 def test_markdown_document_names_command_machine_and_definitions():
@@ -162,13 +217,17 @@ def test_markdown_document_names_command_machine_and_definitions():
             "min_prompts": 8,
             "prompts_per_seq": 2,
             "prompts_repeated": False,
+            "repeats": 1,
+            "engines": ["in-process"],
         },
         "definitions": {"tau": "1 + accepted / drafts"},
         "runs": build_rows(_results()),
     }
+    report["summary"] = summarize(report["runs"])
     text = markdown_document(report)
     assert "    vllm-clover bench --quick" in text and "Some CPU" in text
     assert "MT-Bench first turns" in text and "- **tau**: 1 + accepted / drafts" in text
+    assert "1 alternating round(s) of every engine, engine mode(s) in-process" in text
     assert busy_warning(report) is None and "Warning" not in text
     report["runs"][-1]["engine"]["load_avg_1m_before"] = 7.5  # other work on 2 cores
     assert "load average up to 7.5 on 2 cores" in busy_warning(report)
@@ -287,6 +346,9 @@ def test_bad_methods_and_checkpoints(tmp_path):
         ({"max_tokens": 0}, "--max-tokens"),
         ({"methods": (CLOVER,)}, "first method must be vanilla"),
         ({"methods": (VANILLA, CLOVER, CLOVER)}, "unique"),
+        ({"repeats": 0}, "--repeats must be >= 1"),
+        ({"engines": ("threads",)}, "--engines must be distinct values among"),
+        ({"engines": ()}, "--engines must be"),
     ],
 )
 def test_config_validation_errors(changes, message):
@@ -300,6 +362,13 @@ def test_quick_preset_and_explicit_flags():
 
     quick = config_from_args(parser.parse_args(["bench", "--quick", "--out", "/tmp/x"]))
     assert quick.batch_sizes == QUICK_PRESET["batch_sizes"] and quick.temperatures == (0.0,)
+    assert (quick.repeats, quick.engines) == (1, ("in-process",))
+    full = config_from_args(parser.parse_args(["bench"]))
+    assert (full.repeats, full.engines) == (3, ("in-process", "multiprocess"))
+    chosen = config_from_args(
+        parser.parse_args(["bench", "--repeats", "5", "--engines", "multiprocess"])
+    )
+    assert (chosen.repeats, chosen.engines) == (5, ("multiprocess",))
     assert {m.kind for m in quick.methods} == {"vanilla", "ngram", "medusa", "clover"}
     custom = config_from_args(
         parser.parse_args(

@@ -16,6 +16,9 @@ from vllm_clover.bundled import REFERENCE_HEADS, REFERENCE_MEDUSA
 STANDARD_METHODS = ("vanilla", "ngram", "medusa", "clover")
 # Prompt lookup: match the last 2..4 tokens against the context (vLLM's default is 5..5).
 NGRAM_LOOKUP = {"prompt_lookup_min": 2, "prompt_lookup_max": 4}
+# How the engine runs: in this process, or with vLLM's separate engine-core process (what
+# `LLM(...)` and `vllm serve` give users by default).
+ENGINE_MODES = ("in-process", "multiprocess")
 # The evaluation protocol (docs/benchmarks.md), and a few-minute version of it for 2 cores.
 FULL_PRESET = {
     "batch_sizes": (1, 4, 16, 64),
@@ -23,6 +26,8 @@ FULL_PRESET = {
     "max_tokens": 128,
     "min_prompts": 16,
     "prompts_per_seq": 2,
+    "repeats": 3,
+    "engines": ENGINE_MODES,
 }
 QUICK_PRESET = {
     "batch_sizes": (1, 4),
@@ -30,6 +35,8 @@ QUICK_PRESET = {
     "max_tokens": 32,
     "min_prompts": 8,
     "prompts_per_seq": 2,
+    "repeats": 1,
+    "engines": ("in-process",),
 }
 
 
@@ -69,6 +76,8 @@ class BenchConfig:
     max_tokens: int = FULL_PRESET["max_tokens"]
     min_prompts: int = FULL_PRESET["min_prompts"]
     prompts_per_seq: int = FULL_PRESET["prompts_per_seq"]  # prompts >= this x batch size
+    repeats: int = FULL_PRESET["repeats"]  # rounds; each runs every engine once, in turn
+    engines: tuple[str, ...] = FULL_PRESET["engines"]  # ENGINE_MODES measured
     prompts_file: str | None = None  # None: MT-Bench first turns
     out: Path = Path("bench-results")
     cache_dir: str | None = None
@@ -94,7 +103,13 @@ def validate(config: BenchConfig) -> None:
         raise BenchError(f"batch sizes must be >= 1, got {list(config.batch_sizes)}")
     if not config.temperatures or min(config.temperatures) < 0:
         raise BenchError(f"temperatures must be >= 0, got {list(config.temperatures)}")
-    for name in ("max_tokens", "min_prompts", "prompts_per_seq"):
+    unknown = [e for e in config.engines if e not in ENGINE_MODES]
+    if not config.engines or unknown or len(set(config.engines)) != len(config.engines):
+        raise BenchError(
+            f"--engines must be distinct values among {', '.join(ENGINE_MODES)}, "
+            f"got {list(config.engines)}"
+        )
+    for name in ("max_tokens", "min_prompts", "prompts_per_seq", "repeats"):
         if getattr(config, name) < 1:
             raise BenchError(
                 f"--{name.replace('_', '-')} must be >= 1, got {getattr(config, name)}"
@@ -163,7 +178,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--quick",
         action="store_true",
         help="a few-minute smoke run: batch "
-        "sizes 1 4, T=0, 8 prompts, 32 tokens (every method still runs)",
+        "sizes 1 4, T=0, 8 prompts, 32 tokens, one in-process round (every method still runs)",
     )
     parser.add_argument(
         "--methods",
@@ -195,6 +210,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--prompts",
         help='JSONL of {"prompt": ...} records or a ShareGPT file (default: MT-Bench first turns)',
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        help="rounds of every engine, alternating; figures are medians (default 3)",
+    )
+    parser.add_argument(
+        "--engines",
+        nargs="+",
+        choices=ENGINE_MODES,
+        help="engine modes to measure (default both; multiprocess is what users get)",
     )
     parser.add_argument("--out", default="bench-results", help="results folder")
     parser.add_argument("--no-plots", action="store_true")

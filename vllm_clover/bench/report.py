@@ -1,7 +1,8 @@
-"""Benchmark figures: one row per (method, batch size, temperature), JSON and Markdown.
+"""Benchmark figures: one row per timed run, their medians per configuration, JSON and
+Markdown.
 
-Every ratio compares with vanilla decoding at the same batch size and temperature, measured
-in the same invocation on the same prompts.
+Every ratio compares with vanilla decoding at the same batch size, temperature, engine mode
+and round, measured in the same invocation on the same prompts (`summary.py` takes medians).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 from vllm_clover.bench.config import BenchConfig
 from vllm_clover.bench.measure import Run, identical_outputs
+from vllm_clover.bench.summary import summarize
 
 # Environment variables that change vLLM's speed on CPU, recorded with the results.
 SPEED_ENV = (
@@ -43,20 +45,23 @@ DEFINITIONS = {
     "speculative step (drafting + verifying K+1 tokens per request + "
     "rejection sampling) relative to a plain step",
     "equal_to_vanilla": "T=0 only: prompts whose token ids equal vanilla's / prompts",
+    "summary": "per (method, engine mode, batch size, temperature): the median over rounds "
+    "of tokens_per_second, ratio_to_vanilla, tau and the overheads, with [min, max] "
+    "ranges; acceptance pooled over rounds; equal_prompts summed",
 }
 
 
-def run_row(
-    method: Any, batch: int, temperature: float, run: Run, vanilla: Run, engine: dict[str, Any]
-) -> dict[str, Any]:
-    """All figures of one timed run, with its ratios to the vanilla run `vanilla`."""
-    counters = run.counters
+def run_row(job: Any, temperature: float, run: Run, vanilla: Run, engine: dict[str, Any]):
+    """All figures of one timed run of EngineJob `job`, with its ratios to `vanilla`."""
+    method, counters = job.method, run.counters
     is_spec = method.kind != "vanilla"
     row = {
         "method": method.name,
         "kind": method.kind,
-        "batch_size": batch,
+        "batch_size": job.batch_size,
         "temperature": temperature,
+        "repeat": job.repeat,
+        "engine_mode": job.engine_mode,
         "speculative_config": method.speculative_config(),
         "num_prompts": len(run.tokens),
         "output_tokens": run.output_tokens,
@@ -89,15 +94,16 @@ def _overheads(run: Run, vanilla: Run) -> dict[str, float | None]:
 
 
 def build_rows(results: list[tuple[Any, dict[float, Run], dict[str, Any]]]) -> list[dict[str, Any]]:
-    """Rows for (EngineJob, runs by temperature, engine settings) results, vanilla first."""
-    vanilla: dict[tuple[int, float], Run] = {}
+    """Rows for (EngineJob, runs by temperature, engine settings) results, each compared
+    with the vanilla run of its round, engine mode, batch size and temperature."""
+    vanilla: dict[tuple, Run] = {}
     rows = []
     for job, runs, engine in results:
         for temperature, run in runs.items():
+            key = (job.repeat, job.engine_mode, job.batch_size, temperature)
             if job.method.kind == "vanilla":
-                vanilla[job.batch_size, temperature] = run
-            reference = vanilla[job.batch_size, temperature]
-            rows.append(run_row(job.method, job.batch_size, temperature, run, reference, engine))
+                vanilla[key] = run
+            rows.append(run_row(job, temperature, run, vanilla[key], engine))
     return rows
 
 
@@ -158,7 +164,8 @@ def build_report(
         "machine": machine_info(),
         "config": settings,
         "definitions": DEFINITIONS,
-        "runs": build_rows(results),
+        "summary": summarize(rows := build_rows(results)),
+        "runs": rows,
     }
 
 
@@ -174,14 +181,15 @@ def _fmt(value: float | None, pattern: str) -> str:
     return "-" if value is None else format(value, pattern)
 
 
-def markdown_table(rows: list[dict[str, Any]]) -> str:
-    """One line per run: throughput, ratio, tau, acceptance, overheads, T=0 equality."""
+def markdown_table(summary: list[dict[str, Any]]) -> str:
+    """One line per configuration: medians over rounds with their [min-max] range, tau,
+    acceptance, overheads, T=0 equality (``summarize`` rows)."""
     lines = [
-        "| method | batch | T | tokens/s | vs vanilla | tau | acceptance per position | "
-        "drafting overhead | step time vs vanilla | T=0 equal to vanilla |",
-        "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|",
+        "| method | engine | batch | T | tokens/s | vs vanilla | tau | acceptance per position "
+        "| drafting overhead | step time vs vanilla | T=0 equal to vanilla |",
+        "|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|",
     ]
-    for row in rows:
+    for row in summary:
         rates = " ".join(f"{rate:.2f}" for rate in row["acceptance_rates"]) or "-"
         equal = (
             "reference"
@@ -191,13 +199,20 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
             else "n/a"
         )
         lines.append(
-            f"| {row['method']} | {row['batch_size']} | {row['temperature']:g} | "
-            f"{row['tokens_per_second']:.1f} | {row['ratio_to_vanilla']:.2f}x | "
-            f"{_fmt(row['tau'], '.2f')} | {rates} | "
-            f"{_fmt(row.get('drafting_overhead'), '.0%')} | "
+            f"| {row['method']} | {row['engine_mode']} | {row['batch_size']} | "
+            f"{row['temperature']:g} | {_spread(row, 'tokens_per_second', '.1f')} | "
+            f"{_spread(row, 'ratio_to_vanilla', '.2f', 'x')} | {_fmt(row['tau'], '.2f')} | "
+            f"{rates} | {_fmt(row.get('drafting_overhead'), '.0%')} | "
             f"{_fmt(row.get('step_time_ratio'), '.2f')} | {equal} |"
         )
     return "\n".join(lines)
+
+
+def _spread(row: dict[str, Any], name: str, pattern: str, unit: str = "") -> str:
+    """'1.05x (1.00-1.07)': the median and, over several rounds, its range."""
+    text = f"{row[name]:{pattern}}{unit}"
+    low, high = row[f"{name}_range"]
+    return text if row["rounds"] == 1 else f"{text} ({low:{pattern}}-{high:{pattern}})"
 
 
 def busy_warning(report: dict[str, Any]) -> str | None:
@@ -230,10 +245,11 @@ def markdown_document(report: dict[str, Any]) -> str:
         f"Prompts: {prompts}, {config['max_tokens']} new tokens each, at least "
         f"{config['min_prompts']} and {config['prompts_per_seq']}x the batch size per run"
         f"{' (cycled: fewer prompts available)' if config['prompts_repeated'] else ''}; "
-        f"float32, eager, engine in-process; batch size = max_num_seqs.",
+        f"float32, eager; {config['repeats']} alternating round(s) of every engine, engine "
+        f"mode(s) {', '.join(config['engines'])}; batch size = max_num_seqs.",
         "",
         *([warning, ""] if (warning := busy_warning(report)) else []),
-        markdown_table(report["runs"]),
+        markdown_table(report["summary"]),
         "",
         "## Definitions",
         "",
@@ -243,11 +259,14 @@ def markdown_document(report: dict[str, Any]) -> str:
 
 
 def write_outputs(report: dict[str, Any], out: Path, plots: bool = True) -> list[Path]:
-    """results.json, results.md and (unless `plots` is False) the PNG plots, in `out`."""
+    """results.json, results.md and (unless `plots` is False) the PNG plots of one engine
+    mode (multiprocess when measured), in `out`."""
     written = [write_json(report, out), out / "results.md"]
     written[1].write_text(markdown_document(report))
     if plots:
         from vllm_clover.bench.plots import write_plots
 
-        written += write_plots(report["runs"], out)
+        modes = {row["engine_mode"] for row in report["summary"]}
+        mode = "multiprocess" if "multiprocess" in modes else "in-process"  # what users get
+        written += write_plots([r for r in report["summary"] if r["engine_mode"] == mode], out)
     return written

@@ -1,4 +1,6 @@
-"""Run the benchmark: one engine per (method, batch size), serving every temperature.
+"""Run the benchmark: one engine per (round, engine mode, batch size, method), serving every
+temperature. Rounds alternate the engines (vanilla, ngram, ..., vanilla, ngram, ...), so a
+slow spell of a shared machine hits every method alike; the report takes medians.
 
 Each engine runs in its own child process, forked from a multiprocessing fork server that
 has imported vLLM once and never computes anything: engine starts skip the import (10-20 s
@@ -35,6 +37,8 @@ class EngineJob:
     chats: list[Chat]
     temperatures: tuple[float, ...]
     max_tokens: int
+    repeat: int = 0  # the round
+    engine_mode: str = "in-process"  # ENGINE_MODES
 
 
 def run_engine_job(job: EngineJob) -> tuple[dict[float, Run], dict[str, Any]]:
@@ -45,6 +49,12 @@ def run_engine_job(job: EngineJob) -> tuple[dict[float, Run], dict[str, Any]]:
     """
     from vllm import SamplingParams
 
+    # (a child process per engine: setting it here changes no other job)
+    multiprocess = job.engine_mode == "multiprocess"
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocess else "0"
+    if multiprocess:  # collective_rpc ships the drafting timer (a function) to the engine
+        # core by pickle; that socket only links this bench's own two processes
+        os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     with engine(job.target, job.method.speculative_config(), job.batch_size) as llm:
         install_drafting_timer(llm)
         settings = engine_settings(llm)
@@ -103,7 +113,8 @@ def run_isolated(function: Callable[[Any], Any], argument: Any) -> Any:
 
 
 def engine_jobs(config: BenchConfig, target: str, chats: list[Chat]) -> list[EngineJob]:
-    """Every (batch size, method) engine, vanilla first at each batch size."""
+    """Every engine, round by round: per round and engine mode, each batch size's methods
+    back to back, vanilla first (the reference of the others in that round)."""
     return [
         EngineJob(
             target,
@@ -112,7 +123,11 @@ def engine_jobs(config: BenchConfig, target: str, chats: list[Chat]) -> list[Eng
             take_prompts(chats, config.num_prompts(batch)),
             config.temperatures,
             config.max_tokens,
+            repeat,
+            mode,
         )
+        for repeat in range(config.repeats)
+        for mode in config.engines
         for batch in config.batch_sizes
         for method in config.methods
     ]
@@ -132,7 +147,9 @@ def run_bench(config: BenchConfig, command: str) -> dict[str, Any]:
     results: list[tuple[EngineJob, dict[float, Run], dict[str, Any]]] = []
     progress = tqdm(jobs, desc="bench", unit="engine", dynamic_ncols=True)
     for job in progress:
-        progress.set_postfix_str(f"{job.method.name} batch {job.batch_size}")
+        progress.set_postfix_str(
+            f"{job.method.name} batch {job.batch_size} {job.engine_mode} round {job.repeat + 1}"
+        )
         load = os.getloadavg()[0]
         runs, settings = run_isolated(run_engine_job, job)
         results.append((job, runs, {**settings, "load_avg_1m_before": load}))
@@ -163,7 +180,7 @@ def bench_command(args: Any, argv: Sequence[str]) -> None:
 
     config = config_from_args(args)
     report = run_bench(config, shlex.join(["vllm-clover", *argv]))
-    print("\n" + markdown_table(report["runs"]))
+    print("\n" + markdown_table(report["summary"]))
     if warning := busy_warning(report):
         print(f"\n{warning}")
     print(

@@ -1,0 +1,54 @@
+"""Medians over the benchmark's rounds: one summary row per (method, engine mode, batch size,
+temperature), the figures the tables and plots show.
+
+Each round ran every engine once, in turn, and each run's ratio is to the vanilla run of the
+same round; the summary keeps the median and the [min, max] of those per-round figures.
+Example, three rounds of Clover at batch 1: ratios 1.00, 1.07, 1.05 -> 1.05, range
+[1.00, 1.07]. Acceptance is pooled (all rounds' accepted tokens over all their drafts), and
+equal_prompts summed over rounds.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+MEDIANS = ("tokens_per_second", "ratio_to_vanilla", "seconds_per_step")
+OPTIONAL_MEDIANS = ("tau", "drafting_overhead", "drafting_share", "step_time_ratio")
+SUMS = ("num_prompts", "output_tokens", "drafts", "draft_tokens", "accepted", "steps")
+
+
+def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Summary rows, in the order their configurations first appear in ``rows``."""
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for row in rows:
+        key = (row["method"], row["engine_mode"], row["batch_size"], row["temperature"])
+        groups.setdefault(key, []).append(row)
+    return [_summary_row(runs) for runs in groups.values()]
+
+
+def _summary_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    first = runs[0]
+    row = {
+        name: first[name] for name in ("method", "kind", "engine_mode", "batch_size", "temperature")
+    }
+    row["speculative_config"] = first["speculative_config"]
+    row["rounds"] = len(runs)
+    for name in MEDIANS + OPTIONAL_MEDIANS:
+        values = [r[name] for r in runs if r.get(name) is not None]
+        row[name] = statistics.median(values) if values else None
+        row[f"{name}_range"] = [min(values), max(values)] if values else None
+    for name in SUMS:
+        row[name] = sum(r[name] for r in runs)
+    per_pos = [sum(col) for col in zip(*(_padded(r, runs) for r in runs), strict=True)]
+    row["accepted_per_pos"] = per_pos
+    row["acceptance_rates"] = [n / row["drafts"] for n in per_pos] if row["drafts"] else []
+    if all("equal_prompts" in r for r in runs):
+        row["equal_prompts"] = sum(r["equal_prompts"] for r in runs)
+        row["equal_to_vanilla"] = row["equal_prompts"] / row["num_prompts"]
+    return row
+
+
+def _padded(row: dict[str, Any], runs: list[dict[str, Any]]) -> list[int]:
+    size = max(len(r["accepted_per_pos"]) for r in runs)
+    return list(row["accepted_per_pos"]) + [0] * (size - len(row["accepted_per_pos"]))
