@@ -342,16 +342,23 @@ def server_speculation(metrics_text: str, server_log: str) -> Speculation:
     )
 
 
-def assert_clover_speculated(spec: Speculation, k: int | None = None) -> None:
+def assert_clover_speculated(spec: Speculation, k: int | None = None, fixed: bool = False) -> None:
     """Clover was the drafter, it drafted, and the target accepted some of its drafts.
 
-    With k: every verification step carried k drafts per request (a fixed K).
+    With k: no request was ever given more than k drafts, and the shipped heads' confidence
+    stop (their draft_confidence) cut some chains short of k. With fixed: every verification
+    step carried exactly k drafts per request (heads without thresholds, or turned off).
     """
     assert spec.drafter == "CloverProposer", f"drafted with {spec.drafter!r}, not Clover"
     assert spec.drafts > 0, f"Clover never drafted: {spec}"
     assert spec.accepted > 0, f"no Clover draft was accepted: {spec}"
-    if k is not None:
+    if k is None:
+        return
+    if fixed:
         assert spec.draft_tokens == k * spec.drafts, f"not {k} drafts per step: {spec}"
+        return
+    assert spec.draft_tokens < k * spec.drafts, f"no chain was cut short of {k}: {spec}"
+    assert max(spec.drafts_by_length, default=0) <= k, f"more than {k} drafts: {spec}"
 
 
 def greedy_with_and_without_clover(

@@ -72,15 +72,17 @@ def test_greedy_output_equals_vanilla(
 def test_float32_draft_scoring_on_request(
     reference_target, clover_heads, mtbench_path, vanilla_tokens, monkeypatch
 ):
+    """float32 draft rows, and the checkpoint's draft_confidence turned off (0): fixed K."""
     monkeypatch.setenv("CLOVER_DRAFT_DTYPE", "float32")
     spec = {"method": "clover", "model": str(clover_heads), "num_speculative_tokens": 4}
+    spec["draft_confidence"] = 0
     with in_process_llm(reference_target, speculative_config=spec, max_num_seqs=4) as llm:
         ((rows_dtype, _),) = set(llm.collective_rpc(_drafter_facts))
         outputs = _tokens(llm.chat(_chats(mtbench_path, 8), _greedy(48), use_tqdm=False))
         stats = speculation(llm)
     assert rows_dtype == "torch.float32"
     assert outputs == vanilla_tokens[:8]
-    assert_clover_speculated(stats, k=4)
+    assert_clover_speculated(stats, k=4, fixed=True)
 
 
 def test_64_requests_at_once_equal_vanilla(reference_target, shipped_heads, mtbench_path):
