@@ -54,7 +54,7 @@ def test_bench_runs_every_method_and_writes_complete_results(clover_heads, tmp_p
     ]
     code = f"from vllm_clover.cli import main; import sys; sys.exit(main({args!r}))"
     output = run_python(f"if __name__ == '__main__':\n    {code}", timeout=1800)
-    assert "| method | batch | T |" in output  # the table is printed too
+    assert "| method | engine | batch | T |" in output  # the table is printed too
 
     report = json.loads((out / "results.json").read_text())
     assert report["command"].startswith("vllm-clover bench --batch-sizes 1 2")
