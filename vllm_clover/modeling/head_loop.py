@@ -203,15 +203,17 @@ class HeadLoop(nn.Module):
             else:
                 best, prob = tables.best_draft(z, rows)  # (M,), (M,)
                 alive &= prob >= min_confidence[i]
-            drafts.append(tables.draft_to_target(best).long().masked_fill(~alive, -1))
+            ids = tables.draft_to_target(best)  # (M,) target ids
+            drafts.append(ids if min_confidence is None else ids.masked_fill(~alive, -1))
             if min_confidence is not None and not bool(alive.any()):
                 break
             if table is not None:
                 kv = F.embedding(best, table)  # (M, 2D)
             else:
-                prev = tables.draft_to_target(best)  # (M,) target ids
-        out = torch.full((t0.shape[0], num_steps), -1, dtype=torch.long, device=t0.device)
-        out[:, : len(drafts)] = torch.stack(drafts, dim=-1)
+                prev = ids
+        out = torch.stack(drafts, dim=-1).long()  # (M, steps drafted)
+        if out.shape[-1] < num_steps:  # every chain stopped early
+            out = F.pad(out, (0, num_steps - out.shape[-1]), value=-1)
         return out  # (M, num_steps)
 
     def regressive_table(self, tables: TargetTables) -> torch.Tensor | None:
