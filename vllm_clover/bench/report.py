@@ -51,7 +51,9 @@ DEFINITIONS = {
 }
 
 
-def run_row(job: Any, temperature: float, run: Run, vanilla: Run, engine: dict[str, Any]):
+def run_row(
+    job: Any, temperature: float, run: Run, vanilla: Run, engine: dict[str, Any]
+) -> dict[str, Any]:
     """All figures of one timed run of EngineJob `job`, with its ratios to `vanilla`."""
     method, counters = job.method, run.counters
     is_spec = method.kind != "vanilla"

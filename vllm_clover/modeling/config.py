@@ -44,8 +44,8 @@ class CloverConfig(PretrainedConfig):
         draft_confidence: one threshold per head, in [0, 1]: a request's draft chain
             stops at the first head whose best token has a lower probability (the head's
             softmax over the draft vocabulary); None = always draft K tokens. Calibrated
-            on held-out data by ``vllm-clover calibrate``; ``speculative_config`` may
-            override it (docs/serving.md).
+            on held-out data by ``vllm-clover eval-heads --draft-token-cost``;
+            ``speculative_config["draft_confidence"]`` overrides it (docs/heads.md).
         intermediate_size, num_attention_heads, num_key_value_heads, head_dim,
         rms_norm_eps, rope_theta, max_position_embeddings, hidden_act,
         attention_bias, qkv_bias: shape of the augmenting decoder layers, copied
@@ -142,10 +142,8 @@ class CloverConfig(PretrainedConfig):
                 f"got {self.draft_vocab_size}",
             )
         if self.draft_confidence is not None:
-            _require(
-                check_confidence(self.draft_confidence, self.num_heads) == "",
-                f"draft_confidence: {check_confidence(self.draft_confidence, self.num_heads)}",
-            )
+            problem = check_confidence(self.draft_confidence, self.num_heads)
+            _require(not problem, f"draft_confidence: {problem}")
         _require(
             self.target_hidden_size == self.hidden_size,
             f"target_hidden_size={self.target_hidden_size} != hidden_size={self.hidden_size}",

@@ -125,11 +125,11 @@ class VocabParallelTables(TargetTables):
             best = scores.argmax(dim=-1)  # (M,) first maximum = lowest id among ties
             score = scores.gather(-1, best[:, None]).squeeze(-1)
             index = self.first_draft_index + best
-            lse = torch.logsumexp(scores, dim=-1) if with_lse else score
-        else:  # this rank holds no draft row
+            lse = torch.logsumexp(scores, dim=-1) if with_lse else None
+        else:  # this rank holds no draft row: -inf, as the logsumexp of no row
             score = z.new_full(z.shape[:1], float("-inf"), dtype=torch.float32)
             index = torch.zeros(z.shape[:1], dtype=torch.long, device=z.device)
-            lse = score.clone()
+            lse = score
         world = dist.get_world_size(self.group)
         local = (score, index, lse) if with_lse else (score, index)
         gathered = [[torch.empty_like(t) for _ in range(world)] for t in local]

@@ -13,9 +13,9 @@ Layout under the cache root (default ``<vllm-clover cache>/hidden-states``)::
 vocab size, and the argmax's rows when not the whole vocabulary). A sequence's key is the
 sha256 of its token ids, so tokenizer, chat template, data file and max length are all
 covered: different tokens are a different key, and a different target or teacher precision
-is a different folder. A stale entry can therefore
-never be hit. Shards are written to a temp file and renamed, so a crash or a full disk never
-leaves a shard that looks complete; rank r of a distributed run writes its own shards.
+is a different folder. A stale entry can therefore never be hit. Shards are written to a
+temp file and renamed, so a crash or a full disk never leaves a shard that looks complete;
+rank r of a distributed run writes its own shards.
 """
 
 from __future__ import annotations

@@ -192,7 +192,7 @@ class EvalConfig:
     draft_token_cost: float | None = opt(
         None,
         "calibrate per-head draft-confidence thresholds for this price of one verified "
-        "draft, in accepted tokens (e.g. 0.1; see docs/serving.md)",
+        "draft, in accepted tokens (e.g. 0.1; see docs/heads.md)",
     )
     write_confidence: bool = opt(
         False, "store the calibrated thresholds in each checkpoint's config.json"
