@@ -317,6 +317,11 @@ def speculation(llm) -> Speculation:
     )
 
 
+def goodput_budget(llm):
+    """The scheduler's GoodputController of an `in_process_llm` (None where K is fixed)."""
+    return llm.llm_engine.engine_core.engine_core.scheduler.clover_budget
+
+
 def server_speculation(metrics_text: str, server_log: str) -> Speculation:
     """The same from a server's /metrics text and its log (the drafter is named in the log)."""
 

@@ -112,6 +112,7 @@ def test_greedy_output_equals_vanilla_with_drafts_accepted(workspace, heads):
         ids = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)
         prompts.append({"prompt_token_ids": list(getattr(ids, "input_ids", ids))})
     spec = {"method": "clover", "model": str(heads), "num_speculative_tokens": 3}
+    spec["draft_budget"] = "fixed"
     expected, got, stats = greedy_with_and_without_clover(
         workspace["target"], spec, prompts, MAX_TOKENS, max_num_seqs=8, max_model_len=256
     )

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from helpers import assert_clover_speculated, in_process_llm, speculation
+from helpers import assert_clover_speculated, goodput_budget, in_process_llm, speculation
 from vllm_clover.assets.data import mtbench_questions
 
 pytestmark = pytest.mark.engine
@@ -60,22 +60,24 @@ def test_greedy_output_equals_vanilla(
     ) as llm:
         ((rows_dtype, draft_layers),) = set(llm.collective_rpc(_drafter_facts))
         outputs = _tokens(llm.chat(_chats(mtbench_path, num_prompts), _greedy(48), use_tqdm=False))
-        stats = speculation(llm)
+        stats, budget = speculation(llm), goodput_budget(llm)
     assert outputs == vanilla_tokens[:num_prompts]
     assert_clover_speculated(stats, k=k)
     assert len(stats.accepted_per_pos) == k and stats.max_requests == min(max_num_seqs, 16)
     has_block = json.loads((shipped_heads / "config.json").read_text())["use_augmenting_block"]
     assert (draft_layers > 0) == has_block
     assert rows_dtype == "torch.int8"  # the CPU default ("auto")
+    assert budget is not None and budget.steps > 0  # the default: K chosen per step
 
 
 def test_float32_draft_scoring_on_request(
     reference_target, clover_heads, mtbench_path, vanilla_tokens, monkeypatch
 ):
-    """float32 draft rows, and the checkpoint's draft_confidence turned off (0): fixed K."""
+    """float32 draft rows, the checkpoint's draft_confidence turned off (0), K fixed: every
+    step drafts 4 per request."""
     monkeypatch.setenv("CLOVER_DRAFT_DTYPE", "float32")
     spec = {"method": "clover", "model": str(clover_heads), "num_speculative_tokens": 4}
-    spec["draft_confidence"] = 0
+    spec.update(draft_confidence=0, draft_budget="fixed")
     with in_process_llm(reference_target, speculative_config=spec, max_num_seqs=4) as llm:
         ((rows_dtype, _),) = set(llm.collective_rpc(_drafter_facts))
         outputs = _tokens(llm.chat(_chats(mtbench_path, 8), _greedy(48), use_tqdm=False))

@@ -90,7 +90,8 @@ def vanilla(reference_target, features):
 
 def _spec(heads) -> dict:
     k = json.loads((heads / "config.json").read_text())["num_heads"]
-    return {"method": "clover", "model": str(heads), "num_speculative_tokens": k}
+    fixed = {"draft_budget": "fixed"}  # every step drafts, so every feature meets drafts
+    return {"method": "clover", "model": str(heads), "num_speculative_tokens": k, **fixed}
 
 
 @pytest.fixture(scope="module")

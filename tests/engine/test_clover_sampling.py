@@ -94,6 +94,7 @@ def clover_samples(reference_target, shipped_heads) -> tuple[dict[str, list], ob
     speculation."""
     k = json.loads((shipped_heads / "config.json").read_text())["num_heads"]
     spec = {"method": "clover", "model": str(shipped_heads), "num_speculative_tokens": k}
+    spec["draft_budget"] = "fixed"  # drafts at every step, at batch 64 too: the test's power
     with in_process_llm(reference_target, speculative_config=spec, max_num_seqs=64) as llm:
         samples = {name: _sample(llm, NUM_SAMPLES, 1.0, **s) for name, s in SAMPLERS.items()}
         return samples, speculation(llm), k

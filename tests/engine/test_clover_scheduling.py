@@ -10,10 +10,11 @@ prompts, which is batch invariant in float32 (test_reference_generation.py check
 """
 
 import json
+from collections import Counter
 
 import pytest
 
-from helpers import assert_clover_speculated, in_process_llm, speculation
+from helpers import assert_clover_speculated, goodput_budget, in_process_llm, speculation
 from vllm_clover.assets.data import mtbench_questions
 
 pytestmark = pytest.mark.engine
@@ -79,9 +80,15 @@ def _num_heads(heads) -> int:
 
 @pytest.fixture(scope="module")
 def clover_spec(shipped_heads):
-    """Each shipped configuration, drafting as many tokens as it has heads."""
+    """Each shipped configuration, drafting up to as many tokens as it has heads at every
+    step (draft_budget "fixed"), so that each feature below meets drafts at every step."""
     k = _num_heads(shipped_heads)
-    return {"method": "clover", "model": str(shipped_heads), "num_speculative_tokens": k}
+    return {
+        "method": "clover",
+        "model": str(shipped_heads),
+        "num_speculative_tokens": k,
+        "draft_budget": "fixed",
+    }
 
 
 def test_prefix_caching_with_shared_prefixes(reference_target, clover_spec, cases):
@@ -189,6 +196,30 @@ def test_dynamic_speculation_down_to_k_zero(reference_target, clover_spec, cases
     assert outputs == expected
     assert {0, 2, k} <= set(stats.steps_by_k), stats.steps_by_k
     assert stats.drafts > 0 and stats.accepted > 0 and stats.drafter == "CloverProposer"
+
+
+def test_goodput_budget_drafts_alone_and_stops_under_load(reference_target, clover_spec, cases):
+    """The default draft budget, in one engine: 16 requests at once, then four alone. Under
+    load no K pays on this CPU, so the controller must choose K = 0 there; alone, drafting
+    pays, so it must draft. Outputs equal vanilla throughout, and one step verifies chains of
+    different lengths (the confidence stop within the chosen K)."""
+    prompts, params, expected = cases["plain"]
+    spec = {key: value for key, value in clover_spec.items() if key != "draft_budget"}
+    with in_process_llm(reference_target, speculative_config=spec, max_num_seqs=16) as llm:
+        together = _generate(llm, prompts, params)
+        alone = [_generate(llm, [prompt], params[:1])[0] for prompt in prompts[:4]]
+        stats, budget = speculation(llm), goodput_budget(llm)
+        picks = budget.log.k_by_batch()
+    assert together == expected and alone == expected[:4]
+    loaded = Counter()
+    for batch, ks in picks.items():
+        if batch >= 8:
+            loaded.update(ks)
+    assert loaded[0] > sum(loaded.values()) / 2, picks  # K = 0 chosen under load
+    assert sum(n for k, n in picks[1].items() if k > 0) > sum(picks[1].values()) / 2, picks
+    assert stats.steps_by_k.get(0, 0) > 0 and len(stats.steps_by_k) > 1, stats.steps_by_k
+    assert sum(1 for n, c in stats.drafts_by_length.items() if n > 0 and c > 0) > 1, stats
+    assert_clover_speculated(stats)
 
 
 def test_confidence_stop_drafts_per_request_lengths(reference_target, clover_spec, cases):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from helpers import tiny_config
-from vllm_clover.integration.checks import resolve_draft_confidence
+from vllm_clover.integration.checks import resolve_draft_budget, resolve_draft_confidence
 from vllm_clover.modeling.checkpoint import CloverCheckpointError
 
 pytestmark = pytest.mark.unit
@@ -39,3 +39,21 @@ def test_a_bad_setting_names_the_problem(override, message) -> None:
     config = tiny_config(use_augmenting_block=False, num_heads=3)
     with pytest.raises(CloverCheckpointError, match=f"draft_confidence {message}"):
         resolve_draft_confidence(override, config)
+
+
+@pytest.mark.parametrize(
+    ("budget", "schedule", "used"),
+    [
+        (None, None, "goodput"),  # the default
+        (None, [[1, 4, 2], [5, 64, 0]], "fixed"),  # a hand-written table is vLLM's, as given
+        ("fixed", None, "fixed"),
+        ("goodput", None, "goodput"),
+    ],
+)
+def test_draft_budget_defaults_to_goodput_unless_a_table_is_given(budget, schedule, used):
+    assert resolve_draft_budget(budget, schedule) == used
+
+
+def test_goodput_with_a_table_names_the_conflict():
+    with pytest.raises(CloverCheckpointError, match="num_speculative_tokens_per_batch_size"):
+        resolve_draft_budget("goodput", [[1, 64, 2]])

@@ -67,3 +67,5 @@ def test_clover_keys_of_speculative_config_are_clover_only():
         CloverStartupError, match=r"\['draft_confidence'\] apply to method 'clover'"
     ):
         SpeculativeConfig(method="ngram", num_speculative_tokens=2, draft_confidence=0.3)
+    with pytest.raises(CloverStartupError, match=r"\['draft_budget'\] apply to method 'clover'"):
+        SpeculativeConfig(method="ngram", num_speculative_tokens=2, draft_budget="fixed")

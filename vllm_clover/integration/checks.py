@@ -104,3 +104,19 @@ def resolve_draft_confidence(
     if problem:
         raise CloverCheckpointError(f"speculative_config draft_confidence {problem}")
     return [float(x) for x in thresholds] if any(x > 0 for x in thresholds) else None
+
+
+def resolve_draft_budget(budget: str | None, schedule: object) -> str:
+    """How a Clover engine picks each step's K: "goodput" (the default: the scheduler's
+    `GoodputController` maximises predicted tokens per second, K = 0 included) or "fixed"
+    (K = num_speculative_tokens, or vLLM's own `num_speculative_tokens_per_batch_size` table
+    when one is given, which then implies "fixed"). ValueError for "goodput" with a table.
+    """
+    if budget == "goodput" and schedule:
+        raise CloverCheckpointError(
+            'speculative_config draft_budget "goodput" chooses K itself; drop it or '
+            'num_speculative_tokens_per_batch_size (a hand-written table means "fixed")'
+        )
+    if budget is None:
+        return "fixed" if schedule else "goodput"
+    return budget

@@ -30,6 +30,7 @@ per process (vLLM runs the plugin in every process, sometimes twice) and marked.
 | medusa_token_map    | patch    | vLLM reports `token_map` as loaded                  |
 | http_shutdown_grace | patch    | vLLM sets uvicorn's graceful-shutdown timeout       |
 | zero_draft_sampling | patch    | the rejection sampler skips unused copies           |
+| goodput_budget      | patch    | vLLM chooses K from measured goodput                |
 | proposer_*          | override, relies | CloverProposer is an EagleProposer          |
 | draft_model_layers  | relies   | (vLLM layers inside CloverDraftModel)               |
 | drafting_timer      | hook     | vLLM times drafting itself                          |
@@ -40,7 +41,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from vllm_clover.integration.patches import fixes, method
+from vllm_clover.integration.patches import fixes, method, scheduling
 
 READ_FROM = "0.32.0"  # the vLLM release every fingerprint below was read from
 
@@ -49,6 +50,7 @@ BASE = "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer"
 RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
 LLAMA = "vllm.model_executor.models.llama"
 LAYERS = "vllm.model_executor.layers"
+SCHEDULER = "vllm.v1.core.sched.scheduler:Scheduler"
 
 
 @dataclass(frozen=True)
@@ -82,7 +84,7 @@ PATCHES = (
         "clover_fields",
         "patch",
         "SpeculativeConfig is a closed pydantic dataclass: Clover's own keys "
-        "(draft_confidence) would be refused as unexpected",
+        "(draft_confidence, draft_budget) would be refused as unexpected",
         "patches/method.py",
         {"vllm.engine.arg_utils:EngineArgs.create_speculative_config": "489aa2fc045a"},
         apply=method.patch_clover_fields,
@@ -184,6 +186,24 @@ PATCHES = (
             "vllm.v1.sample.rejection_sampler:RejectionSampler.forward": "c82e51bdd5a8",
         },
         apply=fixes.patch_zero_draft_sampling,
+    ),
+    Entry(
+        "goodput_budget",
+        "patch",
+        "the scheduler's per-step K comes only from a hand-written batch-size table "
+        "(dynamic_sd_lookup); Clover's default asks a GoodputController, timed and taught "
+        "from each step's output",
+        "patches/scheduling.py",
+        {
+            f"{SCHEDULER}.__init__": "c02680245672",
+            f"{SCHEDULER}.schedule": "da4f2cf2fc39",
+            f"{SCHEDULER}.update_from_output": "85b29db96051",
+            "vllm.v1.core.sched.output:SchedulerOutput": "97fb4463a2ed",
+            "vllm.v1.outputs:ModelRunnerOutput": "b936f7c6940f",
+            "vllm.v1.engine.core:EngineCore.step": "a02d17986fb7",
+        },
+        attributes=("dynamic_sd_lookup",),
+        apply=scheduling.patch_goodput_budget,
     ),
 )
 

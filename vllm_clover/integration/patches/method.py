@@ -43,6 +43,7 @@ def patch_method_literal() -> None:
 # refused as an unexpected keyword without them.
 CLOVER_FIELDS: dict[str, tuple[object, object]] = {
     "draft_confidence": (float | list[float] | None, None),
+    "draft_budget": (Literal["goodput", "fixed"] | None, None),
 }
 
 
@@ -75,6 +76,7 @@ def _clover_post_init(original: Callable) -> Callable:
             CloverStartupError,
             check_clover_spec,
             is_clover_checkpoint,
+            resolve_draft_budget,
             resolve_draft_confidence,
         )
 
@@ -104,6 +106,9 @@ def _clover_post_init(original: Callable) -> Callable:
             self.num_speculative_tokens = config.num_heads
         try:
             self.draft_confidence = resolve_draft_confidence(self.draft_confidence, config)
+            self.draft_budget = resolve_draft_budget(
+                self.draft_budget, self.num_speculative_tokens_per_batch_size
+            )
         except ValueError as err:
             raise CloverStartupError(str(err)) from None
         # vLLM builds the draft ModelConfig (dtype, max_model_len, parallelism) for a

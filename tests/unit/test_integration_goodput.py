@@ -1,0 +1,165 @@
+"""GoodputController: the step-cost fit, the acceptance counters and the K they choose,
+on simulated engines whose true costs and acceptance are known."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from vllm_clover.integration.goodput import (
+    AcceptanceModel,
+    GoodputConfig,
+    GoodputController,
+    StepCostModel,
+    _hats,
+    _warmup_k,
+    cost_knots,
+    nonnegative_least_squares,
+)
+
+pytestmark = pytest.mark.unit
+
+
+def cpu_like_step(tokens: float, k: int, batch: int) -> float:
+    """A step that is memory-bound up to 8 tokens, then compute-bound; 3 ms + 0.1 ms per
+    request for each head step, 1 ms to start drafting at all."""
+    forward = 0.030 + 0.0025 * max(0.0, tokens - 8)
+    return forward + (0.001 if k else 0.0) + k * (0.003 + 0.0001 * batch)
+
+
+def simulate(controller, acceptance, step_time, batches, steps=800, seed=0, noise=0.03):
+    """Run the controller on a simulated engine: each step, every request verifies the
+    drafts made under the previous K (drafting all, accepting a prefix with the given
+    per-position conditional acceptance), and the step takes step_time * (1 +- noise)."""
+    rng = random.Random(seed)
+    k_prev = controller.config.max_k
+    for step in range(steps):
+        batch = batches[step % len(batches)]
+        k = controller.choose(batch)
+        verified, tokens = [], batch
+        for _ in range(batch):
+            accepted = 0
+            while accepted < k_prev and rng.random() < acceptance[accepted]:
+                accepted += 1
+            verified.append((k_prev, accepted))
+            tokens += k_prev
+        seconds = step_time(tokens, k, batch) * (1 + noise * (2 * rng.random() - 1))
+        controller.observe_step(seconds, tokens, k, batch, verified)
+        k_prev = k
+    return controller
+
+
+def test_knots_and_hats_interpolate_linearly():
+    knots = cost_knots(8)
+    assert knots.tolist() == [1, 2, 4, 8]
+    assert _hats(knots, 3).tolist() == [0, 0.5, 0.5, 0]  # f(3) = (f(2) + f(4)) / 2
+    assert _hats(knots, 16).tolist() == [0, 0, -2, 3]  # f(8) + 2 (f(8) - f(4)): the line goes on
+
+
+def test_warmup_visits_every_k_extremes_first():
+    assert [_warmup_k(s, 4) for s in range(5)] == [4, 0, 3, 1, 2]
+    assert sorted(_warmup_k(s, 3) for s in range(4)) == [0, 1, 2, 3]
+
+
+def test_acceptance_counts_follow_the_docstring_example():
+    model = AcceptanceModel(GoodputConfig(max_k=3, acceptance_memory=1.0))
+    model.offered[:], model.drafted[:], model.accepted[:] = 0, 0, 0  # no prior
+    model.observe([(3, 2, 1)])
+    assert model.offered.tolist() == [1, 1, 1]
+    assert model.drafted.tolist() == [1, 1, 0]
+    assert model.accepted.tolist() == [1, 0, 0]
+
+
+def test_nonnegative_least_squares_matches_the_unconstrained_fit_when_it_is_positive():
+    rng = np.random.default_rng(0)
+    a = rng.random((30, 4))
+    y = a @ np.array([1.0, 2.0, 0.5, 3.0])
+    assert nonnegative_least_squares(a.T @ a, a.T @ y) == pytest.approx([1.0, 2.0, 0.5, 3.0])
+    y = a @ np.array([1.0, -2.0, 0.5, 3.0])  # the best x >= 0 pins the second to 0
+    x = nonnegative_least_squares(a.T @ a, a.T @ y)
+    assert x[1] == 0 and (x >= 0).all()
+    gradient = a.T @ y - a.T @ a @ x  # KKT: no feasible direction lowers the loss
+    assert np.abs(gradient[x > 0]).max() < 1e-9 and (gradient[x == 0] <= 1e-9).all()
+
+
+def test_cost_model_recovers_a_known_linear_cost():
+    config = GoodputConfig(max_k=4, max_tokens=256, cost_memory=1.0)
+    model = StepCostModel(config)
+    rng = random.Random(1)
+    for _ in range(400):
+        tokens, k, batch = rng.randint(1, 256), rng.randint(0, 4), rng.randint(1, 64)
+        model.observe(
+            0.01 + 0.001 * tokens + 0.002 * (k > 0) + k * (0.003 + 0.0002 * batch), tokens, k, batch
+        )
+    *_, g, c, e = model.knot_values()
+    assert (g, c, e) == pytest.approx((0.002, 0.003, 0.0002), rel=0.05)
+    assert model.predict(100, 0, 16) == pytest.approx(0.11, rel=0.02)
+
+
+def test_drafting_prices_are_never_negative_and_f_never_falls():
+    """Step times that fall with K (noise, a lucky run) must not make drafting look free
+    money, nor a noisy knot make more tokens look cheaper: the fit pins those to 0."""
+    model = StepCostModel(GoodputConfig(max_k=2, max_tokens=16, cost_memory=1.0))
+    for tokens in range(1, 17):
+        for k in range(3):
+            model.observe(0.05 + 0.001 * tokens - 0.002 * k, tokens, k, 4)
+    model.observe(0.01, 8, 0, 8)  # an outlier: 8 tokens far faster than 4
+    values = model.knot_values()
+    assert (np.diff(values[: len(model.knots)]) >= 0).all()
+    assert (model.coefficients() >= 0).all()
+
+
+def test_speculates_at_batch_one_and_not_at_batch_64_on_a_cpu_like_engine():
+    controller = GoodputController(GoodputConfig(max_k=4, max_tokens=2048))
+    simulate(controller, (0.35, 0.25, 0.2, 0.15), cpu_like_step, [1, 2, 4, 16, 64])
+    assert controller.best_k(1) >= 1
+    assert controller.best_k(64) == 0
+    picked = controller.log.k_by_batch()
+    assert picked[64].get(0, 0) > 0.9 * sum(picked[64].values())
+    assert controller.log.explored and sum(controller.log.warmup.values()) == 10
+
+
+def test_chosen_k_is_the_best_k_of_the_true_costs():
+    """The controller's pick earns at least 97% of the goodput of the best fixed K, per
+    batch size, evaluated with the simulator's true costs and acceptance."""
+    acceptance = (0.6, 0.5, 0.4, 0.3)
+    controller = GoodputController(GoodputConfig(max_k=4, max_tokens=2048))
+    simulate(controller, acceptance, cpu_like_step, [1, 2, 4, 8, 16, 32], steps=1200)
+    survive = np.cumprod(acceptance)  # P(first i+1 drafts accepted)
+    for batch in (1, 4, 16, 32):
+        true = [
+            batch * (1 + survive[:k].sum()) / cpu_like_step(batch * (1 + k), k, batch)
+            for k in range(5)
+        ]
+        assert true[controller.best_k(batch)] >= 0.97 * max(true), (batch, true)
+
+
+def test_never_drafts_when_drafts_are_never_accepted():
+    controller = GoodputController(GoodputConfig(max_k=3, max_tokens=512))
+    simulate(controller, (0.0, 0.0, 0.0), cpu_like_step, [1, 4])
+    assert controller.best_k(1) == controller.best_k(4) == 0
+
+
+def test_exploration_rate_and_reproducibility():
+    runs = [
+        simulate(
+            GoodputController(GoodputConfig(max_k=2, max_tokens=64, seed=7)),
+            (0.5, 0.5),
+            cpu_like_step,
+            [2],
+            steps=400,
+        )
+        for _ in range(2)
+    ]
+    assert runs[0].log == runs[1].log  # same seed, same decisions
+    explored = sum(runs[0].log.explored.values())
+    assert 0.02 * 394 < explored < 0.12 * 394  # about 1 in 16 after the 6 warm-up steps
+
+
+def test_config_refuses_nonsense():
+    with pytest.raises(ValueError, match="max_k"):
+        GoodputConfig(max_k=0)
+    with pytest.raises(ValueError, match="explore"):
+        GoodputConfig(max_k=2, explore=1.0)

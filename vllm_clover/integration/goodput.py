@@ -1,0 +1,291 @@
+"""Goodput-driven draft budget: how many tokens a speculative step may draft, chosen per step.
+
+Speculation trades compute for steps. Whether the trade pays depends on the batch: at batch 1
+a step on this CPU is mostly fixed cost and four more tokens are nearly free; at batch 64 the
+target is compute-bound and every drafted token costs as much as a decoded one. A hand-written
+batch-size -> K table (vLLM's `num_speculative_tokens_per_batch_size`) encodes one machine,
+one model and one acceptance rate; `GoodputController` measures all three while serving.
+
+For a step of B requests it predicts, for every K in 0..K_max,
+
+    tokens(K) = B * (1 + A(K))           A(K) = sum_{i<K} a_i, a_i: accepted drafts at
+                                                position i per request offered >= i+1 drafts
+    time(K)   = f(B * (1 + D(K)))        D(K) = sum_{i<K} d_i, d_i: drafted at position i
+                + g * [K > 0] + K * (c + e * B)          (the confidence stop makes d_i < 1)
+
+and drafts with the K of the highest tokens(K) / time(K); K = 0 when no K beats not drafting.
+f (the target's forward, sampling and bookkeeping for N scheduled tokens) is a piecewise-
+linear function of N on knots 1, 2, 4, ...; g, c, e price the head loop. `StepCostModel` fits
+them to the measured step times by exponentially weighted least squares, `AcceptanceModel`
+keeps a_i and d_i from the verified drafts. A share of steps (`explore`) tries a random K so
+that the costs and acceptance of the Ks not chosen stay measured.
+
+Worked example (illustrative figures, not measurements): f(1) = 30 ms, f(2) = 31.5 ms,
+f(5) = 36 ms, f(16) = 60 ms, f(32) = 96 ms, each head step 3 ms (g = e = 0), a = (0.3, 0.1,
+0.04, 0.01), d = (1, 1, 1, 1). Batch 1: K=0 -> 1 / 30 ms = 33 tok/s; K=1 -> 1.3 / (31.5 + 3)
+ms = 38 tok/s; K=4 -> 1.45 / (36 + 12) ms = 30 tok/s: K = 1. Batch 16: K=0 -> 16 / 60 ms =
+267 tok/s; K=1 -> 20.8 / (96 + 3) ms = 210 tok/s: K = 0.
+
+Pure Python and NumPy: the vLLM side (`patches/scheduling.py`) feeds it from the scheduler.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class GoodputConfig:
+    """How the controller learns; the defaults suit any engine, none needs tuning."""
+
+    max_k: int  # the most drafts per request (num_speculative_tokens)
+    max_tokens: int = 8192  # the largest step (max_num_batched_tokens): the last cost knot
+    explore: float = 1 / 16  # share of steps that try a uniformly random K in 0..max_k
+    warmup_steps: int = 0  # first steps cycle K = max_k, 0, max_k - 1, ... (0: 2 * (max_k + 1))
+    cost_memory: float = 0.998  # per-step forgetting of the cost fit (about 500 steps)
+    acceptance_memory: float = 0.995  # per-step forgetting of the acceptance counters
+    smoothness: float = 1e-3  # weight of the prior that f is linear between knots
+    refit_every: int = 4  # steps between refits of the cost model (a fit takes ~0.2 ms)
+    seed: int = 0  # exploration is pseudo-random, reproducible per engine
+
+    def __post_init__(self) -> None:
+        if self.max_k < 1:
+            raise ValueError(f"goodput draft budget needs max_k >= 1, got {self.max_k}")
+        if not 0 <= self.explore < 1:
+            raise ValueError(f"explore must be in [0, 1), got {self.explore}")
+
+    @property
+    def warmup(self) -> int:
+        return self.warmup_steps or 2 * (self.max_k + 1)
+
+
+def cost_knots(max_tokens: int) -> np.ndarray:
+    """Token counts where f is a free value: 1, 2, 4, ... up to the first >= max_tokens."""
+    top = max(1, int(np.ceil(np.log2(max(max_tokens, 2)))))
+    return 2.0 ** np.arange(top + 1)
+
+
+class StepCostModel:
+    """Step time as f(tokens) + g [K > 0] + c K + e K B, fitted online (seconds).
+
+    f is given by its values at the knots (linear interpolation between them, linear
+    extrapolation past the last one), written f_j = f_0 + delta_1 + ... + delta_j so that
+    the fit can keep f non-decreasing: every coefficient (f_0, the deltas, g, c, e) is held
+    >= 0. Example, knots 1, 2, 4, 8: N = 3 -> hats (0, 0.5, 0.5, 0), f(3) = (f(2) + f(4)) / 2
+    = f_0 + delta_1 + delta_2 / 2.
+    """
+
+    def __init__(self, config: GoodputConfig) -> None:
+        self.config = config
+        self.knots = cost_knots(config.max_tokens)
+        size = len(self.knots) + 3
+        self.xtx = np.zeros((size, size))
+        self.xty = np.zeros(size)
+        # [size, size]: knot values and drafting prices from (f_0, deltas, g, c, e)
+        self.to_values = np.eye(size)
+        self.to_values[: len(self.knots), : len(self.knots)] = np.tril(
+            np.ones((len(self.knots),) * 2)
+        )
+        penalty = _curvature_penalty(self.knots, size)
+        self.penalty = config.smoothness * self.to_values.T @ penalty @ self.to_values
+        self.observations = 0
+        self._fitted_at = 0  # observations when last fitted
+        self._coef: np.ndarray | None = None
+
+    def features(self, tokens: float, k: int, batch: int) -> np.ndarray:
+        x = np.zeros(len(self.knots) + 3)
+        x[: len(self.knots)] = _hats(self.knots, tokens)
+        x[-3:] = (1.0 if k > 0 else 0.0, k, k * batch)
+        return x @ self.to_values
+
+    def observe(self, seconds: float, tokens: int, k: int, batch: int) -> None:
+        x = self.features(tokens, k, batch)
+        memory = self.config.cost_memory
+        self.xtx = memory * self.xtx + np.outer(x, x)
+        self.xty = memory * self.xty + seconds * x
+        self.observations += 1
+
+    def coefficients(self) -> np.ndarray:
+        """[f_0, delta_1, ..., g, c, e], all >= 0 (refitted every `refit_every` steps)."""
+        if self._coef is None or self.observations - self._fitted_at >= self.config.refit_every:
+            self._coef = nonnegative_least_squares(self.xtx + self.penalty, self.xty)
+            self._fitted_at = self.observations
+        return self._coef
+
+    def knot_values(self) -> np.ndarray:
+        """[f at each knot, g, c, e] in seconds."""
+        return self.to_values @ self.coefficients()
+
+    def predict(self, tokens: float, k: int, batch: int) -> float:
+        return float(self.features(tokens, k, batch) @ self.coefficients())
+
+
+class AcceptanceModel:
+    """a_i and d_i per draft position from the verified drafts, with exponential forgetting.
+
+    Each request verified in a step was offered k drafts when they were made (the budget of
+    the step before), drafted n <= k (the confidence stop) and had m <= n accepted. Example,
+    k = 3, n = 2, m = 1: offered (1, 1, 1), drafted (1, 1, 0), accepted (1, 0, 0).
+    A weak prior (one request, a_i = 0.5^(i+1), d_i = 1) stands in until drafts are seen.
+    """
+
+    def __init__(self, config: GoodputConfig) -> None:
+        self.memory = config.acceptance_memory
+        positions = np.arange(config.max_k)
+        self.offered = np.ones(config.max_k)
+        self.drafted = np.ones(config.max_k)
+        self.accepted = 0.5 ** (positions + 1.0)
+
+    def observe(self, verified: list[tuple[int, int, int]]) -> None:
+        """verified: (offered k, drafted n, accepted m) for each request of one step."""
+        for counts in (self.offered, self.drafted, self.accepted):
+            counts *= self.memory
+        for offered, drafted, accepted in verified:
+            self.offered[:offered] += 1
+            self.drafted[:drafted] += 1
+            self.accepted[:accepted] += 1
+
+    def rates(self) -> tuple[np.ndarray, np.ndarray]:
+        """(a, d): per position, accepted and drafted per request offered that position."""
+        return self.accepted / self.offered, self.drafted / self.offered
+
+
+@dataclass
+class BudgetLog:
+    """The controller's decisions (diagnostics, tests and the periodic log line)."""
+
+    chosen: Counter[tuple[int, int]] = field(default_factory=Counter)  # (batch, K) -> steps
+    explored: Counter[int] = field(default_factory=Counter)  # K -> steps tried at random
+    warmup: Counter[int] = field(default_factory=Counter)  # K -> steps of the warm-up cycle
+
+    def k_by_batch(self) -> dict[int, dict[int, int]]:
+        """{batch: {K: steps}} of the decisions the model made (warm-up and exploration
+        excluded)."""
+        table: dict[int, dict[int, int]] = {}
+        for (batch, k), steps in sorted(self.chosen.items()):
+            table.setdefault(batch, {})[k] = steps
+        return table
+
+
+class GoodputController:
+    """Chooses each step's K (`choose`) and learns from each step's outcome (`observe_step`)."""
+
+    def __init__(self, config: GoodputConfig) -> None:
+        self.config = config
+        self.cost = StepCostModel(config)
+        self.acceptance = AcceptanceModel(config)
+        self.log = BudgetLog()
+        self.steps = 0  # choices made
+        self.last_k = config.max_k  # the K of the step observed last (its drafts verify next)
+        self._random = random.Random(config.seed)
+
+    def choose(self, batch: int) -> int:
+        """The K for a step of `batch` requests."""
+        self.steps += 1
+        if self.steps <= self.config.warmup:
+            k = _warmup_k(self.steps - 1, self.config.max_k)
+            self.log.warmup[k] += 1
+        elif self._random.random() < self.config.explore:
+            k = self._random.randint(0, self.config.max_k)
+            self.log.explored[k] += 1
+        else:
+            k = self.best_k(batch)
+            self.log.chosen[(batch, k)] += 1
+        return k
+
+    def best_k(self, batch: int) -> int:
+        """argmax_K predicted tokens per second for `batch` requests (the smallest K on ties)."""
+        goodput = self.predicted_goodput(batch)
+        return int(np.argmax(goodput))
+
+    def predicted_goodput(self, batch: int) -> np.ndarray:
+        """[K_max + 1] predicted tokens per second of a step with K = 0..K_max."""
+        accepted, drafted = (np.concatenate(([0.0], np.cumsum(r))) for r in self.acceptance.rates())
+        goodput = np.zeros(self.config.max_k + 1)
+        for k in range(self.config.max_k + 1):
+            seconds = self.cost.predict(batch * (1 + drafted[k]), k, batch)
+            goodput[k] = batch * (1 + accepted[k]) / max(seconds, 1e-6)
+        return goodput
+
+    def observe_step(
+        self,
+        seconds: float,
+        tokens: int,
+        k: int,
+        batch: int,
+        verified: list[tuple[int, int]],
+    ) -> None:
+        """One executed step: its wall time, scheduled tokens, its K and batch, and for each
+        request that verified drafts made under the previous step's K, (drafted, accepted)."""
+        self.cost.observe(seconds, tokens, k, batch)
+        self.acceptance.observe([(self.last_k, n, m) for n, m in verified])
+        self.last_k = k
+
+    def summary(self) -> str:
+        """One log line: per-position acceptance, and the K the model would pick by batch."""
+        accepted, drafted = self.acceptance.rates()
+        picks = {b: self.best_k(b) for b in (1, 2, 4, 8, 16, 32, 64)}
+        return (
+            f"accepted per position {np.round(accepted, 3).tolist()}, drafted "
+            f"{np.round(drafted, 3).tolist()}; K by batch size {picks}"
+        )
+
+
+def _warmup_k(step: int, max_k: int) -> int:
+    """max_k, 0, max_k - 1, 1, ... : the extremes first, so both ends of the cost are seen."""
+    i = step % (max_k + 1)
+    return max_k - i // 2 if i % 2 == 0 else i // 2
+
+
+def _hats(knots: np.ndarray, tokens: float) -> np.ndarray:
+    """Linear-interpolation weights of `tokens` on `knots` (extrapolating at the ends)."""
+    x = float(min(max(tokens, knots[0]), 4 * knots[-1]))
+    j = int(np.clip(np.searchsorted(knots, x) - 1, 0, len(knots) - 2))
+    w = (x - knots[j]) / (knots[j + 1] - knots[j])
+    hats = np.zeros(len(knots))
+    hats[j], hats[j + 1] = 1 - w, w
+    return hats
+
+
+def _curvature_penalty(knots: np.ndarray, size: int) -> np.ndarray:
+    """P with f^T P f = sum_j (x_j * slope change at knot j)^2: zero for f linear in N, so a
+    knot no step has reached is extrapolated linearly from its neighbours."""
+    rows = []
+    for j in range(1, len(knots) - 1):
+        left, right = 1 / (knots[j] - knots[j - 1]), 1 / (knots[j + 1] - knots[j])
+        row = np.zeros(size)
+        row[j - 1 : j + 2] = knots[j] * np.array([left, -(left + right), right])
+        rows.append(row)
+    diff = np.array(rows)
+    ridge = 1e-6 * np.eye(size)  # keeps every coefficient determined before any data
+    return diff.T @ diff + ridge
+
+
+def nonnegative_least_squares(gram: np.ndarray, rhs: np.ndarray) -> np.ndarray:
+    """argmin_{x >= 0} x^T gram x - 2 rhs^T x (Lawson-Hanson's active set, on the normal
+    equations): coefficients that would go negative are held at 0 and the rest refitted."""
+    size = len(rhs)
+    passive = np.zeros(size, dtype=bool)  # the coefficients free to be > 0
+    x = np.zeros(size)
+    for _ in range(3 * size):
+        gradient = rhs - gram @ x
+        candidates = np.where(~passive & (gradient > 1e-12))[0]
+        if len(candidates) == 0:
+            break
+        passive[candidates[np.argmax(gradient[candidates])]] = True
+        while True:
+            z = np.zeros(size)
+            z[passive] = np.linalg.solve(gram[np.ix_(passive, passive)], rhs[passive])
+            if (z[passive] > 0).all():
+                x = z
+                break
+            blocking = passive & (z <= 0)
+            step = np.min(x[blocking] / (x[blocking] - z[blocking]))
+            x = x + step * (z - x)
+            passive &= x > 1e-15
+            x[~passive] = 0.0
+    return x
