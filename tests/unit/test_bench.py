@@ -322,6 +322,18 @@ def test_methods_and_their_speculative_configs():
         "model": str(REFERENCE_MEDUSA.resolve()),
     }
     assert by_name["ablation"].kind == "clover"
+    assert by_name["clover"].speculative_config()["draft_budget"] == "goodput"  # the default
+
+
+def test_each_draft_budget_is_a_method_of_its_own():
+    methods = resolve_methods(
+        ["clover"], str(REFERENCE_HEADS), "", 4, [f"abl={REFERENCE_HEADS}"], ("goodput", "fixed")
+    )
+    assert [m.name for m in methods] == ["vanilla", "clover", "clover-fixed", "abl", "abl-fixed"]
+    budgets = [m.speculative_config()["draft_budget"] for m in methods[1:]]
+    assert budgets == ["goodput", "fixed", "goodput", "fixed"]
+    with pytest.raises(BenchError, match="--draft-budgets"):
+        resolve_methods(["clover"], str(REFERENCE_HEADS), "", 4, [], ("table",))
 
 
 def test_bad_methods_and_checkpoints(tmp_path):

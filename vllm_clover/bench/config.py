@@ -19,6 +19,9 @@ NGRAM_LOOKUP = {"prompt_lookup_min": 2, "prompt_lookup_max": 4}
 # How the engine runs: in this process, or with vLLM's separate engine-core process (what
 # `LLM(...)` and `vllm serve` give users by default).
 ENGINE_MODES = ("in-process", "multiprocess")
+# How a Clover engine picks each step's K (speculative_config draft_budget); the first is the
+# default. A Clover method runs once per budget asked for, "fixed" named NAME-fixed.
+DRAFT_BUDGETS = ("goodput", "fixed")
 # The evaluation protocol (docs/benchmarks.md), and a few-minute version of it for 2 cores.
 FULL_PRESET = {
     "batch_sizes": (1, 4, 16, 64),
@@ -52,6 +55,7 @@ class Method:
     kind: str  # "vanilla" | "ngram" | "medusa" | "clover"
     model: str | None = None
     num_speculative_tokens: int = 0
+    options: tuple[tuple[str, Any], ...] = ()  # more speculative_config keys
 
     def speculative_config(self) -> dict[str, Any] | None:
         """The `speculative_config` for `vllm.LLM` (None: plain decoding)."""
@@ -63,7 +67,7 @@ class Method:
         }
         if self.kind == "ngram":
             return {**spec, **NGRAM_LOOKUP}
-        return {**spec, "model": self.model}
+        return {**spec, "model": self.model, **dict(self.options)}
 
 
 @dataclass(frozen=True)
@@ -146,8 +150,13 @@ def resolve_methods(
     medusa_heads: str,
     ngram_tokens: int,
     extra_clover: list[str],
+    draft_budgets: tuple[str, ...] = DRAFT_BUDGETS[:1],
 ) -> tuple[Method, ...]:
-    """Methods to run, vanilla first; checkpoints are checked here, not at engine start."""
+    """Methods to run, vanilla first; checkpoints are checked here, not at engine start.
+
+    Each Clover checkpoint runs once per draft budget: ("goodput", "fixed") gives "clover"
+    and "clover-fixed".
+    """
     unknown = [n for n in names if n not in STANDARD_METHODS]
     if unknown:
         raise BenchError(
@@ -161,15 +170,35 @@ def resolve_methods(
     for name in dict.fromkeys(names):
         if name == "ngram":
             methods.append(Method("ngram", "ngram", None, ngram_tokens))
-        elif name in ("medusa", "clover"):
-            folder = medusa_heads if name == "medusa" else clover_heads
-            k = checkpoint_heads(folder, name, name)
-            methods.append(Method(name, name, str(Path(folder).resolve()), k))
+        elif name == "medusa":
+            k = checkpoint_heads(medusa_heads, name, name)
+            methods.append(Method(name, name, str(Path(medusa_heads).resolve()), k))
+        elif name == "clover":
+            methods += _clover_methods(name, clover_heads, "clover", draft_budgets)
     for text in extra_clover:
         name, folder = parse_named_dir(text)
-        k = checkpoint_heads(folder, "clover", f"--clover {name}")
-        methods.append(Method(name, "clover", str(Path(folder).resolve()), k))
+        methods += _clover_methods(name, folder, f"--clover {name}", draft_budgets)
     return tuple(methods)
+
+
+def _clover_methods(
+    name: str, folder: str, label: str, draft_budgets: tuple[str, ...]
+) -> list[Method]:
+    """One Method per draft budget of a Clover checkpoint."""
+    unknown = [b for b in draft_budgets if b not in DRAFT_BUDGETS]
+    if unknown or not draft_budgets:
+        raise BenchError(f"--draft-budgets {unknown}: choose from {', '.join(DRAFT_BUDGETS)}")
+    k = checkpoint_heads(folder, "clover", label)
+    return [
+        Method(
+            name if budget == DRAFT_BUDGETS[0] else f"{name}-{budget}",
+            "clover",
+            str(Path(folder).resolve()),
+            k,
+            (("draft_budget", budget),),
+        )
+        for budget in dict.fromkeys(draft_budgets)
+    ]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -196,6 +225,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--clover-heads", default=str(REFERENCE_HEADS))
     parser.add_argument("--medusa-heads", default=str(REFERENCE_MEDUSA))
     parser.add_argument("--ngram-tokens", type=int, default=4, help="ngram K")
+    parser.add_argument(
+        "--draft-budgets",
+        nargs="+",
+        default=list(DRAFT_BUDGETS[:1]),
+        choices=DRAFT_BUDGETS,
+        help="how Clover picks each step's K: goodput (default: measured, per step) and/or "
+        "fixed (always its K); each Clover method runs once per budget",
+    )
     parser.add_argument(
         "--batch-sizes", type=int, nargs="+", help="max_num_seqs values (default 1 4 16 64)"
     )
@@ -236,7 +273,12 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         if (value := getattr(args, key)) is not None
     }
     methods = resolve_methods(
-        args.methods, args.clover_heads, args.medusa_heads, args.ngram_tokens, args.clover
+        args.methods,
+        args.clover_heads,
+        args.medusa_heads,
+        args.ngram_tokens,
+        args.clover,
+        tuple(args.draft_budgets),
     )
     return BenchConfig(
         methods=methods,
