@@ -118,7 +118,8 @@ def test_speculates_at_batch_one_and_not_at_batch_64_on_a_cpu_like_engine():
     assert controller.best_k(64) == 0
     picked = controller.log.k_by_batch()
     assert picked[64].get(0, 0) > 0.9 * sum(picked[64].values())
-    assert controller.log.explored and sum(controller.log.warmup.values()) == 10
+    assert controller.log.explored and sum(controller.log.warmup.values()) == 5
+    assert set(controller.log.explored) <= {0, 1, 2}  # only next to the best Ks (0 and 1)
 
 
 def test_chosen_k_is_the_best_k_of_the_true_costs():
@@ -155,7 +156,7 @@ def test_exploration_rate_and_reproducibility():
     ]
     assert runs[0].log == runs[1].log  # same seed, same decisions
     explored = sum(runs[0].log.explored.values())
-    assert 0.02 * 394 < explored < 0.12 * 394  # about 1 in 16 after the 6 warm-up steps
+    assert 0.02 * 397 < explored < 0.12 * 397  # about 1 in 16 after the 3 warm-up steps
 
 
 def test_config_refuses_nonsense():

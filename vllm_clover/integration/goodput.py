@@ -17,8 +17,9 @@ and drafts with the K of the highest tokens(K) / time(K); K = 0 when no K beats 
 f (the target's forward, sampling and bookkeeping for N scheduled tokens) is a piecewise-
 linear function of N on knots 1, 2, 4, ...; g, c, e price the head loop. `StepCostModel` fits
 them to the measured step times by exponentially weighted least squares, `AcceptanceModel`
-keeps a_i and d_i from the verified drafts. A share of steps (`explore`) tries a random K so
-that the costs and acceptance of the Ks not chosen stay measured.
+keeps a_i and d_i from the verified drafts. A share of steps (`explore`) tries a K next to
+the best one, so that the model keeps being measured around its choice at a small price;
+Ks further away are priced by the model (its terms are linear in K).
 
 Worked example (illustrative figures, not measurements): f(1) = 30 ms, f(2) = 31.5 ms,
 f(5) = 36 ms, f(16) = 60 ms, f(32) = 96 ms, each head step 3 ms (g = e = 0), a = (0.3, 0.1,
@@ -44,8 +45,8 @@ class GoodputConfig:
 
     max_k: int  # the most drafts per request (num_speculative_tokens)
     max_tokens: int = 8192  # the largest step (max_num_batched_tokens): the last cost knot
-    explore: float = 1 / 16  # share of steps that try a uniformly random K in 0..max_k
-    warmup_steps: int = 0  # first steps cycle K = max_k, 0, max_k - 1, ... (0: 2 * (max_k + 1))
+    explore: float = 1 / 16  # share of steps that try the best K - 1 or + 1 instead
+    warmup_steps: int = 0  # first steps cycle K = max_k, 0, max_k - 1, ... (0: max_k + 1)
     cost_memory: float = 0.998  # per-step forgetting of the cost fit (about 500 steps)
     acceptance_memory: float = 0.995  # per-step forgetting of the acceptance counters
     smoothness: float = 1e-3  # weight of the prior that f is linear between knots
@@ -60,7 +61,7 @@ class GoodputConfig:
 
     @property
     def warmup(self) -> int:
-        return self.warmup_steps or 2 * (self.max_k + 1)
+        return self.warmup_steps or self.max_k + 1
 
 
 def cost_knots(max_tokens: int) -> np.ndarray:
@@ -159,7 +160,7 @@ class BudgetLog:
     """The controller's decisions (diagnostics, tests and the periodic log line)."""
 
     chosen: Counter[tuple[int, int]] = field(default_factory=Counter)  # (batch, K) -> steps
-    explored: Counter[int] = field(default_factory=Counter)  # K -> steps tried at random
+    explored: Counter[int] = field(default_factory=Counter)  # K -> steps tried next to best
     warmup: Counter[int] = field(default_factory=Counter)  # K -> steps of the warm-up cycle
 
     def k_by_batch(self) -> dict[int, dict[int, int]]:
@@ -190,12 +191,17 @@ class GoodputController:
             k = _warmup_k(self.steps - 1, self.config.max_k)
             self.log.warmup[k] += 1
         elif self._random.random() < self.config.explore:
-            k = self._random.randint(0, self.config.max_k)
+            k = self._neighbour(self.best_k(batch))
             self.log.explored[k] += 1
         else:
             k = self.best_k(batch)
             self.log.chosen[(batch, k)] += 1
         return k
+
+    def _neighbour(self, best: int) -> int:
+        """best - 1 or best + 1, at random, within 0..max_k."""
+        options = [k for k in (best - 1, best + 1) if 0 <= k <= self.config.max_k]
+        return self._random.choice(options)
 
     def best_k(self, batch: int) -> int:
         """argmax_K predicted tokens per second for `batch` requests (the smallest K on ties)."""
