@@ -31,3 +31,25 @@ def test_timer_counts_calls_and_passes_everything_through():
     assert worker.model_runner.calls == [((1,), {"k": 2})]
     other = Runner()  # only that runner instance is wrapped, not the class
     assert "propose_draft_token_ids" not in vars(other)
+
+
+def test_step_phases_are_timed_per_method():
+    from vllm_clover.integration.patches.hooks import method_times, time_methods
+
+    class PhasedRunner(Runner):
+        def _sample(self):
+            return "sampled"
+
+    worker = SimpleNamespace(model_runner=PhasedRunner())
+    assert method_times(worker) == {}
+    time_methods(worker, ("_sample", "propose_draft_token_ids"))
+    time_drafting(worker)  # the bench's timer on top: still one wrapper per method
+    assert worker.model_runner._sample() == "sampled"
+    worker.model_runner._sample()
+    worker.model_runner.propose_draft_token_ids()
+    times = method_times(worker)
+    assert {name: calls for name, (_, calls) in times.items()} == {
+        "_sample": 2,
+        "propose_draft_token_ids": 1,
+    }
+    assert drafting_time(worker) == times["propose_draft_token_ids"]

@@ -33,7 +33,7 @@ per process (vLLM runs the plugin in every process, sometimes twice) and marked.
 | goodput_budget      | patch    | vLLM chooses K from measured goodput                |
 | proposer_*          | override, relies | CloverProposer is an EagleProposer          |
 | draft_model_layers  | relies   | (vLLM layers inside CloverDraftModel)               |
-| drafting_timer      | hook     | vLLM times drafting itself                          |
+| runner_timers       | hook     | vLLM times the phases of a step itself              |
 """
 
 from __future__ import annotations
@@ -298,12 +298,19 @@ RELIANCES = (
         },
     ),
     Entry(
-        "drafting_timer",
+        "runner_timers",
         "hook",
-        "the bench times drafting inside the engine by wrapping one "
-        "runner's propose_draft_token_ids",
+        "the bench times drafting, and the step profile each phase of a step, inside the "
+        "engine by wrapping one runner's methods (hooks.STEP_PHASES)",
         "patches/hooks.py",
-        {f"{RUNNER}.propose_draft_token_ids": "a60269aca9de"},
+        {
+            f"{RUNNER}.propose_draft_token_ids": "a60269aca9de",
+            f"{RUNNER}.execute_model": "e058bf791a29",
+            f"{RUNNER}._prepare_inputs": "c31a77c123a0",
+            f"{RUNNER}._model_forward": "a8f98588a465",
+            f"{RUNNER}.sample_tokens": "047e6a4738de",
+            f"{RUNNER}._sample": "5cb5c1da02cf",
+        },
     ),
 )
 

@@ -1,10 +1,12 @@
 """Hooks the benchmarks install on a running engine's model runner (see the ledger).
 
-`time_drafting` wraps one model runner's `propose_draft_token_ids`: everything vLLM does to
-draft one step (for Clover the Augmenting Block and the K head steps, for Medusa the heads,
-for ngram the lookup). On CPU every call is synchronous, so the wall time inside it is the
-drafting cost. The wrapper is an instance attribute of that runner only; nothing else changes.
-Run both functions in the worker (`LLM.collective_rpc`).
+`time_methods` wraps some of one model runner's methods in wall-clock timers: the bench
+times `propose_draft_token_ids` (everything vLLM does to draft one step: for Clover the
+Augmenting Block and the K head steps, for Medusa the heads, for ngram the lookup), the step
+profile (benchmarks/step_profile.py) the phases of a step listed in `STEP_PHASES`. On CPU
+every call is synchronous, so the wall time inside a method is its cost. Each wrapper is an
+instance attribute of that runner only; nothing else changes. Run these functions in the
+worker (`LLM.collective_rpc`).
 """
 
 from __future__ import annotations
@@ -12,17 +14,48 @@ from __future__ import annotations
 import time
 from typing import Any
 
-TIMER_ATTRIBUTE = "_vllm_clover_drafting_timer"  # [seconds, calls] on the model runner
+TIMERS_ATTRIBUTE = "_vllm_clover_timers"  # {method: [seconds, calls]} on the model runner
+DRAFTING = "propose_draft_token_ids"
+
+# The model runner's methods that split one engine step, outermost first (vLLM 0.32's V1
+# runner: execute_model runs the forward, sample_tokens samples and drafts).
+STEP_PHASES = {
+    "execute_model": "state update, input preparation, target forward and logits",
+    "_prepare_inputs": "input preparation (positions, slots, spec-decode indices)",
+    "_model_forward": "the target's forward (matmuls, attention, norms)",
+    "sample_tokens": "sampling or rejection, bookkeeping and drafting",
+    "_sample": "sampling, or the rejection sampler when drafts are verified",
+    DRAFTING: "drafting (Clover: Augmenting Block and head loop)",
+}
+
+
+def time_methods(worker: Any, names: tuple[str, ...]) -> None:
+    """Start timing every call of these methods of this worker's model runner."""
+    runner = worker.model_runner
+    timers = vars(runner).setdefault(TIMERS_ATTRIBUTE, {})
+    for name in names:
+        if name not in timers:
+            timers[name] = [0.0, 0]
+            setattr(runner, name, _timed(getattr(runner, name), timers[name]))
+
+
+def method_times(worker: Any) -> dict[str, tuple[float, int]]:
+    """{method: (seconds, calls)} since `time_methods` (empty if never installed)."""
+    timers = getattr(worker.model_runner, TIMERS_ATTRIBUTE, {})
+    return {name: (float(s), int(n)) for name, (s, n) in timers.items()}
 
 
 def time_drafting(worker: Any) -> None:
     """Start timing every `propose_draft_token_ids` call of this worker's model runner."""
-    runner = worker.model_runner
-    if TIMER_ATTRIBUTE in vars(runner):
-        return
-    stats = [0.0, 0]
-    inner = runner.propose_draft_token_ids
+    time_methods(worker, (DRAFTING,))
 
+
+def drafting_time(worker: Any) -> tuple[float, int]:
+    """(seconds, calls) spent drafting since `time_drafting` (0, 0 if never installed)."""
+    return method_times(worker).get(DRAFTING, (0.0, 0))
+
+
+def _timed(inner, stats: list) -> Any:
     def timed(*args: Any, **kwargs: Any) -> Any:
         started = time.perf_counter()
         try:
@@ -31,11 +64,4 @@ def time_drafting(worker: Any) -> None:
             stats[0] += time.perf_counter() - started
             stats[1] += 1
 
-    runner.propose_draft_token_ids = timed  # an instance attribute shadows the method
-    setattr(runner, TIMER_ATTRIBUTE, stats)
-
-
-def drafting_time(worker: Any) -> tuple[float, int]:
-    """(seconds, calls) spent drafting since `time_drafting` (0, 0 if never installed)."""
-    stats = getattr(worker.model_runner, TIMER_ATTRIBUTE, (0.0, 0))
-    return float(stats[0]), int(stats[1])
+    return timed  # an instance attribute shadows the method

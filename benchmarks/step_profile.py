@@ -1,0 +1,189 @@
+"""Where a speculative step goes: one engine step split into its phases, vanilla vs Clover.
+
+For each batch size B, vanilla decoding and Clover with exactly K drafts per request (K fixed,
+no confidence stop, so every verification step runs B * (1 + K) tokens through the target)
+run the same B fixed-length requests on an in-process engine. The model runner's methods are
+timed inside the engine (the ledgered hook `runner_timers`, `hooks.STEP_PHASES`), and the
+target's forward is split by operator with torch.profiler:
+
+    step          wall seconds per engine step (timed generate / engine steps)
+    forward       _model_forward: the target's layers, split into
+                    matmul     oneDNN / aten matrix products (q/k/v/o, gate/up/down)
+                    attention  the paged-attention kernel and the KV-cache write
+                    other      norms, rotary embedding, activations, copies
+    logits+state  execute_model - _prepare_inputs - _model_forward: the LM head over the
+                  sampled positions, attention metadata, request-state updates
+    input prep    _prepare_inputs
+    sampling      _sample: the sampler, or the rejection sampler over the drafts
+    drafting      propose_draft_token_ids (Clover: the head loop)
+    bookkeeping   sample_tokens - _sample - drafting
+    engine        step - execute_model - sample_tokens: scheduler, output processing
+
+Clover K=0 is a speculative engine that never drafts (what a step costs with speculation
+configured but off).
+
+    python benchmarks/step_profile.py --batch-sizes 1 4 16 64 --out docs/bench/step-profile
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from vllm_clover.bundled import REFERENCE_HEADS
+
+FORWARD_SCOPE = "step_profile::forward"
+MATMUL_MARKERS = ("mm", "linear", "matmul", "onednn", "gemm")
+ATTENTION_MARKERS = ("attention", "attn", "reshape_and_cache")
+
+
+def label_forward(worker) -> None:
+    """Mark every target forward for the profiler (after the timers, so both see it)."""
+    runner = worker.model_runner
+    inner = runner._model_forward
+
+    def labelled(*args, **kwargs):
+        with torch.profiler.record_function(FORWARD_SCOPE):
+            return inner(*args, **kwargs)
+
+    runner._model_forward = labelled
+
+
+def op_class(name: str) -> str:
+    lowered = name.lower()
+    if any(marker in lowered for marker in ATTENTION_MARKERS):
+        return "attention"
+    if any(marker in lowered for marker in MATMUL_MARKERS):
+        return "matmul"
+    return "other"
+
+
+def forward_split(events) -> dict[str, float]:
+    """Self CPU seconds per op class over the events inside FORWARD_SCOPE ranges."""
+    split = {"matmul": 0.0, "attention": 0.0, "other": 0.0}
+    for event in events:
+        parent, inside = event.cpu_parent, False
+        while parent is not None:
+            if parent.name == FORWARD_SCOPE:
+                inside = True
+                break
+            parent = parent.cpu_parent
+        if inside:
+            split[op_class(event.name)] += event.self_cpu_time_total / 1e6
+    return split
+
+
+def measure(target: str, spec: dict | None, batch: int, max_tokens: int, dtype: str) -> dict:
+    """Per-step milliseconds of every phase for `batch` fixed-length requests."""
+    from vllm import SamplingParams
+
+    from vllm_clover.bench.measure import engine, read_counters
+    from vllm_clover.integration.patches.hooks import STEP_PHASES, method_times, time_methods
+
+    prompts = [f"Write a long story about dragon number {i}." for i in range(batch)]
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    with engine(target, spec, batch, dtype=dtype) as llm:
+        llm.generate(prompts, SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
+        llm.collective_rpc(time_methods, args=(tuple(STEP_PHASES),))
+        before = read_counters(llm)
+        started = time.perf_counter()
+        llm.generate(prompts, params, use_tqdm=False)
+        elapsed = time.perf_counter() - started
+        counters = read_counters(llm) - before
+        (times,) = llm.collective_rpc(method_times)
+        llm.collective_rpc(label_forward)
+        profiled_params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            llm.generate(prompts, profiled_params, use_tqdm=False)
+        split = forward_split(prof.events())
+    return phases(elapsed, counters.steps, times, split, counters.tau)
+
+
+def phases(elapsed, steps, times, split, tau) -> dict:
+    """Milliseconds per engine step of each phase (see the module docstring)."""
+    per_step = {name: 1e3 * seconds / steps for name, (seconds, _) in times.items()}
+    forward = per_step["_model_forward"]
+    profiled = sum(split.values()) or 1.0
+    row = {
+        "step": 1e3 * elapsed / steps,
+        "forward": forward,
+        **{f"forward_{k}": forward * v / profiled for k, v in split.items()},
+        "logits+state": per_step["execute_model"] - per_step["_prepare_inputs"] - forward,
+        "input prep": per_step["_prepare_inputs"],
+        "sampling": per_step["_sample"],
+        "drafting": per_step.get("propose_draft_token_ids", 0.0),
+        "steps": steps,
+        "tau": tau,
+    }
+    row["bookkeeping"] = per_step["sample_tokens"] - row["sampling"] - row["drafting"]
+    row["engine"] = row["step"] - per_step["execute_model"] - per_step["sample_tokens"]
+    return row
+
+
+COLUMNS = (
+    "step",
+    "forward",
+    "forward_matmul",
+    "forward_attention",
+    "forward_other",
+    "logits+state",
+    "input prep",
+    "sampling",
+    "drafting",
+    "bookkeeping",
+    "engine",
+)
+
+
+def clover_spec(heads: str, k: int | None) -> dict | None:
+    """Exactly k drafts per request at every step (no confidence stop); k = 0: a speculative
+    engine that never drafts (vLLM's batch-size table pinned to 0); None: vanilla."""
+    if k is None:
+        return None
+    spec = {"method": "clover", "model": heads, "num_speculative_tokens": max(k, 1)}
+    spec.update(draft_budget="fixed", draft_confidence=0)
+    if k == 0:
+        spec["num_speculative_tokens_per_batch_size"] = [[1, 1 << 20, 0]]
+    return spec
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 16])
+    parser.add_argument("--ks", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--heads", default=str(REFERENCE_HEADS))
+    parser.add_argument("--dtype", default="float32", help="the target's (float32: the tests')")
+    parser.add_argument("--out", type=Path, default=Path("step-profile"))
+    args = parser.parse_args()
+
+    from vllm_clover.assets.target import fetch_reference_target
+
+    target = str(fetch_reference_target())
+    rows = []
+    for batch in args.batch_sizes:
+        for k in [None, 0, *args.ks]:
+            row = {"batch": batch, "method": "vanilla" if k is None else f"clover K={k}"}
+            row["dtype"] = args.dtype
+            spec = clover_spec(args.heads, k)
+            row.update(measure(target, spec, batch, args.max_tokens, args.dtype))
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "step_profile.json").write_text(json.dumps(rows, indent=1) + "\n")
+    header = "| batch | method | " + " | ".join(COLUMNS) + " | tau |"
+    lines = [header, "|" + "---|" * (len(COLUMNS) + 3)]
+    for row in rows:
+        cells = " | ".join(f"{row[c]:.1f}" for c in COLUMNS)
+        tau = f"{row['tau']:.2f}" if row["tau"] else "-"
+        lines.append(f"| {row['batch']} | {row['method']} | {cells} | {tau} |")
+    (args.out / "step_profile.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
