@@ -332,6 +332,8 @@ def test_each_draft_budget_is_a_method_of_its_own():
     assert [m.name for m in methods] == ["vanilla", "clover", "clover-fixed", "abl", "abl-fixed"]
     budgets = [m.speculative_config()["draft_budget"] for m in methods[1:]]
     assert budgets == ["goodput", "fixed", "goodput", "fixed"]
+    with pytest.raises(BenchError, match="--dtype must be one of float32, bfloat16"):
+        BenchConfig(methods=methods, dtype="float16")
     with pytest.raises(BenchError, match="--draft-budgets"):
         resolve_methods(["clover"], str(REFERENCE_HEADS), "", 4, [], ("table",))
 

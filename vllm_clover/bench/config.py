@@ -22,6 +22,7 @@ ENGINE_MODES = ("in-process", "multiprocess")
 # How a Clover engine picks each step's K (speculative_config draft_budget); the first is the
 # default. A Clover method runs once per budget asked for, "fixed" named NAME-fixed.
 DRAFT_BUDGETS = ("goodput", "fixed")
+DTYPES = ("float32", "bfloat16")
 # The evaluation protocol (docs/benchmarks.md), and a few-minute version of it for 2 cores.
 FULL_PRESET = {
     "batch_sizes": (1, 4, 16, 64),
@@ -82,6 +83,7 @@ class BenchConfig:
     prompts_per_seq: int = FULL_PRESET["prompts_per_seq"]  # prompts >= this x batch size
     repeats: int = FULL_PRESET["repeats"]  # rounds; each runs every engine once, in turn
     engines: tuple[str, ...] = FULL_PRESET["engines"]  # ENGINE_MODES measured
+    dtype: str = "float32"  # the target's: float32 (where greedy equality is exact) or bfloat16
     prompts_file: str | None = None  # None: MT-Bench first turns
     out: Path = Path("bench-results")
     cache_dir: str | None = None
@@ -113,6 +115,8 @@ def validate(config: BenchConfig) -> None:
             f"--engines must be distinct values among {', '.join(ENGINE_MODES)}, "
             f"got {list(config.engines)}"
         )
+    if config.dtype not in DTYPES:
+        raise BenchError(f"--dtype must be one of {', '.join(DTYPES)}, got {config.dtype!r}")
     for name in ("max_tokens", "min_prompts", "prompts_per_seq", "repeats"):
         if getattr(config, name) < 1:
             raise BenchError(
@@ -259,6 +263,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=ENGINE_MODES,
         help="engine modes to measure (default both; multiprocess is what users get)",
     )
+    parser.add_argument(
+        "--dtype",
+        default="float32",
+        choices=DTYPES,
+        help="the target's dtype: float32 (default; greedy output equals vanilla exactly) or "
+        "bfloat16 (what a CPU with AMX serves fastest; equal except at rounding ties)",
+    )
     parser.add_argument("--out", default="bench-results", help="results folder")
     parser.add_argument("--no-plots", action="store_true")
     parser.add_argument("--cache-dir")
@@ -284,6 +295,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         methods=methods,
         **{**preset, **chosen},
         prompts_file=args.prompts,
+        dtype=args.dtype,
         out=Path(args.out),
         cache_dir=args.cache_dir,
         quick=args.quick,

@@ -247,7 +247,8 @@ def markdown_document(report: dict[str, Any]) -> str:
         f"Prompts: {prompts}, {config['max_tokens']} new tokens each, at least "
         f"{config['min_prompts']} and {config['prompts_per_seq']}x the batch size per run"
         f"{' (cycled: fewer prompts available)' if config['prompts_repeated'] else ''}; "
-        f"float32, eager; {config['repeats']} alternating round(s) of every engine, engine "
+        f"{config.get('dtype', 'float32')}, eager; {config['repeats']} alternating round(s) "
+        "of every engine, engine "
         f"mode(s) {', '.join(config['engines'])}; batch size = max_num_seqs.",
         "",
         *([warning, ""] if (warning := busy_warning(report)) else []),

@@ -39,6 +39,7 @@ class EngineJob:
     max_tokens: int
     repeat: int = 0  # the round
     engine_mode: str = "in-process"  # ENGINE_MODES
+    dtype: str = "float32"  # the target's
 
 
 def run_engine_job(job: EngineJob) -> tuple[dict[float, Run], dict[str, Any]]:
@@ -55,7 +56,8 @@ def run_engine_job(job: EngineJob) -> tuple[dict[float, Run], dict[str, Any]]:
     if multiprocess:  # collective_rpc ships the drafting timer (a function) to the engine
         # core by pickle; that socket only links this bench's own two processes
         os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
-    with engine(job.target, job.method.speculative_config(), job.batch_size) as llm:
+    spec = job.method.speculative_config()
+    with engine(job.target, spec, job.batch_size, dtype=job.dtype) as llm:
         install_drafting_timer(llm)
         settings = engine_settings(llm)
         warm_up = SamplingParams(temperature=0.0, max_tokens=WARM_UP_TOKENS)
@@ -125,6 +127,7 @@ def engine_jobs(config: BenchConfig, target: str, chats: list[Chat]) -> list[Eng
             config.max_tokens,
             repeat,
             mode,
+            config.dtype,
         )
         for repeat in range(config.repeats)
         for mode in config.engines
