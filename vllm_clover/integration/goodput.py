@@ -18,8 +18,9 @@ f (the target's forward, sampling and bookkeeping for N scheduled tokens) is a p
 linear function of N on knots 1, 2, 4, ...; g, c, e price the head loop. `StepCostModel` fits
 them to the measured step times by exponentially weighted least squares, `AcceptanceModel`
 keeps a_i and d_i from the verified drafts. A share of steps (`explore`) tries a K next to
-the best one, so that the model keeps being measured around its choice at a small price;
-Ks further away are priced by the model (its terms are linear in K).
+the best one when the model predicts it within `explore_margin` of the best, so that the
+model keeps being measured where its choice is a close call; Ks predicted clearly worse are
+not tried (their price comes from the model, whose terms are linear in K).
 
 Worked example (illustrative figures, not measurements): f(1) = 30 ms, f(2) = 31.5 ms,
 f(5) = 36 ms, f(16) = 60 ms, f(32) = 96 ms, each head step 3 ms (g = e = 0), a = (0.3, 0.1,
@@ -45,7 +46,8 @@ class GoodputConfig:
 
     max_k: int  # the most drafts per request (num_speculative_tokens)
     max_tokens: int = 8192  # the largest step (max_num_batched_tokens): the last cost knot
-    explore: float = 1 / 16  # share of steps that try the best K - 1 or + 1 instead
+    explore: float = 1 / 16  # share of steps that try the best K - 1 or + 1 instead ...
+    explore_margin: float = 0.2  # ... if predicted within this fraction of the best goodput
     warmup_steps: int = 0  # first steps cycle K = max_k, 0, max_k - 1, ... (0: max_k + 1)
     cost_memory: float = 0.998  # per-step forgetting of the cost fit (about 500 steps)
     acceptance_memory: float = 0.995  # per-step forgetting of the acceptance counters
@@ -190,11 +192,14 @@ class GoodputController:
         if self.steps <= self.config.warmup:
             k = _warmup_k(self.steps - 1, self.config.max_k)
             self.log.warmup[k] += 1
-        elif self._random.random() < self.config.explore:
-            k = self._neighbour(self.best_k(batch))
-            self.log.explored[k] += 1
         else:
-            k = self.best_k(batch)
+            goodput = self.predicted_goodput(batch)
+            k = int(np.argmax(goodput))
+            if self._random.random() < self.config.explore:
+                near = self._neighbour(k)
+                if goodput[near] >= (1 - self.config.explore_margin) * goodput[k]:
+                    self.log.explored[near] += 1
+                    return near
             self.log.chosen[(batch, k)] += 1
         return k
 
