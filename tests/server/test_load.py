@@ -91,6 +91,7 @@ def _malformed_body(kind: str) -> bytes:
 
 def _clover_args(heads) -> list[str]:
     spec = {"method": "clover", "model": str(heads), "num_speculative_tokens": SPEC_TOKENS}
+    spec["draft_budget"] = "fixed"  # drafts at every step under load, for the checks below
     return ["--speculative-config", json.dumps(spec)]
 
 
