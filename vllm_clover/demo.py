@@ -100,6 +100,9 @@ def run_demo(
         )
         return
     spec = {"method": "clover", "model": str(heads_dir), "num_speculative_tokens": num_heads}
+    # The demo shows the heads at work on every step, whatever a short run's timings would
+    # make the goodput budget (the serving default) choose; `vllm-clover bench` measures both.
+    spec["draft_budget"] = "fixed"
     clover = generate(target, chats, max_tokens, batch_size, spec, dtype)
     report(vanilla, clover, num_heads, dtype)
 
