@@ -14,7 +14,13 @@ from collections import Counter
 
 import pytest
 
-from helpers import assert_clover_speculated, goodput_budget, in_process_llm, speculation
+from helpers import (
+    assert_clover_speculated,
+    goodput_budget,
+    in_process_llm,
+    make_untrained_clover,
+    speculation,
+)
 from vllm_clover.assets.data import mtbench_questions
 
 pytestmark = pytest.mark.engine
@@ -198,11 +204,12 @@ def test_dynamic_speculation_down_to_k_zero(reference_target, clover_spec, cases
     assert stats.drafts > 0 and stats.accepted > 0 and stats.drafter == "CloverProposer"
 
 
-def test_goodput_budget_drafts_alone_and_stops_under_load(reference_target, clover_spec, cases):
-    """The default draft budget, in one engine: 16 requests at once, then four alone. Under
-    load no K pays on this CPU, so the controller must choose K = 0 there; alone, drafting
-    pays, so it must draft. Outputs equal vanilla throughout, and one step verifies chains of
-    different lengths (the confidence stop within the chosen K)."""
+def test_goodput_budget_drafts_where_drafts_pay(reference_target, clover_spec, cases):
+    """The default draft budget, in one engine: 16 requests at once, then four alone. Alone,
+    verifying a few tokens is nearly free on any machine, so the controller must draft. What
+    it picks under load depends on the machine's costs and the heads' acceptance (the
+    benchmarks measure that); here every K it ran keeps outputs equal to vanilla, and one step
+    verifies chains of different lengths (the confidence stop within the chosen K)."""
     prompts, params, expected = cases["plain"]
     spec = {key: value for key, value in clover_spec.items() if key != "draft_budget"}
     with in_process_llm(reference_target, speculative_config=spec, max_num_seqs=16) as llm:
@@ -211,15 +218,40 @@ def test_goodput_budget_drafts_alone_and_stops_under_load(reference_target, clov
         stats, budget = speculation(llm), goodput_budget(llm)
         picks = budget.log.k_by_batch()
     assert together == expected and alone == expected[:4]
-    loaded = Counter()
-    for batch, ks in picks.items():
-        if batch >= 8:
-            loaded.update(ks)
-    assert loaded[0] > sum(loaded.values()) / 2, picks  # K = 0 chosen under load
     assert sum(n for k, n in picks[1].items() if k > 0) > sum(picks[1].values()) / 2, picks
     assert stats.steps_by_k.get(0, 0) > 0 and len(stats.steps_by_k) > 1, stats.steps_by_k
     assert sum(1 for n, c in stats.drafts_by_length.items() if n > 0 and c > 0) > 1, stats
     assert_clover_speculated(stats)
+
+
+@pytest.fixture(scope="module")
+def useless_heads(reference_target, tmp_path_factory):
+    """Untrained heads: the target (almost) never accepts their drafts."""
+    return make_untrained_clover(reference_target, tmp_path_factory.mktemp("useless") / "heads")
+
+
+def test_goodput_budget_stops_drafting_when_drafts_do_not_pay(
+    reference_target, useless_heads, cases
+):
+    """With heads whose drafts are (almost) never accepted, every K > 0 costs more than K = 0
+    and earns nothing, on any machine: under load of 16 requests and alone, the controller's
+    own decisions must be K = 0 once it has measured that, and outputs equal vanilla."""
+    prompts, params, expected = cases["plain"]
+    spec = {"method": "clover", "model": str(useless_heads), "num_speculative_tokens": 4}
+    with in_process_llm(reference_target, speculative_config=spec, max_num_seqs=16) as llm:
+        together = _generate(llm, prompts, params)
+        alone = [_generate(llm, [prompt], params[:1])[0] for prompt in prompts[:2]]
+        stats, budget = speculation(llm), goodput_budget(llm)
+        picks = budget.log.k_by_batch()
+    assert together == expected and alone == expected[:2]
+    assert stats.drafter == "CloverProposer" and stats.drafts > 0, stats  # the warm-up drafted
+    loaded, single = Counter(), Counter(picks.get(1, {}))
+    for batch, ks in picks.items():
+        if batch >= 8:
+            loaded.update(ks)
+    assert loaded[0] > 0.8 * sum(loaded.values()), picks  # K = 0 chosen under load
+    assert single[0] > 0.8 * sum(single.values()), picks  # and alone
+    assert stats.accepted < 0.1 * stats.draft_tokens, stats  # the premise: drafts do not pay
 
 
 def test_confidence_stop_drafts_per_request_lengths(reference_target, clover_spec, cases):
