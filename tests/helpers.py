@@ -71,6 +71,25 @@ def random_clover(
     return model, lm_head
 
 
+def chi_square_fit(samples: torch.Tensor, probs: torch.Tensor, min_expected: float = 10.0):
+    """One-sample chi-square goodness of fit of integer samples (n,) to probs (V,):
+    (statistic, dof, p-value). Categories expected fewer than min_expected times are pooled.
+    Example: samples [0, 0, 1, 1], probs [0.5, 0.5] -> statistic 0, p-value 1."""
+    n = samples.numel()
+    observed = torch.bincount(samples, minlength=probs.numel()).double()
+    expected = probs.double() * n
+    rare = expected < min_expected
+    observed = torch.cat([observed[~rare], observed[rare].sum().view(1)])
+    expected = torch.cat([expected[~rare], expected[rare].sum().view(1)])
+    keep = expected > 0
+    statistic = float(((observed - expected)[keep] ** 2 / expected[keep]).sum())
+    if bool((observed[~keep] > 0).any()):
+        return float("inf"), int(keep.sum()) - 1, 0.0  # a sample where probs say never
+    dof = int(keep.sum()) - 1
+    p_value = float(torch.special.gammaincc(torch.tensor(dof / 2), torch.tensor(statistic / 2)))
+    return statistic, dof, p_value
+
+
 # ---------------------------------------------------------------- engines and servers
 def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 300) -> str:
     """Run `code` in a fresh interpreter (vLLM spawns processes; each test gets clean state).

@@ -1,0 +1,56 @@
+"""Verifying a tree in one target forward: depth-based positions and the tree mask.
+
+A request's speculative part is the root (the token the target produced last) and its N
+nodes, breadth-first, after a prefix of L tokens whose KV entries are cached. Each node's
+query and key get the RoPE position of its depth (root + depth), so a node is scored exactly
+as if its own root-to-node path had been appended alone; its KV entry keeps a slot of its own
+(the node's index), and the mask lets it see the prefix, the root, its ancestors and itself,
+never a sibling's branch. ``tree_attention`` is that attention in pure PyTorch, the reference
+for the CPU path (a GPU build would pass the same mask to a kernel that takes a custom mask,
+such as FlashInfer's); ``test_tree`` checks it against causal attention over each path.
+
+Example, root at position 100 and the tree ``[(0,), (1,), (0, 0)]``::
+
+    query    root  n0   n1   n2
+    position 100   101  101  102
+    sees     ..99 + root; + n0; + n1; + n0, n2   (prefix ..99 always)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vllm_clover.tree.spec import TokenTree
+
+
+def tree_positions(tree: TokenTree, root_positions: torch.Tensor) -> torch.Tensor:
+    """RoPE positions of the root and the nodes: root positions (M,) -> (M, N + 1)."""
+    return root_positions[:, None] + tree.position_offsets()[None, :]
+
+
+def tree_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    tree: TokenTree,
+    scale: float,
+) -> torch.Tensor:
+    """One request's attention for its root and nodes over prefix + tree.
+
+    q (T, nh, hs) with T = N + 1 (root, then the nodes); k, v (L + T, nkv, hs): the L prefix
+    entries, then the T new ones in the same order; nh a multiple of nkv (grouped queries).
+    Returns (T, nh, hs).
+    """
+    t, nh, _ = q.shape
+    prefix = k.shape[0] - t
+    groups = nh // k.shape[1]
+    k = k.repeat_interleave(groups, dim=1).transpose(0, 1)  # (nh, L + T, hs)
+    v = v.repeat_interleave(groups, dim=1).transpose(0, 1)  # (nh, L + T, hs)
+    visible = torch.cat(
+        [torch.ones(t, prefix, dtype=torch.bool), tree.ancestor_mask()], dim=1
+    )  # (T, L + T)
+    dtype = torch.promote_types(q.dtype, torch.float32)  # softmax in at least float32
+    scores = torch.einsum("tnh,nsh->nts", q.to(dtype), k.to(dtype)) * scale  # (nh, T, L + T)
+    scores = scores.masked_fill(~visible, float("-inf"))
+    out = torch.einsum("nts,nsh->tnh", scores.softmax(dim=-1), v.to(dtype))  # (T, nh, hs)
+    return out.to(q.dtype)

@@ -1,0 +1,71 @@
+"""Drafting a token tree with the Clover head loop: one head step per depth, batched over
+the depth's parent nodes and the requests.
+
+A node's children come from one head step fed with that node (the Regressive Connection
+makes a child depend on its parent's token): head step ``d`` reads the state its parent's
+step produced and the node's own token, and its top-k draft tokens are the children's, by
+rank. The chain is the tree whose every rank is 0, and drafts what ``HeadLoop.propose``
+drafts (tested). No KV cache is involved: each step reads one state per node.
+
+Example, the tree ``[(0,), (1,), (0, 0), (0, 1), (1, 0)]`` (nodes n0..n4)::
+
+    step 0 on the root  (h0, t0)           -> top-2 of head 0: n0, n1
+    step 1 on n0, n1    (h out of step 0,   -> top-2 of head 1 after n0: n2, n3;
+                         tokens n0, n1)        top-1 after n1: n4
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from vllm_clover.modeling.head_loop import HeadLoop
+from vllm_clover.modeling.tables import TargetTables
+from vllm_clover.tree.spec import ROOT, TokenTree
+
+
+@torch.no_grad()
+def propose_tree(
+    loop: HeadLoop, h0: torch.Tensor, t0: torch.Tensor, tree: TokenTree, tables: TargetTables
+) -> torch.Tensor:
+    """Draft target ids of every node: h0 (M, D), t0 (M,) -> (M, N), breadth-first."""
+    cfg = loop.config
+    tree.check_fits(cfg.num_heads, cfg.draft_vocab_size or cfg.vocab_size)
+    rows, table = tables.draft_rows(loop.dtype), loop.regressive_table(tables)
+    h0 = h0.to(loop.dtype)
+    m, n = t0.shape[0], tree.num_nodes
+    best = torch.zeros(m, n, dtype=torch.long)  # draft-vocab index of each node
+    state = torch.zeros(m, n, h0.shape[-1], dtype=h0.dtype)  # h out of each node's parent step
+    sources = [ROOT]  # the nodes of the previous depth (the root for depth 1)
+    for depth in range(1, tree.depth + 1):
+        level = range(tree.num_nodes)[tree.level(depth)]
+        h_in, prev, kv = _step_inputs(tree, sources, h0, t0, state, best, tables, table)
+        h_out, z = loop.step(depth - 1, h_in, h0[:, None].expand_as(h_in), prev, tables, kv)
+        width = 1 + max(tree.ranks[i] for i in level)
+        top = rows.scores(z.flatten(0, 1)).topk(width, dim=-1).indices  # (M * S, width)
+        top = top.view(m, len(sources), width)
+        for i in level:
+            s = sources.index(tree.parents[i])
+            best[:, i] = top[:, s, tree.ranks[i]]
+            state[:, i] = h_out[:, s]
+        sources = list(level)
+    return tables.draft_to_target(best).long()  # (M, N)
+
+
+def _step_inputs(
+    tree: TokenTree,
+    sources: list[int],
+    h0: torch.Tensor,
+    t0: torch.Tensor,
+    state: torch.Tensor,
+    best: torch.Tensor,
+    tables: TargetTables,
+    table: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(h_prev (M, S, D), previous target ids (M, S), decoder [k | v] (M, S, 2D) or None) of
+    the S source nodes a depth's head step reads."""
+    if sources == [ROOT]:
+        return h0[:, None], t0[:, None], None
+    index = torch.tensor(sources, dtype=torch.long)
+    kv = None if table is None else F.embedding(best[:, index], table)
+    return state[:, index], tables.draft_to_target(best[:, index]), kv
