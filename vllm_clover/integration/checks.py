@@ -20,6 +20,7 @@ from vllm_clover.modeling.checkpoint import (
 )
 from vllm_clover.modeling.config import CLOVER_ARCHITECTURE, CloverConfig, check_confidence
 from vllm_clover.modeling.tables import check_draft_dtype_fits, draft_dtype_setting
+from vllm_clover.tree import TokenTree
 
 
 class CloverStartupError(RuntimeError):
@@ -120,3 +121,39 @@ def resolve_draft_budget(budget: str | None, schedule: object) -> str:
     if budget is None:
         return "fixed" if schedule else "goodput"
     return budget
+
+
+def resolve_token_tree(spec_config, config: CloverConfig) -> None:
+    """Resolve ``speculative_token_tree`` on a SpeculativeConfig, in place.
+
+    The tree must fit the heads (one per depth) and the draft vocabulary (one token per
+    rank); ``num_speculative_tokens`` is its number of nodes (derived when absent). A tree is
+    its own draft budget: with it, ``draft_budget`` "goodput", ``draft_confidence`` and a
+    per-batch-size table are refused, and the checkpoint's confidence stop is not used.
+    ValueError naming the problem. Example: "[(0,), (1,), (0, 0)]" -> K = 3, fixed.
+    """
+    tree = TokenTree.parse(spec_config.speculative_token_tree)
+    tree.check_fits(config.num_heads, config.draft_vocab_size or config.vocab_size)
+    given = spec_config.num_speculative_tokens
+    if given is not None and given != tree.num_nodes:
+        raise CloverCheckpointError(
+            f"num_speculative_tokens={given} but speculative_token_tree has {tree.num_nodes} "
+            "nodes (drop num_speculative_tokens: a tree sets it)"
+        )
+    conflicts = {
+        "draft_budget": spec_config.draft_budget not in (None, "fixed"),
+        "draft_confidence": spec_config.draft_confidence is not None,
+        "num_speculative_tokens_per_batch_size": bool(
+            spec_config.num_speculative_tokens_per_batch_size
+        ),
+    }
+    if any(conflicts.values()):
+        named = [name for name, bad in conflicts.items() if bad]
+        raise CloverCheckpointError(
+            f"speculative_token_tree drafts the same tree at every step; drop {named} "
+            "(they choose chain lengths)"
+        )
+    spec_config.speculative_token_tree = str(tree)
+    spec_config.num_speculative_tokens = tree.num_nodes
+    spec_config.draft_budget = "fixed"
+    spec_config.draft_confidence = None

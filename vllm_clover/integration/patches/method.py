@@ -44,6 +44,7 @@ def patch_method_literal() -> None:
 CLOVER_FIELDS: dict[str, tuple[object, object]] = {
     "draft_confidence": (float | list[float] | None, None),
     "draft_budget": (Literal["goodput", "fixed"] | None, None),
+    "speculative_token_tree": (str | list | None, None),
 }
 
 
@@ -78,6 +79,7 @@ def _clover_post_init(original: Callable) -> Callable:
             is_clover_checkpoint,
             resolve_draft_budget,
             resolve_draft_confidence,
+            resolve_token_tree,
         )
 
         if self.method is None and is_clover_checkpoint(self.model):
@@ -96,20 +98,23 @@ def _clover_post_init(original: Callable) -> Callable:
                 "Clover runs on vLLM's V1 model runner; unset "
                 "VLLM_USE_V2_MODEL_RUNNER=1 to use speculative method 'clover'"
             )
+        tree = self.speculative_token_tree is not None
         try:
             config = check_clover_spec(
-                self.model, self.num_speculative_tokens, self.target_model_config.hf_config
+                self.model,
+                None if tree else self.num_speculative_tokens,
+                self.target_model_config.hf_config,
             )
+            if tree:
+                resolve_token_tree(self, config)
+            else:
+                if self.num_speculative_tokens is None:
+                    self.num_speculative_tokens = config.num_heads
+                self.draft_confidence = resolve_draft_confidence(self.draft_confidence, config)
+                self.draft_budget = resolve_draft_budget(
+                    self.draft_budget, self.num_speculative_tokens_per_batch_size
+                )
         except ValueError as err:  # a bad checkpoint or setting: one line, not pydantic's report
-            raise CloverStartupError(str(err)) from None
-        if self.num_speculative_tokens is None:
-            self.num_speculative_tokens = config.num_heads
-        try:
-            self.draft_confidence = resolve_draft_confidence(self.draft_confidence, config)
-            self.draft_budget = resolve_draft_budget(
-                self.draft_budget, self.num_speculative_tokens_per_batch_size
-            )
-        except ValueError as err:
             raise CloverStartupError(str(err)) from None
         # vLLM builds the draft ModelConfig (dtype, max_model_len, parallelism) for a
         # generic draft model; Clover needs exactly that, under its own name afterwards.
@@ -163,7 +168,9 @@ def patch_runner_drafter() -> None:
         spec = vllm_config.speculative_config
         if spec is not None and spec.method == CLOVER_METHOD and hasattr(self, "drafter"):
             from vllm_clover.integration.proposer import CloverProposer
+            from vllm_clover.integration.tree_step import TreeVerifier
 
+            self.clover_trees = TreeVerifier.of(spec)  # None unless speculative_token_tree
             self.drafter = CloverProposer(vllm_config, device, self)
             logger.info(
                 "Clover: drafting with CloverProposer on the V1 model runner (%s)",

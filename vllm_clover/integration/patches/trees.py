@@ -1,0 +1,134 @@
+"""Patches that let vLLM verify token trees (``speculative_token_tree``), on the V1 runner
+and vLLM-CPU's attention backend. What each step does is in ``integration/tree_step.py``;
+here is only where it plugs in. Every patch is a no-op for engines without a tree.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from vllm_clover.integration.patches.marking import is_patched, mark
+
+# Request parameters whose effect depends on the tokens before each logits row: on a tree
+# step a row's history is its own path, which vLLM's samplers cannot be told.
+PATH_DEPENDENT = {
+    "presence_penalty": lambda p: p.presence_penalty != 0.0,
+    "frequency_penalty": lambda p: p.frequency_penalty != 0.0,
+    "repetition_penalty": lambda p: p.repetition_penalty != 1.0,
+    "bad_words": lambda p: bool(p.bad_words),
+    "min_tokens": lambda p: p.min_tokens > 0,
+    "logprobs": lambda p: p.logprobs is not None,
+    "structured_outputs": lambda p: p.structured_outputs is not None,
+    "thinking_token_budget": lambda p: getattr(p, "thinking_token_budget", None) is not None,
+}
+
+
+def patch_tree_steps() -> None:
+    """The runner marks each step's tree requests, moves their positions, and verifies them
+    with the tree sampler (then compacts their KV)."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    if is_patched(GPUModelRunner._prepare_inputs, "tree_steps"):
+        return
+    prepare, build, sample = (
+        GPUModelRunner._prepare_inputs,
+        GPUModelRunner._build_attention_metadata,
+        GPUModelRunner._sample,
+    )
+
+    @functools.wraps(prepare)
+    def _prepare_inputs(self, scheduler_output, num_scheduled_tokens):
+        result = prepare(self, scheduler_output, num_scheduled_tokens)
+        trees = getattr(self, "clover_trees", None)
+        if trees is not None:
+            from vllm_clover.integration.tree_step import TreeStep
+
+            spec = result[1]
+            num_reqs = self.input_batch.num_reqs
+            trees.step = None if spec is None else TreeStep.of(
+                trees.tree, spec.num_draft_tokens, self.query_start_loc.np[: num_reqs + 1]
+            )  # fmt: skip
+            if trees.step is not None:
+                trees.step.set_positions(self.positions)
+        return result
+
+    @functools.wraps(build)
+    def _build_attention_metadata(self, *args, **kwargs):
+        attn_metadata, common = build(self, *args, **kwargs)
+        trees = getattr(self, "clover_trees", None)
+        if trees is not None:
+            groups = attn_metadata if isinstance(attn_metadata, list) else [attn_metadata]
+            for metadata in {id(m): m for g in groups for m in g.values()}.values():
+                metadata.clover_tree = trees.step
+        return attn_metadata, common
+
+    @functools.wraps(sample)
+    def _sample(self, logits, spec_decode_metadata):
+        trees = getattr(self, "clover_trees", None)
+        if trees is None or trees.step is None:
+            return sample(self, logits, spec_decode_metadata)
+        from vllm_clover.integration.tree_sampler import verify_trees
+
+        step = trees.step
+        output, verdict = verify_trees(
+            trees.tree,
+            spec_decode_metadata.num_draft_tokens,
+            spec_decode_metadata.draft_token_ids,
+            logits,
+            self.input_batch.sampling_metadata,
+        )
+        step.verdict = verdict.select(step.requests)
+        step.compact()
+        trees.record(step.verdict)
+        return output
+
+    GPUModelRunner._prepare_inputs = mark(_prepare_inputs, "tree_steps")
+    GPUModelRunner._build_attention_metadata = mark(_build_attention_metadata, "tree_steps")
+    GPUModelRunner._sample = mark(_sample, "tree_steps")
+
+
+def patch_tree_attention() -> None:
+    """vLLM-CPU's attention recomputes a tree step's tree rows with the tree mask."""
+    from vllm.v1.attention.backend import AttentionType
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackendImpl
+
+    original = CPUAttentionBackendImpl.forward
+    if is_patched(original, "tree_attention"):
+        return
+
+    @functools.wraps(original)
+    def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kw):
+        result = original(
+            self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kw
+        )
+        step = getattr(attn_metadata, "clover_tree", None)
+        if step is not None and self.attn_type == AttentionType.DECODER:
+            step.attend(self, layer, query, key, value, kv_cache, attn_metadata, output)
+        return result
+
+    CPUAttentionBackendImpl.forward = mark(forward, "tree_attention")
+
+
+def patch_tree_requests() -> None:
+    """A tree engine refuses, per request, the parameters it cannot apply along a path."""
+    from vllm.exceptions import VLLMValidationError
+    from vllm.sampling_params import SamplingParams
+
+    original = SamplingParams._validate_spec_decode
+    if is_patched(original, "tree_requests"):
+        return
+
+    @functools.wraps(original)
+    def _validate_spec_decode(self, speculative_config) -> None:
+        original(self, speculative_config)
+        if getattr(speculative_config, "speculative_token_tree", None) is None:
+            return
+        refused = [name for name, used in PATH_DEPENDENT.items() if used(self)]
+        if refused:
+            raise VLLMValidationError(
+                f"{', '.join(refused)} cannot be used with speculative_token_tree yet (each "
+                "draft node has a history of its own); serve without a tree for these requests",
+                parameter=refused[0],
+            )
+
+    SamplingParams._validate_spec_decode = mark(_validate_spec_decode, "tree_requests")

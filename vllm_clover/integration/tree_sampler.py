@@ -1,0 +1,96 @@
+"""vLLM's rejection sampler, for token trees: the target's logits at every root and node in,
+each request's emitted tokens out (``tree.accept`` decides, greedy or lossless multi-draft).
+
+The runner hands a spec-decode step's logits as one row per scheduled token that needs one:
+for request m with n_m drafts, n_m + 1 rows (its root, then its nodes breadth-first). The
+output is what vLLM's chain sampler returns, (num_reqs, N + 1) int32 with -1 after each
+request's tokens, so the runner's bookkeeping and the scheduler read it unchanged.
+
+Sampling parameters: temperature, top-k and top-p are applied per request with vLLM's own
+`apply_sampling_constraints`, seeded requests draw from their own generator, and
+`allowed_token_ids` masks every row. What depends on the tokens before a row (penalties,
+bad words, min-tokens, logprobs) is refused at admission (``patches/trees.py``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from vllm.v1.outputs import SamplerOutput
+from vllm.v1.sample.rejection_sampler import apply_sampling_constraints
+
+from vllm_clover.tree.accept import TreeVerdict, accept_greedy, accept_sampled
+from vllm_clover.tree.spec import TokenTree
+
+GREEDY = 0.0  # vLLM's temperature for greedy requests (GREEDY_TEMPERATURE)
+
+
+def verify_trees(
+    tree: TokenTree, num_draft_tokens: list[int], draft_token_ids, logits, sampling
+) -> tuple[SamplerOutput, TreeVerdict]:
+    """(vLLM's SamplerOutput for the whole batch, the verdict of every request)."""
+    drafts, rows = _padded(tree, num_draft_tokens, draft_token_ids)  # (M, N), (M, N + 1)
+    counts = torch.tensor(num_draft_tokens) + 1
+    logits = logits.float()
+    if sampling.allowed_token_ids_mask is not None:
+        mask = sampling.allowed_token_ids_mask[: len(num_draft_tokens)]
+        logits = logits.masked_fill(mask.repeat_interleave(counts, dim=0), float("-inf"))
+    m = drafts.shape[0]
+    path = torch.full((m, tree.depth), -1, dtype=torch.long)
+    tokens = torch.full((m, tree.depth + 1), -1, dtype=torch.long)
+    greedy = _greedy_requests(sampling, m)
+    if greedy.any():
+        argmax = logits.argmax(dim=-1)[rows]  # (M, N + 1)
+        verdict = accept_greedy(tree, drafts[greedy], argmax[greedy])
+        path[greedy], tokens[greedy] = verdict.path, verdict.tokens
+    if not greedy.all():
+        cumulative = torch.cumsum(counts, 0).to(torch.int32)
+        probs = apply_sampling_constraints(logits, cumulative, sampling).softmax(dim=-1)
+        for group, generator in _generator_groups(sampling, ~greedy):
+            verdict = accept_sampled(tree, drafts[group], probs[rows[group]], generator)
+            path[group], tokens[group] = verdict.path, verdict.tokens
+    out = torch.full((m, tree.num_nodes + 1), -1, dtype=torch.int32)
+    out[:, : tree.depth + 1] = tokens.to(torch.int32)
+    return SamplerOutput(sampled_token_ids=out, logprobs_tensors=None), TreeVerdict(path, tokens)
+
+
+def _padded(tree: TokenTree, num_draft_tokens: list[int], draft_token_ids: torch.Tensor):
+    """Drafts (M, N), -1 where a request has fewer nodes, and the logits row of each
+    request's root and nodes (M, N + 1), clamped to its root where it has none.
+
+    Example, N = 3, draft counts [2, 0] and flat drafts [7, 8]: drafts [[7, 8, -1],
+    [-1, -1, -1]]; rows [[0, 1, 2, 0], [3, 3, 3, 3]].
+    """
+    n = np.asarray(num_draft_tokens)
+    m, width = n.size, tree.num_nodes
+    starts = torch.from_numpy(np.concatenate([[0], np.cumsum(n + 1)[:-1]]))  # (M,) root rows
+    offsets = torch.arange(width + 1)
+    real = offsets[None, :] <= torch.from_numpy(n)[:, None]  # (M, N + 1)
+    rows = torch.where(real, starts[:, None] + offsets[None, :], starts[:, None])
+    drafts = torch.full((m, width), -1, dtype=torch.long)
+    drafts[real[:, 1:]] = draft_token_ids.long()
+    return drafts, rows
+
+
+def _greedy_requests(sampling, m: int) -> torch.Tensor:
+    if sampling.all_greedy:
+        return torch.ones(m, dtype=torch.bool)
+    if sampling.all_random:
+        return torch.zeros(m, dtype=torch.bool)
+    return sampling.temperature[:m] == GREEDY
+
+
+def _generator_groups(sampling, random: torch.Tensor):
+    """(requests, generator) groups of the random requests: each seeded request alone with
+    its own generator (so a seed reproduces its samples), the rest together."""
+    seeded = torch.zeros_like(random)
+    for index, generator in sampling.generators.items():
+        if index < random.numel() and random[index]:
+            seeded[index] = True
+            yield (
+                seeded.new_zeros(random.shape).index_fill_(0, torch.tensor(index), True),
+                generator,
+            )
+    rest = random & ~seeded
+    if rest.any():
+        yield rest, None

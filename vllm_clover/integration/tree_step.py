@@ -1,0 +1,192 @@
+"""One engine step that verifies token trees, from input preparation to compaction.
+
+vLLM schedules a tree request like a chain: its last sampled token (the root) and its N draft
+tokens (the nodes, breadth-first) as N + 1 query rows, with KV slots at positions root + 1 ..
+root + N. ``TreeStep`` changes what those rows mean, in four places of the step
+(``patches/trees.py`` calls each):
+
+1. ``set_positions``: after vLLM computed slots from the row positions, each node gets the
+   RoPE position of its depth (root + depth): node i keeps slot root + 1 + i.
+2. ``attend``: after vLLM's CPU kernel, the tree requests' rows are recomputed with the tree
+   mask (``tree_attention``); each layer's fresh key/value rows are kept for step 4.
+3. ``verify``: the target's logits at the root and every node decide the accepted path
+   (``tree.accept``); the emitted tokens go back to vLLM as if a chain of that length had
+   been accepted.
+4. ``compact``: the accepted path's KV entries are rewritten at slots root + 1 .. root + a,
+   so the next step finds a chain. The proposer reorders the step's hidden states the same
+   way (``chain_order``), and vLLM's own bookkeeping (accepted counts, the next step's
+   positions, the drafter's KV cache) needs nothing else.
+
+Example, tree [(0,), (1,), (0, 0)], root at position 40 in query row 7: rows 7..10 get
+positions 40, 41, 41, 42; if the path n1 (token 5) is accepted with bonus 9, vLLM sees
+tokens [5, 9] and rewrites nothing but n1's KV entry, from slot 42's row (8 + 1) to 41's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from vllm import _custom_ops as ops
+
+from vllm_clover.integration.tree_attention import CacheLayout, gather_prefix, tree_attention_rows
+from vllm_clover.tree.accept import TreeVerdict
+from vllm_clover.tree.kv import compaction_moves
+from vllm_clover.tree.spec import TokenTree
+
+
+@dataclass
+class LayerRows:
+    """A layer's fresh key/value rows of the tree requests and what rewriting them needs."""
+
+    keys: torch.Tensor  # (R, T, nkv, hs)
+    values: torch.Tensor  # (R, T, nkv, hs)
+    key_cache: torch.Tensor
+    value_cache: torch.Tensor
+    isa: str
+    k_scale: float
+    v_scale: float
+
+
+@dataclass
+class TreeStep:
+    """The tree requests of one step: R requests (rows of the input batch) with drafts."""
+
+    tree: TokenTree
+    requests: torch.Tensor  # (R,) input-batch rows
+    roots: torch.Tensor  # (R,) query row of each root
+    num_nodes: torch.Tensor  # (R,) nodes scheduled (a breadth-first prefix of the tree)
+    layers: list[LayerRows] = field(default_factory=list)
+    slot_mapping: torch.Tensor | None = None  # the step's (tokens,) KV slots
+    verdict: TreeVerdict | None = None
+
+    @classmethod
+    def of(cls, tree: TokenTree, num_draft_tokens: list[int], query_start_loc: np.ndarray):
+        """From vLLM's per-request draft counts and query starts (num_reqs + 1,); None when no
+        request has drafts this step."""
+        drafts = np.asarray(num_draft_tokens)
+        rows = np.flatnonzero(drafts)
+        if rows.size == 0:
+            return None
+        roots = query_start_loc[rows + 1] - drafts[rows] - 1
+        as_tensor = torch.from_numpy
+        return cls(
+            tree, as_tensor(rows), as_tensor(roots.astype(np.int64)), as_tensor(drafts[rows])
+        )
+
+    @property
+    def width(self) -> int:
+        """T: query rows per request in the padded (R, T) views, the root included."""
+        return 1 + int(self.num_nodes.max())
+
+    def rows(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """((R, T) query rows of each request's root and nodes, clamped; (R, T) which are real)."""
+        offsets = torch.arange(self.width)
+        real = offsets[None, :] <= self.num_nodes[:, None]
+        rows = self.roots[:, None] + offsets[None, :]
+        return torch.where(real, rows, self.roots[:, None]), real
+
+    def set_positions(self, positions: torch.Tensor) -> None:
+        """Node i of each request moves from position root + 1 + i to root + depth(i)."""
+        rows, real = self.rows()
+        depth = self.tree.position_offsets()[: self.width]
+        positions[rows[real]] = (positions[self.roots][:, None] + depth[None, :])[real]
+
+    def attend(self, impl, layer, query, key, value, kv_cache, metadata, output) -> None:
+        """Recompute the tree rows of one layer's attention output, in place."""
+        blocks, heads, block_size, _ = kv_cache.shape
+        key_cache, value_cache = kv_cache.view(blocks, heads, 2 * block_size, -1).chunk(2, dim=2)
+        layout = CacheLayout.probe(layer.isa, key_cache.dtype, block_size, impl.head_size)
+        rows, real = self.rows()
+        lengths = metadata.seq_lens[self.requests].long() - 1 - self.num_nodes  # (R,) prefix
+        table = metadata.block_table[self.requests]
+        longest = int(lengths.max())
+        k_new, v_new = key[rows], value[rows]  # (R, T, nkv, hs)
+        out = tree_attention_rows(
+            self.tree,
+            query[rows],
+            k_new,
+            v_new,
+            gather_prefix(key_cache, layout.key_index, table, longest),
+            gather_prefix(value_cache, layout.value_index, table, longest),
+            lengths,
+            self.num_nodes,
+            impl.scale,
+        )
+        output[rows[real]] = out[real]
+        if self.slot_mapping is None:
+            self.slot_mapping = metadata.slot_mapping.clone()
+        self.layers.append(
+            LayerRows(
+                k_new,
+                v_new,
+                key_cache,
+                value_cache,
+                layer.isa,
+                layer._k_scale_float,
+                layer._v_scale_float,
+            )  # fmt: skip
+        )
+
+    def compact(self) -> None:
+        """Rewrite each accepted path's KV entries at the slots of consecutive positions."""
+        assert self.verdict is not None and self.slot_mapping is not None
+        request, source, target = compaction_moves(self.verdict.path)
+        if request.numel() == 0:
+            return
+        slots = self.slot_mapping[self.roots[request] + target].long()
+        for layer in self.layers:
+            ops.cpu_attn_reshape_and_cache(
+                layer.keys[request, source],
+                layer.values[request, source],
+                layer.key_cache,
+                layer.value_cache,
+                slots,
+                layer.isa,
+                k_scale=layer.k_scale,
+                v_scale=layer.v_scale,
+                kv_cache_dtype="auto",
+            )
+        self.layers.clear()
+
+    def chain_order(self, num_rows: int) -> torch.Tensor | None:
+        """(num_rows,) the rows to gather so that each accepted path sits right after its
+        root, as a chain of that length would have (rows past a path are left as they are:
+        like a chain's rejected tokens, nothing reads them), or None when no path moves."""
+        assert self.verdict is not None
+        request, source, target = compaction_moves(self.verdict.path)
+        if request.numel() == 0:
+            return None
+        order = torch.arange(num_rows)
+        order[self.roots[request] + target] = self.roots[request] + source
+        return order
+
+
+@dataclass
+class TreeVerifier:
+    """A runner's token tree and the step in flight (None between steps and on steps
+    without drafts). Built by the runner when ``speculative_token_tree`` is set."""
+
+    tree: TokenTree
+    step: TreeStep | None = None
+    verified: int = 0  # requests whose tree was verified
+    off_chain: int = 0  # ... whose accepted path left the rank-0 chain (a tree's gain)
+    accepted_by_depth: list[int] = field(default_factory=list)  # paths reaching each depth
+
+    def record(self, verdict: TreeVerdict) -> None:
+        """Count a step's verdicts (diagnostics and tests: what a chain could not accept)."""
+        ranks = torch.tensor((0, *self.tree.ranks))[verdict.path + 1]  # (R, depth), -1 -> 0
+        self.verified += verdict.path.shape[0]
+        self.off_chain += int((ranks > 0).any(dim=-1).sum())
+        reached = (verdict.path >= 0).sum(dim=0).tolist()
+        if not self.accepted_by_depth:
+            self.accepted_by_depth = [0] * self.tree.depth
+        self.accepted_by_depth = [
+            a + b for a, b in zip(self.accepted_by_depth, reached, strict=True)
+        ]
+
+    @classmethod
+    def of(cls, speculative_config) -> TreeVerifier | None:
+        text = getattr(speculative_config, "speculative_token_tree", None)
+        return None if text is None else cls(TokenTree.parse(text))
