@@ -341,6 +341,37 @@ def goodput_budget(llm):
     return llm.llm_engine.engine_core.engine_core.scheduler.clover_budget
 
 
+@dataclass(frozen=True)
+class TreeStats:
+    """What a tree engine's verifier counted (``TreeVerifier``)."""
+
+    verified: int  # requests whose tree was verified
+    off_chain: int  # ... whose accepted path used a node of rank > 0 (no chain accepts it)
+    accepted_by_depth: tuple[int, ...]  # accepted paths reaching each depth
+
+
+def _tree_report(worker) -> tuple:
+    trees = getattr(worker.model_runner, "clover_trees", None)
+    if trees is None:
+        return 0, 0, ()
+    return trees.verified, trees.off_chain, tuple(trees.accepted_by_depth)
+
+
+def tree_stats(llm) -> TreeStats:
+    """The tree verifier's counters of an `in_process_llm` with speculative_token_tree."""
+    ((verified, off_chain, by_depth),) = set(llm.collective_rpc(_tree_report))
+    return TreeStats(verified, off_chain, by_depth)
+
+
+def assert_trees_verified(stats: TreeStats, tree_size: int, spec: Speculation) -> None:
+    """Trees were drafted (requests got more drafts than the tree is deep), verified, and
+    paths that leave the rank-0 chain were accepted: what only a tree accepts."""
+    assert stats.verified > 0, f"no tree was verified: {stats}"
+    assert stats.off_chain > 0, f"no accepted path left the rank-0 chain: {stats}"
+    assert spec.drafts_by_length.get(tree_size, 0) > 0, f"no full tree drafted: {spec}"
+    assert_clover_speculated(spec)
+
+
 def server_speculation(metrics_text: str, server_log: str) -> Speculation:
     """The same from a server's /metrics text and its log (the drafter is named in the log)."""
 

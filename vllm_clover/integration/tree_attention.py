@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
+import torch.nn.functional as F
 from vllm import _custom_ops as ops
 
 from vllm_clover.tree.spec import TokenTree
@@ -58,54 +59,76 @@ class CacheLayout:
         return CacheLayout(*inverse)
 
 
-def gather_prefix(
-    half: torch.Tensor, index: torch.Tensor, block_table: torch.Tensor, length: int
-) -> torch.Tensor:
-    """The first ``length`` tokens' entries of each request from one half (keys or values)
-    of a layer's cache: half (blocks, KV heads, block_size, head_size) in the kernel's
-    layout, block_table (R, max blocks) -> (R, length, KV heads, head_size)."""
-    blocks, heads, block_size, head_size = half.shape
-    flat = half.reshape(blocks, heads, block_size * head_size)  # a view: the block is contiguous
-    position = torch.arange(length)
-    block = block_table[:, position // block_size].long()  # (R, length)
-    offsets = index[position % block_size]  # (length, head_size)
+@dataclass(frozen=True)
+class PrefixPlan:
+    """What every layer of a step reads the same way: where each request's prefix lies in
+    the paged cache, and the (prefix + tree) mask of its tree rows."""
+
+    blocks: torch.Tensor  # (R, P) cache block of each prefix position
+    key_offsets: torch.Tensor  # (P, head_size) offsets in a block's key half
+    value_offsets: torch.Tensor  # (P, head_size) ... and in its value half
+    mask: torch.Tensor  # (R, 1, T, P + T) bool: which key each tree row sees
+
+    @classmethod
+    def of(
+        cls,
+        tree: TokenTree,
+        layout: CacheLayout,
+        block_table: torch.Tensor,
+        block_size: int,
+        prefix_lengths: torch.Tensor,
+        num_nodes: torch.Tensor,
+    ) -> PrefixPlan:
+        """block_table (R, max blocks); prefix_lengths (R,) cached tokens before each root;
+        num_nodes (R,) nodes scheduled (a breadth-first prefix of the tree)."""
+        longest = int(prefix_lengths.max())
+        position = torch.arange(longest)
+        t = 1 + int(num_nodes.max())
+        in_prefix = position[None, :] < prefix_lengths[:, None]  # (R, P)
+        scheduled = torch.arange(t)[None, :] <= num_nodes[:, None]  # (R, T): root + nodes
+        in_tree = tree.ancestor_mask[None, :t, :t] & scheduled[:, None, :]  # (R, T, T)
+        visible = torch.cat([in_prefix[:, None, :].expand(-1, t, -1), in_tree], dim=2)
+        return cls(
+            block_table[:, position // block_size].long(),
+            layout.key_index[position % block_size],
+            layout.value_index[position % block_size],
+            visible[:, None],
+        )
+
+
+def gather_prefix(half: torch.Tensor, blocks: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """Each request's prefix entries from one half (keys or values) of a layer's cache:
+    half (cache blocks, KV heads, block_size, head_size) in the kernel's layout, blocks
+    (R, P) and offsets (P, head_size) from ``PrefixPlan`` -> (R, KV heads, P, head_size)."""
+    num_blocks, heads, block_size, head_size = half.shape
+    flat = half.reshape(num_blocks, heads, block_size * head_size)  # a view: blocks are contiguous
     return flat[
-        block[:, :, None, None],
-        torch.arange(heads)[None, None, :, None],
-        offsets[None, :, None, :],
-    ]  # (R, length, KV heads, head_size)
+        blocks[:, None, :, None],
+        torch.arange(heads)[None, :, None, None],
+        offsets[None, None, :, :],
+    ]  # (R, KV heads, P, head_size)
 
 
 def tree_attention_rows(
-    tree: TokenTree,
+    plan: PrefixPlan,
     q: torch.Tensor,
     k_new: torch.Tensor,
     v_new: torch.Tensor,
     k_prefix: torch.Tensor,
     v_prefix: torch.Tensor,
-    prefix_lengths: torch.Tensor,
-    num_nodes: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
     """Attention of R tree requests' root and nodes, batched.
 
-    q (R, T, nh, hs) with T = 1 + the tree's nodes; k_new, v_new (R, T, nkv, hs) the same
-    rows' keys and values; k_prefix, v_prefix (R, P, nkv, hs) each request's cached prefix
-    padded to P; prefix_lengths (R,) its real length; num_nodes (R,) nodes scheduled (a
-    breadth-first prefix of the tree). Returns (R, T, nh, hs); rows past 1 + num_nodes are
-    left as computed (the caller ignores them).
+    q (R, T, nh, hs) with T = 1 + the most nodes scheduled; k_new, v_new (R, T, nkv, hs)
+    the same rows' keys and values; k_prefix, v_prefix (R, nkv, P, hs) each request's cached
+    prefix (``gather_prefix``). Returns (R, T, nh, hs); rows past a request's nodes are left
+    as computed (the caller ignores them).
     """
-    r, t, nh, hs = q.shape
-    p = k_prefix.shape[1]
-    groups = nh // k_new.shape[2]
-    k = torch.cat([k_prefix, k_new], dim=1).repeat_interleave(groups, dim=2)  # (R, P+T, nh, hs)
-    v = torch.cat([v_prefix, v_new], dim=1).repeat_interleave(groups, dim=2)  # (R, P+T, nh, hs)
     dtype = torch.promote_types(q.dtype, torch.float32)
-    scores = torch.einsum("rtnh,rsnh->rnts", q.to(dtype), k.to(dtype)) * scale  # (R, nh, T, P+T)
-    in_prefix = torch.arange(p)[None, :] < prefix_lengths[:, None]  # (R, P)
-    scheduled = torch.arange(t)[None, :] <= num_nodes[:, None]  # (R, T): root + nodes
-    in_tree = tree.ancestor_mask()[None, :t, :t] & scheduled[:, None, :]  # (R, T, T)
-    visible = torch.cat([in_prefix[:, None, :].expand(r, t, p), in_tree], dim=2)  # (R, T, P+T)
-    scores = scores.masked_fill(~visible[:, None], float("-inf"))
-    out = torch.einsum("rnts,rsnh->rtnh", scores.softmax(dim=-1), v.to(dtype))
-    return out.to(q.dtype)  # (R, T, nh, hs)
+    k = torch.cat([k_prefix, k_new.transpose(1, 2)], dim=2).to(dtype)  # (R, nkv, P+T, hs)
+    v = torch.cat([v_prefix, v_new.transpose(1, 2)], dim=2).to(dtype)  # (R, nkv, P+T, hs)
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2).to(dtype), k, v, attn_mask=plan.mask, scale=scale, enable_gqa=True
+    )  # (R, nh, T, hs)
+    return out.transpose(1, 2).to(q.dtype)  # (R, T, nh, hs)

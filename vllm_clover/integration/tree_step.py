@@ -25,12 +25,18 @@ tokens [5, 9] and rewrites nothing but n1's KV entry, from slot 42's row (8 + 1)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 import torch
 from vllm import _custom_ops as ops
 
-from vllm_clover.integration.tree_attention import CacheLayout, gather_prefix, tree_attention_rows
+from vllm_clover.integration.tree_attention import (
+    CacheLayout,
+    PrefixPlan,
+    gather_prefix,
+    tree_attention_rows,
+)
 from vllm_clover.tree.accept import TreeVerdict
 from vllm_clover.tree.kv import compaction_moves
 from vllm_clover.tree.spec import TokenTree
@@ -59,6 +65,7 @@ class TreeStep:
     num_nodes: torch.Tensor  # (R,) nodes scheduled (a breadth-first prefix of the tree)
     layers: list[LayerRows] = field(default_factory=list)
     slot_mapping: torch.Tensor | None = None  # the step's (tokens,) KV slots
+    plan: PrefixPlan | None = None  # where every layer reads the prefix, and the mask
     verdict: TreeVerdict | None = None
 
     @classmethod
@@ -80,6 +87,7 @@ class TreeStep:
         """T: query rows per request in the padded (R, T) views, the root included."""
         return 1 + int(self.num_nodes.max())
 
+    @cached_property
     def rows(self) -> tuple[torch.Tensor, torch.Tensor]:
         """((R, T) query rows of each request's root and nodes, clamped; (R, T) which are real)."""
         offsets = torch.arange(self.width)
@@ -89,7 +97,7 @@ class TreeStep:
 
     def set_positions(self, positions: torch.Tensor) -> None:
         """Node i of each request moves from position root + 1 + i to root + depth(i)."""
-        rows, real = self.rows()
+        rows, real = self.rows
         depth = self.tree.position_offsets()[: self.width]
         positions[rows[real]] = (positions[self.roots][:, None] + depth[None, :])[real]
 
@@ -97,26 +105,26 @@ class TreeStep:
         """Recompute the tree rows of one layer's attention output, in place."""
         blocks, heads, block_size, _ = kv_cache.shape
         key_cache, value_cache = kv_cache.view(blocks, heads, 2 * block_size, -1).chunk(2, dim=2)
-        layout = CacheLayout.probe(layer.isa, key_cache.dtype, block_size, impl.head_size)
-        rows, real = self.rows()
-        lengths = metadata.seq_lens[self.requests].long() - 1 - self.num_nodes  # (R,) prefix
-        table = metadata.block_table[self.requests]
-        longest = int(lengths.max())
+        if self.plan is None:  # the same for every layer of the step
+            layout = CacheLayout.probe(layer.isa, key_cache.dtype, block_size, impl.head_size)
+            lengths = metadata.seq_lens[self.requests].long() - 1 - self.num_nodes
+            table = metadata.block_table[self.requests]
+            self.plan = PrefixPlan.of(
+                self.tree, layout, table, block_size, lengths, self.num_nodes
+            )  # fmt: skip
+            self.slot_mapping = metadata.slot_mapping.clone()
+        rows, real = self.rows
         k_new, v_new = key[rows], value[rows]  # (R, T, nkv, hs)
         out = tree_attention_rows(
-            self.tree,
+            self.plan,
             query[rows],
             k_new,
             v_new,
-            gather_prefix(key_cache, layout.key_index, table, longest),
-            gather_prefix(value_cache, layout.value_index, table, longest),
-            lengths,
-            self.num_nodes,
+            gather_prefix(key_cache, self.plan.blocks, self.plan.key_offsets),
+            gather_prefix(value_cache, self.plan.blocks, self.plan.value_offsets),
             impl.scale,
         )
         output[rows[real]] = out[real]
-        if self.slot_mapping is None:
-            self.slot_mapping = metadata.slot_mapping.clone()
         self.layers.append(
             LayerRows(
                 k_new,

@@ -47,7 +47,7 @@ def tree_attention(
     k = k.repeat_interleave(groups, dim=1).transpose(0, 1)  # (nh, L + T, hs)
     v = v.repeat_interleave(groups, dim=1).transpose(0, 1)  # (nh, L + T, hs)
     visible = torch.cat(
-        [torch.ones(t, prefix, dtype=torch.bool), tree.ancestor_mask()], dim=1
+        [torch.ones(t, prefix, dtype=torch.bool), tree.ancestor_mask], dim=1
     )  # (T, L + T)
     dtype = torch.promote_types(q.dtype, torch.float32)  # softmax in at least float32
     scores = torch.einsum("tnh,nsh->nts", q.to(dtype), k.to(dtype)) * scale  # (nh, T, L + T)

@@ -141,6 +141,7 @@ class TokenTree:
             node = self.parents[node]
         return tuple(reversed(chain))
 
+    @cached_property
     def ancestor_mask(self) -> torch.Tensor:
         """(N + 1, N + 1) bool, row q sees column k: the root (row 0) and the nodes (1 + i).
 

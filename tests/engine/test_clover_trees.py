@@ -1,0 +1,146 @@
+"""Token trees (speculative_token_tree) under vLLM: outputs equal vanilla decoding (greedy,
+float32) with both shipped configurations, at max_num_seqs 1, 4 and 16 and under prefix
+caching, chunked prefill, forced preemption and aborts. Each test asserts that trees were
+drafted and verified and that paths off the rank-0 chain were accepted (what a chain
+cannot accept), besides the feature it is about. T = 1 is in test_clover_sampling.py."""
+
+import pytest
+
+from helpers import (
+    assert_trees_verified,
+    in_process_llm,
+    speculation,
+    tree_stats,
+)
+from vllm_clover.assets.data import mtbench_questions
+
+pytestmark = pytest.mark.engine
+
+TREE = "[(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 0, 0)]"
+TREE_SIZE = 8
+MAX_TOKENS = 32
+SYSTEM = "You are a meticulous assistant. Answer in plain English, in short paragraphs. " * 30
+
+
+def _prompts(tokenizer, mtbench_path, n, system=None):
+    prompts = []
+    for question in mtbench_questions(mtbench_path)[:n]:
+        messages = ([{"role": "system", "content": system}] if system else []) + [
+            {"role": "user", "content": question.turns[0]}
+        ]
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        prompts.append({"prompt_token_ids": list(getattr(ids, "input_ids", ids))})
+    return prompts
+
+
+def _generate(llm, prompts, max_tokens=MAX_TOKENS):
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    return [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False)]
+
+
+@pytest.fixture(scope="module")
+def cases(reference_target, mtbench_path):
+    """Prompts and their vanilla outputs: plain, and with a long shared system prompt."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(reference_target)
+    plain = _prompts(tokenizer, mtbench_path, 16)
+    shared = _prompts(tokenizer, mtbench_path, 6, system=SYSTEM)
+    with in_process_llm(reference_target, max_num_seqs=16) as llm:
+        return {"plain": (plain, _generate(llm, plain)), "shared": (shared, _generate(llm, shared))}
+
+
+@pytest.fixture(scope="module")
+def tree_spec(shipped_heads):
+    return {"method": "clover", "model": str(shipped_heads), "speculative_token_tree": TREE}
+
+
+def _check(llm, outputs, expected):
+    spec, trees = speculation(llm), tree_stats(llm)
+    assert outputs == expected
+    assert_trees_verified(trees, TREE_SIZE, spec)
+    assert len(spec.accepted_per_pos) == TREE_SIZE  # vLLM counts per position = per depth
+    return spec, trees
+
+
+@pytest.mark.parametrize("max_num_seqs", [1, 4, 16])
+def test_greedy_tree_output_equals_vanilla(reference_target, tree_spec, cases, max_num_seqs):
+    prompts, expected = cases["plain"]
+    n = {1: 3, 4: 8, 16: 16}[max_num_seqs]
+    with in_process_llm(
+        reference_target, speculative_config=tree_spec, max_num_seqs=max_num_seqs
+    ) as llm:
+        outputs = _generate(llm, prompts[:n])
+        spec, trees = _check(llm, outputs, expected[:n])
+    assert spec.max_requests == max_num_seqs  # the batch filled up
+    assert trees.accepted_by_depth[1] > 0  # paths two nodes deep were accepted
+
+
+def test_tree_with_prefix_caching(reference_target, tree_spec, cases):
+    prompts, expected = cases["shared"]
+    with in_process_llm(
+        reference_target,
+        speculative_config=tree_spec,
+        max_num_seqs=6,
+        enable_prefix_caching=True,
+    ) as llm:
+        first, second = _generate(llm, prompts), _generate(llm, prompts)  # second: cache hits
+        hits = sum(m.value for m in llm.get_metrics() if m.name == "vllm:prefix_cache_hits")
+        _check(llm, second, expected)
+    assert first == expected and hits > 0
+
+
+def test_tree_with_chunked_prefill(reference_target, tree_spec, cases):
+    prompts, expected = cases["shared"]
+    budget = 256
+    assert min(len(p["prompt_token_ids"]) for p in prompts) > budget  # every prompt is chunked
+    with in_process_llm(
+        reference_target,
+        speculative_config=tree_spec,
+        max_num_seqs=6,
+        enable_chunked_prefill=True,
+        max_num_batched_tokens=budget,
+        enable_prefix_caching=False,
+    ) as llm:
+        spec, _ = _check(llm, _generate(llm, prompts), expected)
+    assert 0 < spec.max_step_tokens <= budget
+
+
+def test_tree_with_forced_preemption(reference_target, tree_spec, cases):
+    prompts, expected = cases["plain"]
+    with in_process_llm(
+        reference_target,
+        speculative_config=tree_spec,
+        max_num_seqs=16,
+        block_size=32,
+        num_gpu_blocks_override=40,
+        max_model_len=512,
+    ) as llm:
+        _check(llm, _generate(llm, prompts), expected)
+        preemptions = sum(m.value for m in llm.get_metrics() if m.name == "vllm:num_preemptions")
+    assert preemptions > 0
+
+
+def test_tree_with_aborts(reference_target, tree_spec, cases):
+    from vllm import SamplingParams
+
+    prompts, expected = cases["plain"]
+    aborted = [str(i) for i in range(0, 16, 3)]
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
+    with in_process_llm(reference_target, speculative_config=tree_spec, max_num_seqs=16) as llm:
+        engine, finished = llm.llm_engine, {}
+        for i, prompt in enumerate(prompts):
+            engine.add_request(str(i), prompt, params)
+        for step in range(10_000):
+            for output in engine.step():
+                if output.finished:
+                    finished[int(output.request_id)] = list(output.outputs[0].token_ids)
+            if step == 4:
+                engine.abort_request(aborted)
+            if not engine.has_unfinished_requests():
+                break
+        kept = [i for i in range(16) if str(i) not in aborted]
+        _check(llm, [finished[i] for i in kept], [expected[i] for i in kept])
+    assert all(len(finished.get(int(i), [])) < MAX_TOKENS for i in aborted)
