@@ -341,6 +341,11 @@ def goodput_budget(llm):
     return llm.llm_engine.engine_core.engine_core.scheduler.clover_budget
 
 
+# The token tree the engine tests verify: 8 nodes, three ranks at depth 1, four deep.
+TEST_TREE = "[(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 0, 0)]"
+TEST_TREE_SIZE = 8
+
+
 @dataclass(frozen=True)
 class TreeStats:
     """What a tree engine's verifier counted (``TreeVerifier``)."""

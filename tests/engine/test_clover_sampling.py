@@ -11,7 +11,8 @@ Power: the same test, same N, must reject vanilla T=1 against vanilla T=0.8 (a t
 variation distance of about 0.1 on these tokens; T=0.7 with top-k / top-p, see
 CONTROL_TEMPERATURE), for each sampler; it is run here as a control, so a test that cannot
 fail would fail that control. Seeds are fixed: the verdict is reproducible. Each shipped Clover
-configuration is tested.
+configuration is tested, and the reference heads drafting a token tree, which the plugin's
+multi-draft rule verifies instead of vLLM's chain sampler.
 """
 
 import json
@@ -20,7 +21,16 @@ from collections import Counter
 import pytest
 import torch
 
-from helpers import assert_clover_speculated, in_process_llm, speculation
+from helpers import (
+    TEST_TREE,
+    TEST_TREE_SIZE,
+    assert_clover_speculated,
+    assert_trees_verified,
+    in_process_llm,
+    speculation,
+    tree_stats,
+)
+from vllm_clover.bundled import REFERENCE_HEADS
 
 pytestmark = pytest.mark.engine
 
@@ -100,6 +110,17 @@ def clover_samples(reference_target, shipped_heads) -> tuple[dict[str, list], ob
         return samples, speculation(llm), k
 
 
+@pytest.fixture(scope="module")
+def tree_samples(reference_target) -> tuple[dict[str, list], object, object]:
+    """The same with the reference heads drafting TEST_TREE (verified by the plugin's
+    multi-draft rule instead of vLLM's chain sampler), and the engine's tree counters."""
+    spec = {"method": "clover", "model": str(REFERENCE_HEADS)}
+    spec["speculative_token_tree"] = TEST_TREE
+    with in_process_llm(reference_target, speculative_config=spec, max_num_seqs=64) as llm:
+        samples = {name: _sample(llm, 2 * NUM_SAMPLES, 1.0, **s) for name, s in SAMPLERS.items()}
+        return samples, speculation(llm), tree_stats(llm)
+
+
 def _p_values(a, b):
     return [chi_square_homogeneity([s[pos] for s in a], [s[pos] for s in b])[2] for pos in (1, 2)]
 
@@ -118,6 +139,16 @@ def test_clover_samples_follow_the_target_distribution(vanilla_samples, clover_s
     assert_clover_speculated(stats, k=k)
     p_values = _p_values(vanilla_samples[sampler][0], samples[sampler])
     assert min(p_values) > ALPHA / 2, p_values  # Bonferroni over the two positions
+
+
+@pytest.mark.parametrize("sampler", sorted(SAMPLERS))
+def test_tree_samples_follow_the_target_distribution(vanilla_samples, tree_samples, sampler):
+    """T = 1 (and with top-k, top-p) with a token tree: the samples are distributed as
+    vanilla's, and paths off the rank-0 chain were accepted (the multi-draft rule at work)."""
+    samples, stats, trees = tree_samples
+    assert_trees_verified(trees, TEST_TREE_SIZE, stats)
+    p_values = _p_values(vanilla_samples[sampler][0], samples[sampler])
+    assert min(p_values) > ALPHA / 2, p_values
 
 
 def test_chi_square_on_known_tables():

@@ -7,6 +7,8 @@ cannot accept), besides the feature it is about. T = 1 is in test_clover_samplin
 import pytest
 
 from helpers import (
+    TEST_TREE,
+    TEST_TREE_SIZE,
     assert_trees_verified,
     in_process_llm,
     speculation,
@@ -16,8 +18,6 @@ from vllm_clover.assets.data import mtbench_questions
 
 pytestmark = pytest.mark.engine
 
-TREE = "[(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 0, 0)]"
-TREE_SIZE = 8
 MAX_TOKENS = 32
 SYSTEM = "You are a meticulous assistant. Answer in plain English, in short paragraphs. " * 30
 
@@ -54,14 +54,14 @@ def cases(reference_target, mtbench_path):
 
 @pytest.fixture(scope="module")
 def tree_spec(shipped_heads):
-    return {"method": "clover", "model": str(shipped_heads), "speculative_token_tree": TREE}
+    return {"method": "clover", "model": str(shipped_heads), "speculative_token_tree": TEST_TREE}
 
 
 def _check(llm, outputs, expected):
     spec, trees = speculation(llm), tree_stats(llm)
     assert outputs == expected
-    assert_trees_verified(trees, TREE_SIZE, spec)
-    assert len(spec.accepted_per_pos) == TREE_SIZE  # vLLM counts per position = per depth
+    assert_trees_verified(trees, TEST_TREE_SIZE, spec)
+    assert len(spec.accepted_per_pos) == TEST_TREE_SIZE  # vLLM counts per position = per depth
     return spec, trees
 
 
