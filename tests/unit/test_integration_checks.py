@@ -57,3 +57,46 @@ def test_draft_budget_defaults_to_goodput_unless_a_table_is_given(budget, schedu
 def test_goodput_with_a_table_names_the_conflict():
     with pytest.raises(CloverCheckpointError, match="num_speculative_tokens_per_batch_size"):
         resolve_draft_budget("goodput", [[1, 64, 2]])
+
+
+def _spec(tree, **fields):
+    """A stand-in SpeculativeConfig with the fields resolve_token_tree reads and writes."""
+    from types import SimpleNamespace
+
+    defaults = dict(
+        speculative_token_tree=tree,
+        num_speculative_tokens=None,
+        draft_budget=None,
+        draft_confidence=None,
+        num_speculative_tokens_per_batch_size=None,
+    )
+    return SimpleNamespace(**{**defaults, **fields})
+
+
+def test_a_tree_sets_k_and_a_fixed_budget():
+    from vllm_clover.integration.checks import resolve_token_tree
+
+    spec = _spec([(1, 0), (0,), (1,)])
+    resolve_token_tree(spec, tiny_config())
+    assert spec.speculative_token_tree == "[(0,), (1,), (1, 0)]"
+    assert (spec.num_speculative_tokens, spec.draft_budget) == (3, "fixed")
+    assert spec.draft_confidence is None
+
+
+@pytest.mark.parametrize(
+    ("tree", "fields", "message"),
+    [
+        ("[(0,), (0, 1)]", {"num_speculative_tokens": 3}, "num_speculative_tokens=3 but"),
+        ("[(0,)]", {"draft_budget": "goodput"}, r"drop \['draft_budget'\]"),
+        ("[(0,)]", {"draft_confidence": 0.2}, r"drop \['draft_confidence'\]"),
+        ("[(0,)]", {"num_speculative_tokens_per_batch_size": [[1, 4, 1]]}, "per_batch_size"),
+        ("[(0,), (0, 0), (0, 0, 0), (0, 0, 0, 0)]", {}, "4 deep but the Clover heads have 3"),
+        ("[(0,), (1, 0)]", {}, r"\(1, 0\) has no parent"),
+        ("[(200,)]", {}, "asks for rank 200 but the heads draft from 120 tokens"),
+    ],
+)
+def test_a_bad_tree_names_the_problem(tree, fields, message):
+    from vllm_clover.integration.checks import resolve_token_tree
+
+    with pytest.raises(ValueError, match=message):
+        resolve_token_tree(_spec(tree, **fields), tiny_config())
