@@ -338,6 +338,20 @@ def test_each_draft_budget_is_a_method_of_its_own():
         resolve_methods(["clover"], str(REFERENCE_HEADS), "", 4, [], ("table",))
 
 
+def test_each_tree_is_a_method_next_to_the_chain():
+    tree = "[(0,), (1,), (0, 0)]"
+    methods = resolve_methods(["clover"], str(REFERENCE_HEADS), "", 4, [], trees=(tree,))
+    assert [m.name for m in methods] == ["vanilla", "clover", "clover-tree3"]
+    spec = methods[-1].speculative_config()
+    assert spec["speculative_token_tree"] == tree and spec["num_speculative_tokens"] == 3
+    with pytest.raises(BenchError, match=r"--tree: path \(1, 0\) has no parent"):
+        resolve_methods(["clover"], str(REFERENCE_HEADS), "", 4, [], trees=("[(0,), (1, 0)]",))
+    with pytest.raises(BenchError, match="--tree: path .* is 5 deep"):
+        resolve_methods(
+            [], str(REFERENCE_HEADS), "", 4, [], trees=(str([(0,) * d for d in range(1, 6)]),)
+        )
+
+
 def test_bad_methods_and_checkpoints(tmp_path):
     with pytest.raises(BenchError, match="unknown method.*'eagle'"):
         resolve_methods(["eagle"], "", "", 4, [])

@@ -57,3 +57,4 @@ def test_verifier_counts_paths_off_the_chain_and_by_depth():
     trees = TreeVerifier(TREE)
     trees.record(TreeVerdict(torch.tensor([[1, -1], [0, 2], [-1, -1]]), torch.zeros(3, 3)))
     assert (trees.verified, trees.off_chain, trees.accepted_by_depth) == (3, 1, [2, 1])
+    assert trees.accepted_by_node == [1, 1, 1]

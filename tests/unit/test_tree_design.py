@@ -39,3 +39,15 @@ def test_best_tree_is_the_best_of_every_tree_of_its_size(size):
 def test_zero_nodes_is_refused():
     with pytest.raises(ValueError, match="at least one node"):
         best_tree(ACCURACY, 0)
+
+
+def test_best_subtree_keeps_the_most_accepted_nodes():
+    from vllm_clover.tree.design import best_subtree
+
+    tree = TokenTree.parse("[(0,), (1,), (2,), (0, 0), (1, 0), (0, 0, 0)]")
+    chances = [0.4, 0.2, 0.05, 0.12, 0.06, 0.03]
+    assert str(best_subtree(tree, chances, 2)) == "[(0,), (1,)]"
+    assert str(best_subtree(tree, chances, 4)) == "[(0,), (1,), (0, 0), (1, 0)]"
+    assert best_subtree(tree, chances, 6) == tree
+    zero = [0.4, 0.0, 0.0, 0.0, 0.0, 0.0]  # ties at zero: parents before children
+    assert str(best_subtree(tree, zero, 3)) == "[(0,), (1,), (2,)]"

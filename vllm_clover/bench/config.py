@@ -155,11 +155,13 @@ def resolve_methods(
     ngram_tokens: int,
     extra_clover: list[str],
     draft_budgets: tuple[str, ...] = DRAFT_BUDGETS[:1],
+    trees: tuple[str, ...] = (),
 ) -> tuple[Method, ...]:
     """Methods to run, vanilla first; checkpoints are checked here, not at engine start.
 
     Each Clover checkpoint runs once per draft budget: ("goodput", "fixed") gives "clover"
-    and "clover-fixed".
+    and "clover-fixed". Each token tree runs the --clover-heads checkpoint as
+    "clover-tree<nodes>".
     """
     unknown = [n for n in names if n not in STANDARD_METHODS]
     if unknown:
@@ -182,7 +184,22 @@ def resolve_methods(
     for text in extra_clover:
         name, folder = parse_named_dir(text)
         methods += _clover_methods(name, folder, f"--clover {name}", draft_budgets)
+    methods += [_tree_method(text, clover_heads) for text in trees]
     return tuple(methods)
+
+
+def _tree_method(text: str, folder: str) -> Method:
+    """The Clover checkpoint drafting the token tree ``text`` ("[(0,), (1,), (0, 0)]")."""
+    from vllm_clover.tree import TokenTree, TokenTreeError
+
+    try:
+        tree = TokenTree.parse(text)
+        tree.check_fits(checkpoint_heads(folder, "clover", "--tree"), 1 << 30)
+    except TokenTreeError as err:
+        raise BenchError(f"--tree: {err}") from None
+    options = (("speculative_token_tree", str(tree)),)
+    path = str(Path(folder).resolve())
+    return Method(f"clover-tree{tree.num_nodes}", "clover", path, tree.num_nodes, options)
 
 
 def _clover_methods(
@@ -238,6 +255,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "fixed (always its K); each Clover method runs once per budget",
     )
     parser.add_argument(
+        "--tree",
+        action="append",
+        default=[],
+        metavar="TREE",
+        help='a token tree for the --clover-heads checkpoint, e.g. "[(0,), (1,), (0, 0)]", '
+        "run as clover-tree<nodes>; repeatable",
+    )
+    parser.add_argument(
         "--batch-sizes", type=int, nargs="+", help="max_num_seqs values (default 1 4 16 64)"
     )
     parser.add_argument("--temperatures", type=float, nargs="+", help="default 0 1")
@@ -290,6 +315,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         args.ngram_tokens,
         args.clover,
         tuple(args.draft_budgets),
+        tuple(args.tree),
     )
     return BenchConfig(
         methods=methods,

@@ -181,6 +181,7 @@ class TreeVerifier:
     verified: int = 0  # requests whose tree was verified
     off_chain: int = 0  # ... whose accepted path left the rank-0 chain (a tree's gain)
     accepted_by_depth: list[int] = field(default_factory=list)  # paths reaching each depth
+    accepted_by_node: list[int] = field(default_factory=list)  # times each node was accepted
 
     def record(self, verdict: TreeVerdict) -> None:
         """Count a step's verdicts (diagnostics and tests: what a chain could not accept)."""
@@ -188,13 +189,18 @@ class TreeVerifier:
         self.verified += verdict.path.shape[0]
         self.off_chain += int((ranks > 0).any(dim=-1).sum())
         reached = (verdict.path >= 0).sum(dim=0).tolist()
+        nodes = torch.bincount(verdict.path[verdict.path >= 0], minlength=self.tree.num_nodes)
         if not self.accepted_by_depth:
             self.accepted_by_depth = [0] * self.tree.depth
-        self.accepted_by_depth = [
-            a + b for a, b in zip(self.accepted_by_depth, reached, strict=True)
-        ]
+            self.accepted_by_node = [0] * self.tree.num_nodes
+        self.accepted_by_depth = _added(self.accepted_by_depth, reached)
+        self.accepted_by_node = _added(self.accepted_by_node, nodes.tolist())
 
     @classmethod
     def of(cls, speculative_config) -> TreeVerifier | None:
         text = getattr(speculative_config, "speculative_token_tree", None)
         return None if text is None else cls(TokenTree.parse(text))
+
+
+def _added(totals: list[int], counts: list[int]) -> list[int]:
+    return [a + b for a, b in zip(totals, counts, strict=True)]

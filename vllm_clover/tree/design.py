@@ -31,6 +31,23 @@ def expected_tau(tree: TokenTree, rank_accuracy: Sequence[Sequence[float]]) -> f
     return 1.0 + sum(path_chance(p, rank_accuracy) for p in tree.paths)
 
 
+def best_subtree(tree: TokenTree, chances: Sequence[float], num_nodes: int) -> TokenTree:
+    """The ``num_nodes`` nodes of ``tree`` most often accepted, as measured: ``chances[i]``
+    is how often node i was accepted when the whole tree was verified (greedy acceptance of
+    a node depends on its path only, so the chance holds in any subtree that keeps the
+    path). A child is never accepted without its parent, so the best nodes form a tree.
+    Example: chances (0.4, 0.2, 0.12) for [(0,), (1,), (0, 0)] and 2 nodes: [(0,), (1,)]."""
+    order = sorted(range(tree.num_nodes), key=lambda i: (-chances[i], tree.depths[i], i))
+    chosen = set(order[:num_nodes])
+    for i in chosen:  # ties at zero may pick a child without its parent: keep parents first
+        parent = tree.parents[i]
+        if parent >= 0 and parent not in chosen:
+            raise ValueError(
+                f"node {tree.paths[i]} chosen without its parent: chances not measured on one tree"
+            )
+    return TokenTree.from_paths([tree.paths[i] for i in sorted(chosen)])
+
+
 def best_tree(rank_accuracy: Sequence[Sequence[float]], num_nodes: int) -> TokenTree:
     """The ``num_nodes`` nodes of highest acceptance chance (ties: shallower, lower ranks)."""
     if num_nodes < 1:
