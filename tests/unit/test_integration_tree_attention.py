@@ -13,11 +13,13 @@ TREE = TokenTree.parse("[(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]")
 
 
 def _cache(dtype, block_size, head_size, blocks=6, heads=2):
+    """(isa, kv_cache as vLLM allocates it, its key half, its value half)."""
     from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
 
     isa = _get_attn_isa(dtype, block_size, head_size, "auto")
-    kv = torch.zeros(blocks, heads, 2 * block_size, head_size, dtype=dtype)
-    return isa, *kv.chunk(2, dim=2)
+    kv_cache = torch.zeros(blocks, heads, block_size, 2 * head_size, dtype=dtype)
+    halves = kv_cache.view(blocks, heads, 2 * block_size, head_size).chunk(2, dim=2)
+    return isa, kv_cache, *halves
 
 
 def _write(isa, key_cache, value_cache, keys, values, table, block_size):
@@ -35,53 +37,66 @@ def _write(isa, key_cache, value_cache, keys, values, table, block_size):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("block_size", "head_size"), [(32, 64), (128, 64), (64, 128)])
 def test_the_probed_layout_reads_back_what_vllm_wrote(dtype, block_size, head_size):
-    from vllm_clover.integration.tree_attention import CacheLayout, PrefixPlan, gather_prefix
+    from vllm_clover.integration.tree_attention import CacheLayout, TreePlan
 
-    isa, key_cache, value_cache = _cache(dtype, block_size, head_size)
+    isa, kv_cache, key_cache, value_cache = _cache(dtype, block_size, head_size)
     table = torch.tensor([[4, 1, 5], [2, 3, 0]])
     length = 2 * block_size + 7  # across three blocks, the last one partly
     keys, values = torch.randn(2, 2, length, 2, head_size).to(dtype)
     _write(isa, key_cache, value_cache, keys, values, table, block_size)
     layout = CacheLayout.probe(isa, dtype, block_size, head_size)
-    lengths, nodes = torch.tensor([length, length]), torch.tensor([1, 1])
-    plan = PrefixPlan.of(TokenTree.chain(1), layout, table, block_size, lengths, nodes)
-    read_k = gather_prefix(key_cache, plan.blocks, plan.key_offsets)  # (R, nkv, P, hs)
-    read_v = gather_prefix(value_cache, plan.blocks, plan.value_offsets)
+    lengths, nodes = torch.tensor([length, length]), torch.tensor([0, 0])
+    plan = TreePlan.of(TokenTree.chain(1), layout, table, (2, block_size), lengths, nodes)
+    read_k, read_v = plan.gather(kv_cache)  # (R, nkv, S, hs)
     assert torch.equal(read_k.transpose(1, 2), keys) and torch.equal(read_v.transpose(1, 2), values)
 
 
 def test_batched_rows_equal_the_reference_tree_attention():
-    """Two requests, prefixes of 40 and 75 tokens in the cache, 6 and 3 nodes scheduled
-    (the second a breadth-first prefix of the tree): each real row equals tree_attention
-    over that request's own prefix and tree."""
-    from vllm_clover.integration.tree_attention import (
-        CacheLayout,
-        PrefixPlan,
-        gather_prefix,
-        tree_attention_rows,
-    )
+    """Two requests, prefixes of 40 and 75 tokens, 6 and 3 nodes scheduled (the second a
+    breadth-first prefix of the tree), all written to the cache as vLLM does before its
+    kernel: each real row equals tree_attention over that request's own prefix and tree."""
+    from vllm_clover.integration.tree_attention import CacheLayout, TreePlan, tree_attention_rows
 
     gen = torch.Generator().manual_seed(0)
     block_size, hs, nh, nkv, t = 32, 64, 4, 2, TREE.num_nodes + 1
-    isa, key_cache, value_cache = _cache(torch.float32, block_size, hs, blocks=8, heads=nkv)
+    isa, kv_cache, key_cache, value_cache = _cache(torch.float32, block_size, hs, 8, nkv)
     table = torch.tensor([[3, 0, 6], [1, 7, 2]])
-    lengths, nodes = torch.tensor([40, 75]), torch.tensor([6, 3])
-    prefix_k, prefix_v = torch.randn(2, 2, 75, nkv, hs, generator=gen)
-    _write(isa, key_cache, value_cache, prefix_k, prefix_v, table, block_size)
+    prefix, nodes = torch.tensor([40, 75]), torch.tensor([6, 3])
+    seq_lens = prefix + 1 + nodes
+    keys, values = torch.randn(2, 2, int(seq_lens.max()), nkv, hs, generator=gen)
+    _write(isa, key_cache, value_cache, keys, values, table, block_size)
     q = torch.randn(2, t, nh, hs, generator=gen)
-    k_new, v_new = torch.randn(2, 2, t, nkv, hs, generator=gen)
     layout = CacheLayout.probe(isa, torch.float32, block_size, hs)
-    plan = PrefixPlan.of(TREE, layout, table, block_size, lengths, nodes)
-    out = tree_attention_rows(
-        plan, q, k_new, v_new,
-        gather_prefix(key_cache, plan.blocks, plan.key_offsets),
-        gather_prefix(value_cache, plan.blocks, plan.value_offsets),
-        scale=hs**-0.5,
-    )  # fmt: skip
+    plan = TreePlan.of(TREE, layout, table, (nkv, block_size), seq_lens, nodes)
+    out = tree_attention_rows(plan, q, *plan.gather(kv_cache), scale=hs**-0.5)
     for r in range(2):
-        rows, length = 1 + int(nodes[r]), int(lengths[r])
+        rows, length = 1 + int(nodes[r]), int(seq_lens[r])
         sub = TokenTree.from_paths(list(TREE.paths[: rows - 1]))
-        k = torch.cat([prefix_k[r, :length], k_new[r, :rows]])
-        v = torch.cat([prefix_v[r, :length], v_new[r, :rows]])
-        expected = tree_attention(q[r, :rows], k, v, sub, scale=hs**-0.5)
+        expected = tree_attention(
+            q[r, :rows], keys[r, :length], values[r, :length], sub, scale=hs**-0.5
+        )
         torch.testing.assert_close(out[r, :rows], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_entry_index_moves_a_slot_in_the_kernel_layout():
+    """Compaction copies a slot's key and value through entry_index: reading the cache back
+    shows the destination slot holding the source's entries, the others untouched."""
+    from vllm_clover.integration.tree_attention import CacheLayout, TreePlan, entry_index
+
+    block_size, hs, nkv = 32, 64, 2
+    isa, kv_cache, key_cache, value_cache = _cache(torch.float32, block_size, hs, 4, nkv)
+    table = torch.tensor([[2, 0]])
+    keys, values = torch.randn(2, 1, 40, nkv, hs)
+    _write(isa, key_cache, value_cache, keys, values, table, block_size)
+    layout = CacheLayout.probe(isa, torch.float32, block_size, hs)
+    slot = {p: int(table[0, p // block_size]) * block_size + p % block_size for p in (35, 37)}
+    where = entry_index(layout, torch.tensor([[slot[37]], [slot[35]]]), nkv, block_size)
+    flat = kv_cache.view(-1)
+    flat[where[1]] = flat[where[0]]  # position 37's entries -> position 35
+    plan = TreePlan.of(
+        TokenTree.chain(1), layout, table, (nkv, block_size), torch.tensor([40]), torch.tensor([0])
+    )
+    read_k, read_v = (x.transpose(1, 2)[0] for x in plan.gather(kv_cache))
+    expected_k, expected_v = keys[0].clone(), values[0].clone()
+    expected_k[35], expected_v[35] = keys[0, 37], values[0, 37]
+    assert torch.equal(read_k, expected_k) and torch.equal(read_v, expected_v)

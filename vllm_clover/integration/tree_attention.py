@@ -59,15 +59,27 @@ class CacheLayout:
         return CacheLayout(*inverse)
 
 
-@dataclass(frozen=True)
-class PrefixPlan:
-    """What every layer of a step reads the same way: where each request's prefix lies in
-    the paged cache, and the (prefix + tree) mask of its tree rows."""
+def entry_index(layout: CacheLayout, slots: torch.Tensor, heads: int, block_size: int):
+    """Where each slot's key and value live in a layer's flattened cache: slots (...,) ->
+    (..., KV heads, 2, head_size) offsets into ``kv_cache.view(-1)`` (kv_cache (blocks, KV
+    heads, block_size, 2 * head_size), each (block, head) region its keys' half then its
+    values' half, each in ``layout``)."""
+    head_size = layout.key_index.shape[1]
+    half = block_size * head_size
+    block, j = slots // block_size, slots % block_size
+    region = (block[..., None] * heads + torch.arange(heads)) * 2 * half  # (..., heads)
+    within = torch.stack([layout.key_index[j], half + layout.value_index[j]], dim=-2)
+    return region[..., None, None] + within[..., None, :, :]  # (..., heads, 2, head_size)
 
-    blocks: torch.Tensor  # (R, P) cache block of each prefix position
-    key_offsets: torch.Tensor  # (P, head_size) offsets in a block's key half
-    value_offsets: torch.Tensor  # (P, head_size) ... and in its value half
-    mask: torch.Tensor  # (R, 1, T, P + T) bool: which key each tree row sees
+
+@dataclass(frozen=True)
+class TreePlan:
+    """What every layer of a step reads the same way: where each tree request's keys and
+    values lie in the paged cache (its prefix and its tree rows, which vLLM wrote before the
+    attention ran), and which of them each tree row sees."""
+
+    index: torch.Tensor  # (R, KV heads, S, 2, head_size) offsets into kv_cache.view(-1)
+    mask: torch.Tensor  # (R, 1, T, S) bool
 
     @classmethod
     def of(
@@ -75,60 +87,49 @@ class PrefixPlan:
         tree: TokenTree,
         layout: CacheLayout,
         block_table: torch.Tensor,
-        block_size: int,
-        prefix_lengths: torch.Tensor,
+        shape: tuple[int, int],
+        seq_lens: torch.Tensor,
         num_nodes: torch.Tensor,
-    ) -> PrefixPlan:
-        """block_table (R, max blocks); prefix_lengths (R,) cached tokens before each root;
-        num_nodes (R,) nodes scheduled (a breadth-first prefix of the tree)."""
-        longest = int(prefix_lengths.max())
-        position = torch.arange(longest)
-        t = 1 + int(num_nodes.max())
-        in_prefix = position[None, :] < prefix_lengths[:, None]  # (R, P)
-        scheduled = torch.arange(t)[None, :] <= num_nodes[:, None]  # (R, T): root + nodes
-        in_tree = tree.ancestor_mask[None, :t, :t] & scheduled[:, None, :]  # (R, T, T)
-        visible = torch.cat([in_prefix[:, None, :].expand(-1, t, -1), in_tree], dim=2)
-        return cls(
-            block_table[:, position // block_size].long(),
-            layout.key_index[position % block_size],
-            layout.value_index[position % block_size],
-            visible[:, None],
-        )
+    ) -> TreePlan:
+        """block_table (R, max blocks); shape (KV heads, block_size); seq_lens (R,) tokens
+        including the root and nodes; num_nodes (R,) nodes scheduled (a breadth-first prefix
+        of the tree). Example, seq_lens (10, 7), 3 and 1 nodes of a 3-node tree: S = 10; the
+        first request's tree rows see columns 0..5 and their tree part at 6..9, the second's
+        0..4 and 5..6, columns 7..9 being padding."""
+        heads, block_size = shape
+        s, t = int(seq_lens.max()), 1 + int(num_nodes.max())
+        position = torch.arange(s)
+        slots = block_table[:, position // block_size].long() * block_size + position % block_size
+        index = entry_index(layout, slots, heads, block_size)  # (R, S, heads, 2, hs)
+        prefix = seq_lens - 1 - num_nodes  # (R,)
+        mask = position[None, None, :] < prefix[:, None, None]  # (R, 1, S) -> (R, T, S)
+        mask = mask.expand(-1, t, -1).clone()
+        ancestors = tree.ancestor_mask
+        for r in range(len(seq_lens)):
+            n = 1 + int(num_nodes[r])
+            mask[r, :n, prefix[r] : prefix[r] + n] = ancestors[:n, :n]
+        return cls(index.permute(0, 2, 1, 3, 4), mask[:, None])
 
-
-def gather_prefix(half: torch.Tensor, blocks: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    """Each request's prefix entries from one half (keys or values) of a layer's cache:
-    half (cache blocks, KV heads, block_size, head_size) in the kernel's layout, blocks
-    (R, P) and offsets (P, head_size) from ``PrefixPlan`` -> (R, KV heads, P, head_size)."""
-    num_blocks, heads, block_size, head_size = half.shape
-    flat = half.reshape(num_blocks, heads, block_size * head_size)  # a view: blocks are contiguous
-    return flat[
-        blocks[:, None, :, None],
-        torch.arange(heads)[None, :, None, None],
-        offsets[None, None, :, :],
-    ]  # (R, KV heads, P, head_size)
+    def gather(self, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values (R, KV heads, S, head_size) of one layer's cache."""
+        entries = kv_cache.view(-1)[self.index]  # (R, heads, S, 2, hs)
+        return entries[..., 0, :], entries[..., 1, :]
 
 
 def tree_attention_rows(
-    plan: PrefixPlan,
-    q: torch.Tensor,
-    k_new: torch.Tensor,
-    v_new: torch.Tensor,
-    k_prefix: torch.Tensor,
-    v_prefix: torch.Tensor,
-    scale: float,
+    plan: TreePlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
 ) -> torch.Tensor:
-    """Attention of R tree requests' root and nodes, batched.
-
-    q (R, T, nh, hs) with T = 1 + the most nodes scheduled; k_new, v_new (R, T, nkv, hs)
-    the same rows' keys and values; k_prefix, v_prefix (R, nkv, P, hs) each request's cached
-    prefix (``gather_prefix``). Returns (R, T, nh, hs); rows past a request's nodes are left
-    as computed (the caller ignores them).
-    """
+    """Attention of R tree requests' root and nodes, batched: q (R, T, nh, hs) with T = 1 +
+    the most nodes scheduled; k, v (R, nkv, S, hs) from ``TreePlan.gather``. Returns
+    (R, T, nh, hs); rows past a request's nodes are left as computed (the caller ignores
+    them)."""
     dtype = torch.promote_types(q.dtype, torch.float32)
-    k = torch.cat([k_prefix, k_new.transpose(1, 2)], dim=2).to(dtype)  # (R, nkv, P+T, hs)
-    v = torch.cat([v_prefix, v_new.transpose(1, 2)], dim=2).to(dtype)  # (R, nkv, P+T, hs)
     out = F.scaled_dot_product_attention(
-        q.transpose(1, 2).to(dtype), k, v, attn_mask=plan.mask, scale=scale, enable_gqa=True
+        q.transpose(1, 2).to(dtype),
+        k.to(dtype),
+        v.to(dtype),
+        attn_mask=plan.mask,
+        scale=scale,
+        enable_gqa=True,
     )  # (R, nh, T, hs)
     return out.transpose(1, 2).to(q.dtype)  # (R, T, nh, hs)

@@ -29,30 +29,16 @@ from functools import cached_property
 
 import numpy as np
 import torch
-from vllm import _custom_ops as ops
 
 from vllm_clover.integration.tree_attention import (
     CacheLayout,
-    PrefixPlan,
-    gather_prefix,
+    TreePlan,
+    entry_index,
     tree_attention_rows,
 )
 from vllm_clover.tree.accept import TreeVerdict
 from vllm_clover.tree.kv import compaction_moves
 from vllm_clover.tree.spec import TokenTree
-
-
-@dataclass
-class LayerRows:
-    """A layer's fresh key/value rows of the tree requests and what rewriting them needs."""
-
-    keys: torch.Tensor  # (R, T, nkv, hs)
-    values: torch.Tensor  # (R, T, nkv, hs)
-    key_cache: torch.Tensor
-    value_cache: torch.Tensor
-    isa: str
-    k_scale: float
-    v_scale: float
 
 
 @dataclass
@@ -63,9 +49,10 @@ class TreeStep:
     requests: torch.Tensor  # (R,) input-batch rows
     roots: torch.Tensor  # (R,) query row of each root
     num_nodes: torch.Tensor  # (R,) nodes scheduled (a breadth-first prefix of the tree)
-    layers: list[LayerRows] = field(default_factory=list)
+    caches: list[torch.Tensor] = field(default_factory=list)  # each layer's kv_cache, in order
     slot_mapping: torch.Tensor | None = None  # the step's (tokens,) KV slots
-    plan: PrefixPlan | None = None  # where every layer reads the prefix, and the mask
+    plan: TreePlan | None = None  # where every layer reads keys and values, and the mask
+    layout: CacheLayout | None = None
     verdict: TreeVerdict | None = None
 
     @classmethod
@@ -102,61 +89,42 @@ class TreeStep:
         positions[rows[real]] = (positions[self.roots][:, None] + depth[None, :])[real]
 
     def attend(self, impl, layer, query, key, value, kv_cache, metadata, output) -> None:
-        """Recompute the tree rows of one layer's attention output, in place."""
-        blocks, heads, block_size, _ = kv_cache.shape
-        key_cache, value_cache = kv_cache.view(blocks, heads, 2 * block_size, -1).chunk(2, dim=2)
+        """Recompute the tree rows of one layer's attention output, in place. vLLM wrote the
+        rows' keys and values into the cache before the kernel ran, so the prefix and the
+        tree are read from there in one gather."""
         if self.plan is None:  # the same for every layer of the step
-            layout = CacheLayout.probe(layer.isa, key_cache.dtype, block_size, impl.head_size)
-            lengths = metadata.seq_lens[self.requests].long() - 1 - self.num_nodes
-            table = metadata.block_table[self.requests]
-            self.plan = PrefixPlan.of(
-                self.tree, layout, table, block_size, lengths, self.num_nodes
-            )  # fmt: skip
+            _, heads, block_size, _ = kv_cache.shape
+            self.layout = CacheLayout.probe(layer.isa, kv_cache.dtype, block_size, impl.head_size)
+            self.plan = TreePlan.of(
+                self.tree,
+                self.layout,
+                metadata.block_table[self.requests],
+                (heads, block_size),
+                metadata.seq_lens[self.requests].long(),
+                self.num_nodes,
+            )
             self.slot_mapping = metadata.slot_mapping.clone()
         rows, real = self.rows
-        k_new, v_new = key[rows], value[rows]  # (R, T, nkv, hs)
-        out = tree_attention_rows(
-            self.plan,
-            query[rows],
-            k_new,
-            v_new,
-            gather_prefix(key_cache, self.plan.blocks, self.plan.key_offsets),
-            gather_prefix(value_cache, self.plan.blocks, self.plan.value_offsets),
-            impl.scale,
-        )
+        k, v = self.plan.gather(kv_cache)
+        out = tree_attention_rows(self.plan, query[rows], k, v, impl.scale)
         output[rows[real]] = out[real]
-        self.layers.append(
-            LayerRows(
-                k_new,
-                v_new,
-                key_cache,
-                value_cache,
-                layer.isa,
-                layer._k_scale_float,
-                layer._v_scale_float,
-            )  # fmt: skip
-        )
+        self.caches.append(kv_cache)
 
     def compact(self) -> None:
-        """Rewrite each accepted path's KV entries at the slots of consecutive positions."""
-        assert self.verdict is not None and self.slot_mapping is not None
+        """Copy each accepted path's KV entries to the slots of consecutive positions, in
+        every layer's cache (all reads of a layer before its writes)."""
+        assert self.verdict is not None
         request, source, target = compaction_moves(self.verdict.path)
-        if request.numel() == 0:
+        if request.numel() == 0 or not self.caches:
             return
-        slots = self.slot_mapping[self.roots[request] + target].long()
-        for layer in self.layers:
-            ops.cpu_attn_reshape_and_cache(
-                layer.keys[request, source],
-                layer.values[request, source],
-                layer.key_cache,
-                layer.value_cache,
-                slots,
-                layer.isa,
-                k_scale=layer.k_scale,
-                v_scale=layer.v_scale,
-                kv_cache_dtype="auto",
-            )
-        self.layers.clear()
+        roots = self.roots[request]
+        slots = self.slot_mapping[torch.stack([roots + source, roots + target])].long()
+        _, heads, block_size, _ = self.caches[0].shape
+        where = entry_index(self.layout, slots, heads, block_size)  # (2, moves, heads, 2, hs)
+        for kv_cache in self.caches:
+            flat = kv_cache.view(-1)
+            flat[where[1]] = flat[where[0]]
+        self.caches.clear()
 
     def chain_order(self, num_rows: int) -> torch.Tensor | None:
         """(num_rows,) the rows to gather so that each accepted path sits right after its
