@@ -8,18 +8,19 @@ root + N. ``TreeStep`` changes what those rows mean, in four places of the step
 1. ``set_positions``: after vLLM computed slots from the row positions, each node gets the
    RoPE position of its depth (root + depth): node i keeps slot root + 1 + i.
 2. ``attend``: after vLLM's CPU kernel, the tree requests' rows are recomputed with the tree
-   mask (``tree_attention``); each layer's fresh key/value rows are kept for step 4.
-3. ``verify``: the target's logits at the root and every node decide the accepted path
-   (``tree.accept``); the emitted tokens go back to vLLM as if a chain of that length had
-   been accepted.
-4. ``compact``: the accepted path's KV entries are rewritten at slots root + 1 .. root + a,
-   so the next step finds a chain. The proposer reorders the step's hidden states the same
-   way (``chain_order``), and vLLM's own bookkeeping (accepted counts, the next step's
-   positions, the drafter's KV cache) needs nothing else.
+   mask (``tree_attention``), reading keys and values from the cache, where vLLM wrote the
+   step's rows before its kernel ran; each layer's cache is noted for step 4.
+3. ``verify_trees`` (tree_sampler.py): the target's logits at the root and every node
+   decide the accepted path (``tree.accept``); the emitted tokens go back to vLLM as if a
+   chain of that length had been accepted.
+4. ``compact``: the accepted path's KV entries are copied to slots root + 1 .. root + a in
+   every layer's cache, so the next step finds a chain. The proposer reorders the step's
+   hidden states the same way (``chain_order``), and vLLM's own bookkeeping (accepted
+   counts, the next step's positions, the drafter's KV cache) needs nothing else.
 
 Example, tree [(0,), (1,), (0, 0)], root at position 40 in query row 7: rows 7..10 get
 positions 40, 41, 41, 42; if the path n1 (token 5) is accepted with bonus 9, vLLM sees
-tokens [5, 9] and rewrites nothing but n1's KV entry, from slot 42's row (8 + 1) to 41's.
+tokens [5, 9], and only n1's KV entry moves: from the slot of row 9 to that of row 8.
 """
 
 from __future__ import annotations
