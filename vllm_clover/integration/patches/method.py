@@ -44,7 +44,7 @@ def patch_method_literal() -> None:
 CLOVER_FIELDS: dict[str, tuple[object, object]] = {
     "draft_confidence": (float | list[float] | None, None),
     "draft_budget": (Literal["goodput", "fixed"] | None, None),
-    "speculative_token_tree": (str | list | None, None),
+    "speculative_token_tree": (str | None, None),  # vLLM's CLI derives flags from these types
 }
 
 
