@@ -341,6 +341,46 @@ def goodput_budget(llm):
     return llm.llm_engine.engine_core.engine_core.scheduler.clover_budget
 
 
+def mtbench_prompts(tokenizer, mtbench_path, n: int, system: str | None = None) -> list[dict]:
+    """Chat-templated token ids of the first n MT-Bench first turns, as `LLM.generate`
+    prompts, each after a system prompt when one is given."""
+    from vllm_clover.assets.data import mtbench_questions
+
+    prompts = []
+    for question in mtbench_questions(mtbench_path)[:n]:
+        messages = ([{"role": "system", "content": system}] if system else []) + [
+            {"role": "user", "content": question.turns[0]}
+        ]
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        prompts.append({"prompt_token_ids": list(getattr(ids, "input_ids", ids))})
+    return prompts
+
+
+def metric_total(llm, name: str) -> float:
+    """The sum of an `in_process_llm`'s metric `name` (e.g. "vllm:num_preemptions")."""
+    return sum(m.value for m in llm.get_metrics() if m.name == name)
+
+
+def run_with_aborts(llm, prompts, params, aborted: list[str], at_step: int):
+    """Step the engine through prompts (request ids "0", "1", ...), aborting the requests
+    `aborted` after step `at_step`: ({request index: tokens} of the finished, the aborted
+    ids still running when the abort came)."""
+    engine = llm.llm_engine
+    for i, (prompt, param) in enumerate(zip(prompts, params, strict=True)):
+        engine.add_request(str(i), prompt, param)
+    finished, running_when_aborted = {}, set()
+    for step in range(10_000):
+        for output in engine.step():
+            if output.finished:
+                finished[int(output.request_id)] = list(output.outputs[0].token_ids)
+        if step == at_step:
+            running_when_aborted = set(aborted) - {str(i) for i in finished}
+            engine.abort_request(aborted)
+        if not engine.has_unfinished_requests():
+            break
+    return finished, running_when_aborted
+
+
 # The token tree the engine tests verify: 8 nodes, three ranks at depth 1, four deep.
 TEST_TREE = "[(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 0, 0)]"
 TEST_TREE_SIZE = 8

@@ -19,9 +19,11 @@ from helpers import (
     goodput_budget,
     in_process_llm,
     make_untrained_clover,
+    metric_total,
+    mtbench_prompts,
+    run_with_aborts,
     speculation,
 )
-from vllm_clover.assets.data import mtbench_questions
 
 pytestmark = pytest.mark.engine
 
@@ -30,18 +32,6 @@ SHARED_PREFIX = (
     "You are a meticulous assistant. Answer in plain English, in short paragraphs, "
     "and never use lists unless asked. "
 ) * 20  # several 128-token blocks
-
-
-def _prompts(tokenizer, mtbench_path, n, system=None):
-    """Chat-templated token ids for the first n MT-Bench first turns."""
-    prompts = []
-    for question in mtbench_questions(mtbench_path)[:n]:
-        messages = ([{"role": "system", "content": system}] if system else []) + [
-            {"role": "user", "content": question.turns[0]}
-        ]
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        prompts.append({"prompt_token_ids": list(getattr(ids, "input_ids", ids))})
-    return prompts
 
 
 def _params(n, mixed=False):
@@ -69,8 +59,8 @@ def cases(reference_target, mtbench_path):
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(reference_target)
-    plain = _prompts(tokenizer, mtbench_path, 16)
-    shared = _prompts(tokenizer, mtbench_path, 16, system=SHARED_PREFIX)
+    plain = mtbench_prompts(tokenizer, mtbench_path, 16)
+    shared = mtbench_prompts(tokenizer, mtbench_path, 16, system=SHARED_PREFIX)
     cases = {
         "plain": (plain, _params(16)),
         "shared_prefix": (shared, _params(16)),
@@ -107,7 +97,7 @@ def test_prefix_caching_with_shared_prefixes(reference_target, clover_spec, case
     ) as llm:
         first = _generate(llm, prompts, params)
         second = _generate(llm, prompts, params)  # every prompt is now a cache hit
-        hits = _counter(llm, "vllm:prefix_cache_hits")
+        hits = metric_total(llm, "vllm:prefix_cache_hits")
         stats = speculation(llm)
     assert first == expected and second == expected
     assert hits > 0
@@ -147,7 +137,7 @@ def test_preemption_forced_by_a_tiny_kv_cache(reference_target, clover_spec, cas
         max_model_len=512,
     ) as llm:
         outputs = _generate(llm, prompts, params)
-        preemptions = _counter(llm, "vllm:num_preemptions")
+        preemptions = metric_total(llm, "vllm:num_preemptions")
         stats = speculation(llm)
     assert preemptions > 0, "the KV cache was not small enough to force preemption"
     assert outputs == expected
@@ -168,19 +158,7 @@ def test_aborted_requests_leave_the_others_unaffected(reference_target, clover_s
     prompts, params, expected = cases["plain"]
     aborted = [str(i) for i in range(0, 16, 3)]
     with in_process_llm(reference_target, speculative_config=clover_spec, max_num_seqs=16) as llm:
-        engine = llm.llm_engine
-        for i, (prompt, param) in enumerate(zip(prompts, params, strict=True)):
-            engine.add_request(str(i), prompt, param)
-        finished, running_when_aborted = {}, set()
-        for step in range(10_000):
-            for output in engine.step():
-                if output.finished:
-                    finished[int(output.request_id)] = list(output.outputs[0].token_ids)
-            if step == 5:
-                running_when_aborted = set(aborted) - {str(i) for i in finished}
-                engine.abort_request(aborted)
-            if not engine.has_unfinished_requests():
-                break
+        finished, running_when_aborted = run_with_aborts(llm, prompts, params, aborted, 5)
         stats = speculation(llm)
     kept = [i for i in range(16) if i % 3 != 0]
     assert {i: finished[i] for i in kept} == {i: expected[i][0] for i in kept}
@@ -204,19 +182,25 @@ def test_dynamic_speculation_down_to_k_zero(reference_target, clover_spec, cases
     assert stats.drafts > 0 and stats.accepted > 0 and stats.drafter == "CloverProposer"
 
 
+def _together_then_alone(reference_target, spec, cases, alone: int):
+    """One engine with `spec`: the 16 plain prompts at once, then the first `alone` one by
+    one. (outputs together, outputs alone, speculation, the controller's {batch: {K: steps}})."""
+    prompts, params, _ = cases["plain"]
+    with in_process_llm(reference_target, speculative_config=spec, max_num_seqs=16) as llm:
+        together = _generate(llm, prompts, params)
+        singles = [_generate(llm, [prompt], params[:1])[0] for prompt in prompts[:alone]]
+        return together, singles, speculation(llm), goodput_budget(llm).log.k_by_batch()
+
+
 def test_goodput_budget_drafts_where_drafts_pay(reference_target, clover_spec, cases):
     """The default draft budget, in one engine: 16 requests at once, then four alone. Alone,
     verifying a few tokens is nearly free on any machine, so the controller must draft. What
     it picks under load depends on the machine's costs and the heads' acceptance (the
     benchmarks measure that); here every K it ran keeps outputs equal to vanilla, and one step
     verifies chains of different lengths (the confidence stop within the chosen K)."""
-    prompts, params, expected = cases["plain"]
+    expected = cases["plain"][2]
     spec = {key: value for key, value in clover_spec.items() if key != "draft_budget"}
-    with in_process_llm(reference_target, speculative_config=spec, max_num_seqs=16) as llm:
-        together = _generate(llm, prompts, params)
-        alone = [_generate(llm, [prompt], params[:1])[0] for prompt in prompts[:4]]
-        stats, budget = speculation(llm), goodput_budget(llm)
-        picks = budget.log.k_by_batch()
+    together, alone, stats, picks = _together_then_alone(reference_target, spec, cases, 4)
     assert together == expected and alone == expected[:4]
     assert sum(n for k, n in picks[1].items() if k > 0) > sum(picks[1].values()) / 2, picks
     assert stats.steps_by_k.get(0, 0) > 0 and len(stats.steps_by_k) > 1, stats.steps_by_k
@@ -236,13 +220,9 @@ def test_goodput_budget_stops_drafting_when_drafts_do_not_pay(
     """With heads whose drafts are (almost) never accepted, every K > 0 costs more than K = 0
     and earns nothing, on any machine: under load of 16 requests and alone, the controller's
     own decisions must be K = 0 once it has measured that, and outputs equal vanilla."""
-    prompts, params, expected = cases["plain"]
+    expected = cases["plain"][2]
     spec = {"method": "clover", "model": str(useless_heads), "num_speculative_tokens": 4}
-    with in_process_llm(reference_target, speculative_config=spec, max_num_seqs=16) as llm:
-        together = _generate(llm, prompts, params)
-        alone = [_generate(llm, [prompt], params[:1])[0] for prompt in prompts[:2]]
-        stats, budget = speculation(llm), goodput_budget(llm)
-        picks = budget.log.k_by_batch()
+    together, alone, stats, picks = _together_then_alone(reference_target, spec, cases, 2)
     assert together == expected and alone == expected[:2]
     assert stats.drafter == "CloverProposer" and stats.drafts > 0, stats  # the warm-up drafted
     loaded, single = Counter(), Counter(picks.get(1, {}))
@@ -281,7 +261,3 @@ def test_compiled_mode(reference_target, clover_spec, cases):
         stats = speculation(llm)
     assert outputs == expected[:4]
     assert_clover_speculated(stats, k=clover_spec["num_speculative_tokens"])
-
-
-def _counter(llm, name: str) -> float:
-    return sum(m.value for m in llm.get_metrics() if m.name == name)

@@ -11,26 +11,17 @@ from helpers import (
     TEST_TREE_SIZE,
     assert_trees_verified,
     in_process_llm,
+    metric_total,
+    mtbench_prompts,
+    run_with_aborts,
     speculation,
     tree_stats,
 )
-from vllm_clover.assets.data import mtbench_questions
 
 pytestmark = pytest.mark.engine
 
 MAX_TOKENS = 32
 SYSTEM = "You are a meticulous assistant. Answer in plain English, in short paragraphs. " * 30
-
-
-def _prompts(tokenizer, mtbench_path, n, system=None):
-    prompts = []
-    for question in mtbench_questions(mtbench_path)[:n]:
-        messages = ([{"role": "system", "content": system}] if system else []) + [
-            {"role": "user", "content": question.turns[0]}
-        ]
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        prompts.append({"prompt_token_ids": list(getattr(ids, "input_ids", ids))})
-    return prompts
 
 
 def _generate(llm, prompts, max_tokens=MAX_TOKENS):
@@ -46,8 +37,8 @@ def cases(reference_target, mtbench_path):
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(reference_target)
-    plain = _prompts(tokenizer, mtbench_path, 16)
-    shared = _prompts(tokenizer, mtbench_path, 6, system=SYSTEM)
+    plain = mtbench_prompts(tokenizer, mtbench_path, 16)
+    shared = mtbench_prompts(tokenizer, mtbench_path, 6, system=SYSTEM)
     with in_process_llm(reference_target, max_num_seqs=16) as llm:
         return {"plain": (plain, _generate(llm, plain)), "shared": (shared, _generate(llm, shared))}
 
@@ -87,7 +78,7 @@ def test_tree_with_prefix_caching(reference_target, tree_spec, cases):
         enable_prefix_caching=True,
     ) as llm:
         first, second = _generate(llm, prompts), _generate(llm, prompts)  # second: cache hits
-        hits = sum(m.value for m in llm.get_metrics() if m.name == "vllm:prefix_cache_hits")
+        hits = metric_total(llm, "vllm:prefix_cache_hits")
         _check(llm, second, expected)
     assert first == expected and hits > 0
 
@@ -119,7 +110,7 @@ def test_tree_with_forced_preemption(reference_target, tree_spec, cases):
         max_model_len=512,
     ) as llm:
         _check(llm, _generate(llm, prompts), expected)
-        preemptions = sum(m.value for m in llm.get_metrics() if m.name == "vllm:num_preemptions")
+        preemptions = metric_total(llm, "vllm:num_preemptions")
     assert preemptions > 0
 
 
@@ -130,17 +121,7 @@ def test_tree_with_aborts(reference_target, tree_spec, cases):
     aborted = [str(i) for i in range(0, 16, 3)]
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
     with in_process_llm(reference_target, speculative_config=tree_spec, max_num_seqs=16) as llm:
-        engine, finished = llm.llm_engine, {}
-        for i, prompt in enumerate(prompts):
-            engine.add_request(str(i), prompt, params)
-        for step in range(10_000):
-            for output in engine.step():
-                if output.finished:
-                    finished[int(output.request_id)] = list(output.outputs[0].token_ids)
-            if step == 4:
-                engine.abort_request(aborted)
-            if not engine.has_unfinished_requests():
-                break
+        finished, _ = run_with_aborts(llm, prompts, [params] * len(prompts), aborted, 4)
         kept = [i for i in range(16) if str(i) not in aborted]
         _check(llm, [finished[i] for i in kept], [expected[i] for i in kept])
     assert all(len(finished.get(int(i), [])) < MAX_TOKENS for i in aborted)
