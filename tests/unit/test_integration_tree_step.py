@@ -42,12 +42,12 @@ def test_positions_become_root_plus_depth():
 
 def test_chain_order_moves_accepted_paths_after_their_roots():
     step = _step()
-    step.verdict = TreeVerdict(torch.tensor([[1, -1], [0, -1]]), torch.tensor([[8, 3, -1]] * 2))
+    step.settle(TreeVerdict(torch.tensor([[1, -1], [0, -1]]), torch.tensor([[8, 3, -1]] * 2)))
     order = step.chain_order(12)
     assert order.tolist() == [0, 1, 2, 3, 4, 5, 7, 7, 8, 9, 10, 11]  # n1 (row 7) to row 6
-    step.verdict = TreeVerdict(torch.tensor([[0, 2], [-1, -1]]), torch.tensor([[8, 3, 1]] * 2))
+    step.settle(TreeVerdict(torch.tensor([[0, 2], [-1, -1]]), torch.tensor([[8, 3, 1]] * 2)))
     assert step.chain_order(12).tolist() == [0, 1, 2, 3, 4, 5, 6, 8, 8, 9, 10, 11]
-    step.verdict = TreeVerdict(torch.tensor([[0, -1], [0, -1]]), torch.tensor([[8, 3, -1]] * 2))
+    step.settle(TreeVerdict(torch.tensor([[0, -1], [0, -1]]), torch.tensor([[8, 3, -1]] * 2)))
     assert step.chain_order(12) is None  # rank-0 paths are already where a chain's are
 
 

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from vllm_clover.tree.kv import compact, compaction_moves, slots
+from vllm_clover.tree.kv import compaction_moves, slots
 
 pytestmark = pytest.mark.unit
 
@@ -21,9 +21,3 @@ def test_slots_follow_the_block_table():
     table = torch.tensor([[7, 2, 5], [1, 0, 3]])  # block ids, block size 4
     positions = torch.tensor([[0, 3, 4, 9], [5, 6, 7, 8]])
     assert slots(table, positions, 4).tolist() == [[28, 31, 8, 21], [1, 2, 3, 12]]
-
-
-def test_compact_reads_every_source_before_writing():
-    cache = torch.arange(10.0)[:, None].repeat(1, 3)  # slot s holds s
-    compact(cache, torch.tensor([2, 3, 6]), torch.tensor([1, 2, 3]))  # 2 is read, then written
-    assert cache[:5, 0].tolist() == [0, 2, 3, 6, 4]

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from vllm import _custom_ops as ops
 
+from vllm_clover.tree.kv import slots
 from vllm_clover.tree.spec import TokenTree
 
 
@@ -99,8 +100,8 @@ class TreePlan:
         heads, block_size = shape
         s, t = int(seq_lens.max()), 1 + int(num_nodes.max())
         position = torch.arange(s)
-        slots = block_table[:, position // block_size].long() * block_size + position % block_size
-        index = entry_index(layout, slots, heads, block_size)  # (R, S, heads, 2, hs)
+        where = slots(block_table.long(), position.expand(len(seq_lens), -1), block_size)
+        index = entry_index(layout, where, heads, block_size)  # (R, S, heads, 2, hs)
         prefix = seq_lens - 1 - num_nodes  # (R,)
         mask = position[None, None, :] < prefix[:, None, None]  # (R, 1, S) -> (R, T, S)
         mask = mask.expand(-1, t, -1).clone()

@@ -38,6 +38,7 @@ from vllm_clover.integration.tree_attention import (
     tree_attention_rows,
 )
 from vllm_clover.tree.accept import TreeVerdict
+from vllm_clover.tree.attention import tree_positions
 from vllm_clover.tree.kv import compaction_moves
 from vllm_clover.tree.spec import TokenTree
 
@@ -55,6 +56,7 @@ class TreeStep:
     plan: TreePlan | None = None  # where every layer reads keys and values, and the mask
     layout: CacheLayout | None = None
     verdict: TreeVerdict | None = None
+    moves: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # from settle()
 
     @classmethod
     def of(cls, tree: TokenTree, num_draft_tokens: list[int], query_start_loc: np.ndarray):
@@ -86,8 +88,8 @@ class TreeStep:
     def set_positions(self, positions: torch.Tensor) -> None:
         """Node i of each request moves from position root + 1 + i to root + depth(i)."""
         rows, real = self.rows
-        depth = self.tree.position_offsets()[: self.width]
-        positions[rows[real]] = (positions[self.roots][:, None] + depth[None, :])[real]
+        moved = tree_positions(self.tree, positions[self.roots])[:, : self.width]  # (R, T)
+        positions[rows[real]] = moved[real]
 
     def attend(self, impl, layer, query, key, value, kv_cache, metadata, output) -> None:
         """Recompute the tree rows of one layer's attention output, in place. vLLM wrote the
@@ -111,11 +113,16 @@ class TreeStep:
         output[rows[real]] = out[real]
         self.caches.append(kv_cache)
 
+    def settle(self, verdict: TreeVerdict) -> None:
+        """Take the sampler's verdict on this step's tree requests, and the (request, source
+        offset, target offset) moves it implies, which ``compact`` and ``chain_order`` follow."""
+        self.verdict = verdict
+        self.moves = compaction_moves(verdict.path)
+
     def compact(self) -> None:
         """Copy each accepted path's KV entries to the slots of consecutive positions, in
         every layer's cache (all reads of a layer before its writes)."""
-        assert self.verdict is not None
-        request, source, target = compaction_moves(self.verdict.path)
+        request, source, target = self.moves
         if request.numel() == 0 or not self.caches:
             return
         roots = self.roots[request]
@@ -131,8 +138,7 @@ class TreeStep:
         """(num_rows,) the rows to gather so that each accepted path sits right after its
         root, as a chain of that length would have (rows past a path are left as they are:
         like a chain's rejected tokens, nothing reads them), or None when no path moves."""
-        assert self.verdict is not None
-        request, source, target = compaction_moves(self.verdict.path)
+        request, source, target = self.moves
         if request.numel() == 0:
             return None
         order = torch.arange(num_rows)

@@ -13,8 +13,8 @@ Example, tree ``[(0,), (1,), (0, 0), (0, 1), (1, 0)]``, accepted path n1 -> n4::
     from     2   5      (offset 1 + node)
     to       1   2      (offset depth)
 
-Every source offset is at least its destination (a depth-j node has index >= j - 1), and
-``compact`` reads all sources before writing, so overlapping moves are safe.
+Every source offset is at least its destination (a depth-j node has index >= j - 1); a
+copy that reads all sources before writing (``TreeStep.compact``) is safe when moves overlap.
 """
 
 from __future__ import annotations
@@ -44,9 +44,3 @@ def slots(block_table: torch.Tensor, positions: torch.Tensor, block_size: int) -
     """
     blocks = block_table.gather(1, (positions // block_size).flatten(1)).view_as(positions)
     return blocks * block_size + positions % block_size
-
-
-def compact(cache: torch.Tensor, source_slots: torch.Tensor, target_slots: torch.Tensor) -> None:
-    """cache[target] = cache[source] along dim 0 (a slot-major view of a KV cache), in place,
-    all reads before any write."""
-    cache[target_slots] = cache[source_slots].clone()

@@ -77,7 +77,7 @@ def patch_tree_steps() -> None:
             logits,
             self.input_batch.sampling_metadata,
         )
-        step.verdict = verdict.select(step.requests)
+        step.settle(verdict.select(step.requests))
         step.compact()
         trees.record(step.verdict)
         return output
