@@ -46,9 +46,10 @@ def test_the_probed_layout_reads_back_what_vllm_wrote(dtype, block_size, head_si
     _write(isa, key_cache, value_cache, keys, values, table, block_size)
     layout = CacheLayout.probe(isa, dtype, block_size, head_size)
     lengths, nodes = torch.tensor([length, length]), torch.tensor([0, 0])
-    plan = TreePlan.of(TokenTree.chain(1), layout, table, (2, block_size), lengths, nodes)
-    read_k, read_v = plan.gather(kv_cache)  # (R, nkv, S, hs)
-    assert torch.equal(read_k.transpose(1, 2), keys) and torch.equal(read_v.transpose(1, 2), values)
+    plan = TreePlan.of(TokenTree.chain(1), layout, table, lengths, nodes)
+    assert layout.key_view is not None and layout.value_view is not None  # the fast read
+    read_k, read_v = (x[:, :, :length].transpose(1, 2) for x in plan.gather(kv_cache))
+    assert torch.equal(read_k, keys) and torch.equal(read_v, values)
 
 
 def test_batched_rows_equal_the_reference_tree_attention():
@@ -67,7 +68,7 @@ def test_batched_rows_equal_the_reference_tree_attention():
     _write(isa, key_cache, value_cache, keys, values, table, block_size)
     q = torch.randn(2, t, nh, hs, generator=gen)
     layout = CacheLayout.probe(isa, torch.float32, block_size, hs)
-    plan = TreePlan.of(TREE, layout, table, (nkv, block_size), seq_lens, nodes)
+    plan = TreePlan.of(TREE, layout, table, seq_lens, nodes)
     out = tree_attention_rows(plan, q, *plan.gather(kv_cache), scale=hs**-0.5)
     for r in range(2):
         rows, length = 1 + int(nodes[r]), int(seq_lens[r])
@@ -93,10 +94,44 @@ def test_entry_index_moves_a_slot_in_the_kernel_layout():
     where = entry_index(layout, torch.tensor([[slot[37]], [slot[35]]]), nkv, block_size)
     flat = kv_cache.view(-1)
     flat[where[1]] = flat[where[0]]  # position 37's entries -> position 35
-    plan = TreePlan.of(
-        TokenTree.chain(1), layout, table, (nkv, block_size), torch.tensor([40]), torch.tensor([0])
-    )
-    read_k, read_v = (x.transpose(1, 2)[0] for x in plan.gather(kv_cache))
+    plan = TreePlan.of(TokenTree.chain(1), layout, table, torch.tensor([40]), torch.tensor([0]))
+    read_k, read_v = (x[0, :, :40].transpose(0, 1) for x in plan.gather(kv_cache))
     expected_k, expected_v = keys[0].clone(), values[0].clone()
     expected_k[35], expected_v[35] = keys[0, 37], values[0, 37]
     assert torch.equal(read_k, expected_k) and torch.equal(read_v, expected_v)
+
+
+def test_a_layout_that_is_not_strided_is_read_entry_by_entry():
+    """Without strided views (a layout no ISA has shown yet) the plan gathers every entry,
+    and reads the same keys and values as the strided read."""
+    import dataclasses
+
+    from vllm_clover.integration.tree_attention import CacheLayout, TreePlan
+
+    block_size, hs = 32, 64
+    isa, kv_cache, key_cache, value_cache = _cache(torch.float32, block_size, hs)
+    table, lengths, nodes = torch.tensor([[4, 1]]), torch.tensor([45]), torch.tensor([0])
+    keys, values = torch.randn(2, 1, 45, 2, hs)
+    _write(isa, key_cache, value_cache, keys, values, table, block_size)
+    strided = CacheLayout.probe(isa, torch.float32, block_size, hs)
+    entrywise = dataclasses.replace(strided, key_view=None, value_view=None)
+    fast, slow = (
+        TreePlan.of(TokenTree.chain(1), layout, table, lengths, nodes).gather(kv_cache)
+        for layout in (strided, entrywise)
+    )
+    for a, b in zip(fast, slow, strict=True):
+        assert torch.equal(a[:, :, :45], b[:, :, :45])
+    assert torch.equal(slow[0][0, :, :45].transpose(0, 1), keys[0])
+
+
+def test_strided_half_finds_tiles_and_refuses_a_shuffle():
+    """A tiled layout (tokens in tiles of 4, channels in pairs) is found as its strided view;
+    a shuffled block has none."""
+    from vllm_clover.integration.tree_attention import StridedHalf
+
+    j, d = torch.arange(8)[:, None], torch.arange(6)[None, :]
+    tiled = (j // 4) * 24 + (d // 2) * 8 + (j % 4) * 2 + d % 2  # (8, 6)
+    view = StridedHalf.find(tiled)
+    assert view == StridedHalf((2, 4, 3, 2), (24, 2, 8, 1), 0)
+    shuffled = torch.randperm(48, generator=torch.Generator().manual_seed(0)).view(8, 6)
+    assert StridedHalf.find(shuffled) is None

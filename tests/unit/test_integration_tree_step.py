@@ -25,6 +25,20 @@ def test_rows_of_the_tree_requests():
     rows, real = step.rows
     assert rows.tolist() == [[5, 6, 7, 8], [9, 10, 11, 9]]
     assert real.tolist() == [[True] * 4, [True, True, True, False]]
+    targets, where = step.targets
+    assert targets.tolist() == [5, 6, 7, 8, 9, 10, 11]
+    assert rows[where].tolist() == targets.tolist() and not step.dense
+
+
+def test_the_kernel_runs_only_when_other_rows_share_the_step():
+    """The prefill chunk's 5 rows need vLLM's causal kernel; a step of tree rows alone does
+    not."""
+    from vllm_clover.integration.tree_step import TreeStep
+
+    assert not _step().covers(12)
+    assert TreeStep.of(TREE, [3, 2], np.array([0, 4, 7])).covers(7)
+    dense = TreeStep.of(TREE, [3, 3], np.array([0, 4, 8]))
+    assert dense.covers(8) and dense.dense
 
 
 def test_no_drafts_no_step():

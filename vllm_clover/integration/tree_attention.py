@@ -1,16 +1,20 @@
 """Tree attention over vLLM-CPU's paged KV cache, for the speculative part of a step.
 
 vLLM's CPU kernel (`cpu_attention_with_kv_cache`) knows causal masks only. On a tree step the
-runner lets it compute every row as usual, and then recomputes the rows of each tree request
-(its root and nodes) here, in PyTorch: the prefix's keys and values are read from the paged
-cache, the tree's own from the layer's fresh key/value rows, and the mask is the tree's
-(``TokenTree.ancestor_mask``). A GPU build would instead hand the same mask to a kernel that
-takes a custom mask (FlashInfer's, or FlexAttention's block mask) and never recompute.
+rows of each tree request (its root and nodes) are computed here instead, in PyTorch: keys and
+values of the prefix and of the tree are read from the paged cache (vLLM writes the step's
+rows there before the attention runs), and the mask is the tree's (``TokenTree.ancestor_mask``).
+The kernel runs only when other requests (prefills, requests without drafts) share the step,
+and their rows keep its output. A GPU build would instead hand the same mask to a kernel that
+takes a custom mask (FlashInfer's, or FlexAttention's block mask).
 
 The kernel stores each (block, KV head) in a layout of its own per ISA (keys transposed for
-`vec`, paired for `amx`, ...). Rather than encode those layouts, ``CacheLayout.probe`` writes
-known values with vLLM's own writer (`cpu_attn_reshape_and_cache`) into a one-block cache and
-reads back where each (token, channel) landed; reading the prefix is then a gather.
+`vec`, tiled in pairs for `amx`, ...). Rather than encode those layouts, ``CacheLayout.probe``
+writes known values with vLLM's own writer (`cpu_attn_reshape_and_cache`) into a one-block
+cache and reads back where each (token, channel) landed. Every layout seen so far is a strided
+view of the block (``StridedHalf``), so a layer's keys and values are read as whole blocks (one
+``index_select``) and reordered by one strided copy; a layout that is not strided falls back
+to a gather of every entry, about twice as slow.
 """
 
 from __future__ import annotations
@@ -27,13 +31,54 @@ from vllm_clover.tree.spec import TokenTree
 
 
 @dataclass(frozen=True)
+class StridedHalf:
+    """A block's key (or value) half as a strided view: token j = (j1, j0) and channel
+    d = (d1, d0) in digits of sizes (block_size / q, q, head_size / p, p) sit at offset
+    ``origin + j1 * strides[0] + j0 * strides[1] + d1 * strides[2] + d0 * strides[3]``.
+
+    Example, `vec` keys (block 128, head 64): sizes (128, 1, 64, 1), strides (1, 0, 128, 0),
+    the keys stored transposed; `amx` keys in bfloat16: sizes (8, 16, 32, 2), strides
+    (1024, 2, 32, 1), tiles of 16 tokens with channels in pairs."""
+
+    sizes: tuple[int, int, int, int]
+    strides: tuple[int, int, int, int]
+    origin: int
+
+    @classmethod
+    def find(cls, index: torch.Tensor) -> StridedHalf | None:
+        """The view that reads ``index`` (block_size, head_size) in (j, d) order, if any."""
+        block_size, head_size = index.shape
+        offsets = torch.arange(index.numel())
+        for q in _powers_of_two(block_size):
+            for p in _powers_of_two(head_size):
+                sizes = (block_size // q, q, head_size // p, p)
+                digits = index.view(sizes)
+                origin = int(digits[0, 0, 0, 0])
+                unit = [(0,) * i + (min(1, n - 1),) + (0,) * (3 - i) for i, n in enumerate(sizes)]
+                strides = tuple(int(digits[u]) - origin for u in unit)
+                end = origin + sum((n - 1) * st for n, st in zip(sizes, strides, strict=True))
+                if min(strides) < 0 or end >= index.numel():
+                    continue
+                if torch.equal(offsets.as_strided(sizes, strides, origin), digits):
+                    return cls(sizes, strides, origin)
+        return None
+
+
+def _powers_of_two(n: int) -> list[int]:
+    return [1 << i for i in range(n.bit_length()) if n % (1 << i) == 0]
+
+
+@dataclass(frozen=True)
 class CacheLayout:
     """Where token j's channel d of a (block, KV head) lives, for keys and for values:
     ``key[j, d]`` is offset ``key_index[j, d]`` of the block's flattened key half
-    (block_size * head_size values), likewise for values."""
+    (block_size * head_size values), likewise for values; and the same as strided views,
+    where the layout is one."""
 
     key_index: torch.Tensor  # (block_size, head_size) int64
     value_index: torch.Tensor  # (block_size, head_size) int64
+    key_view: StridedHalf | None = None
+    value_view: StridedHalf | None = None
 
     @staticmethod
     @lru_cache(maxsize=8)
@@ -57,7 +102,7 @@ class CacheLayout:
             index = torch.empty_like(flat)
             index[flat] = torch.arange(flat.numel())
             inverse.append(index.view(block_size, head_size))
-        return CacheLayout(*inverse)
+        return CacheLayout(*inverse, *map(StridedHalf.find, inverse))
 
 
 def entry_index(layout: CacheLayout, slots: torch.Tensor, heads: int, block_size: int):
@@ -75,12 +120,13 @@ def entry_index(layout: CacheLayout, slots: torch.Tensor, heads: int, block_size
 
 @dataclass(frozen=True)
 class TreePlan:
-    """What every layer of a step reads the same way: where each tree request's keys and
-    values lie in the paged cache (its prefix and its tree rows, which vLLM wrote before the
-    attention ran), and which of them each tree row sees."""
+    """What every layer of a step reads the same way: the cache blocks of each tree request
+    (its prefix and its tree rows, which vLLM wrote before the attention ran), and which of
+    their S = blocks * block_size columns each tree row sees."""
 
-    index: torch.Tensor  # (R, KV heads, S, 2, head_size) offsets into kv_cache.view(-1)
-    mask: torch.Tensor  # (R, 1, T, S) bool
+    layout: CacheLayout
+    blocks: torch.Tensor  # (R, nb) cache blocks of each request, padded with its first
+    mask: torch.Tensor  # (R, 1, T, S) float32, 0 where a row sees a column, -inf elsewhere
 
     @classmethod
     def of(
@@ -88,33 +134,58 @@ class TreePlan:
         tree: TokenTree,
         layout: CacheLayout,
         block_table: torch.Tensor,
-        shape: tuple[int, int],
         seq_lens: torch.Tensor,
         num_nodes: torch.Tensor,
     ) -> TreePlan:
-        """block_table (R, max blocks); shape (KV heads, block_size); seq_lens (R,) tokens
-        including the root and nodes; num_nodes (R,) nodes scheduled (a breadth-first prefix
-        of the tree). Example, seq_lens (10, 7), 3 and 1 nodes of a 3-node tree: S = 10; the
-        first request's tree rows see columns 0..5 and their tree part at 6..9, the second's
-        0..4 and 5..6, columns 7..9 being padding."""
-        heads, block_size = shape
-        s, t = int(seq_lens.max()), 1 + int(num_nodes.max())
-        position = torch.arange(s)
-        where = slots(block_table.long(), position.expand(len(seq_lens), -1), block_size)
-        index = entry_index(layout, where, heads, block_size)  # (R, S, heads, 2, hs)
+        """block_table (R, max blocks); seq_lens (R,) tokens including the root and nodes;
+        num_nodes (R,) nodes scheduled (a breadth-first prefix of the tree). Example, block
+        size 4, seq_lens (10, 7), 3 and 1 nodes of a 3-node tree: 3 blocks, S = 12; the first
+        request's tree rows see columns 0..5 and their tree part at 6..9, the second's 0..4
+        and 5..6, columns past a request's length being padding."""
+        block_size = layout.key_index.shape[0]
+        nb = -(-int(seq_lens.max()) // block_size)
+        blocks = block_table[:, :nb].long()
+        used = torch.arange(nb)[None, :] * block_size < seq_lens[:, None]
+        blocks = torch.where(used, blocks, blocks[:, :1])
+        position = torch.arange(nb * block_size)
         prefix = seq_lens - 1 - num_nodes  # (R,)
-        mask = position[None, None, :] < prefix[:, None, None]  # (R, 1, S) -> (R, T, S)
-        mask = mask.expand(-1, t, -1).clone()
+        sees = position[None, None, :] < prefix[:, None, None]  # (R, 1, S) -> (R, T, S)
+        sees = sees.expand(-1, 1 + int(num_nodes.max()), -1).clone()
         ancestors = tree.ancestor_mask
         for r in range(len(seq_lens)):
             n = 1 + int(num_nodes[r])
-            mask[r, :n, prefix[r] : prefix[r] + n] = ancestors[:n, :n]
-        return cls(index.permute(0, 2, 1, 3, 4), mask[:, None])
+            sees[r, :n, prefix[r] : prefix[r] + n] = ancestors[:n, :n]
+        mask = torch.zeros(sees.shape).masked_fill_(~sees, float("-inf"))
+        return cls(layout, blocks, mask[:, None])
 
-    def gather(self, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values (R, KV heads, S, head_size) of one layer's cache."""
-        entries = kv_cache.view(-1)[self.index]  # (R, heads, S, 2, hs)
-        return entries[..., 0, :], entries[..., 1, :]
+    def gather(
+        self, kv_cache: torch.Tensor, dtype: torch.dtype | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values (R, KV heads, S, head_size) of one layer's cache, in ``dtype``
+        (the cache's by default): the requests' blocks in one copy, then each half put in
+        order by one copy through its strided view (for a layout that is not strided, a
+        gather of every entry)."""
+        (r, nb), (_, heads, block_size, width) = self.blocks.shape, kv_cache.shape
+        head_size, dtype = width // 2, dtype or kv_cache.dtype
+        shape = (r, heads, nb * block_size, head_size)
+        if self.layout.key_view is None or self.layout.value_view is None:
+            positions = torch.arange(nb * block_size).expand(r, -1)
+            index = entry_index(self.layout, slots(self.blocks, positions, block_size), heads,
+                                block_size).permute(0, 2, 1, 3, 4)  # fmt: skip
+            entries = kv_cache.view(-1)[index].to(dtype)  # (R, heads, S, 2, hs)
+            return entries[..., 0, :], entries[..., 1, :]
+        region = 2 * block_size * head_size  # one (block, head): keys, then values
+        copied = kv_cache.index_select(0, self.blocks.view(-1))  # (R * nb, heads, bs, 2 hs)
+        halves = []
+        for view, start in ((self.layout.key_view, 0), (self.layout.value_view, region // 2)):
+            source = copied.as_strided(
+                (r, heads, nb, *view.sizes),
+                (nb * heads * region, region, heads * region, *view.strides),
+                start + view.origin,
+            )  # (R, heads, nb, j1, j0, d1, d0)
+            ordered = source.contiguous() if dtype == source.dtype else source.to(dtype)
+            halves.append(ordered.view(shape))
+        return halves[0], halves[1]
 
 
 def tree_attention_rows(
@@ -126,11 +197,7 @@ def tree_attention_rows(
     them)."""
     dtype = torch.promote_types(q.dtype, torch.float32)
     out = F.scaled_dot_product_attention(
-        q.transpose(1, 2).to(dtype),
-        k.to(dtype),
-        v.to(dtype),
-        attn_mask=plan.mask,
-        scale=scale,
-        enable_gqa=True,
-    )  # (R, nh, T, hs)
+        q.transpose(1, 2).to(dtype), k.to(dtype), v.to(dtype),
+        attn_mask=plan.mask, scale=scale, enable_gqa=True,
+    )  # fmt: skip
     return out.transpose(1, 2).to(q.dtype)  # (R, T, nh, hs)

@@ -7,9 +7,10 @@ root + N. ``TreeStep`` changes what those rows mean, in four places of the step
 
 1. ``set_positions``: after vLLM computed slots from the row positions, each node gets the
    RoPE position of its depth (root + depth): node i keeps slot root + 1 + i.
-2. ``attend``: after vLLM's CPU kernel, the tree requests' rows are recomputed with the tree
-   mask (``tree_attention``), reading keys and values from the cache, where vLLM wrote the
-   step's rows before its kernel ran; each layer's cache is noted for step 4.
+2. ``attend``: the tree requests' rows are computed with the tree mask (``tree_attention``),
+   reading keys and values from the cache, where vLLM wrote the step's rows before the
+   attention ran; vLLM's causal kernel runs only when other requests share the step. Each
+   layer's cache is noted for step 4.
 3. ``verify_trees`` (tree_sampler.py): the target's logits at the root and every node
    decide the accepted path (``tree.accept``); the emitted tokens go back to vLLM as if a
    chain of that length had been accepted.
@@ -91,26 +92,49 @@ class TreeStep:
         moved = tree_positions(self.tree, positions[self.roots])[:, : self.width]  # (R, T)
         positions[rows[real]] = moved[real]
 
-    def attend(self, impl, layer, query, key, value, kv_cache, metadata, output) -> None:
-        """Recompute the tree rows of one layer's attention output, in place. vLLM wrote the
-        rows' keys and values into the cache before the kernel ran, so the prefix and the
-        tree are read from there in one gather."""
+    @cached_property
+    def targets(self) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """The query rows of every real (request, offset), and where they are in (R, T)."""
+        rows, real = self.rows
+        return rows[real], real.nonzero(as_tuple=True)
+
+    @cached_property
+    def dense(self) -> bool:
+        """Whether the tree rows are the step's first R * T rows, every request with T - 1
+        nodes (the steady state of decoding): request r's rows are r * T .. r * T + T - 1."""
+        rows, real = self.rows
+        return bool(real.all()) and bool((rows.view(-1) == torch.arange(rows.numel())).all())
+
+    def covers(self, num_tokens: int) -> bool:
+        """Whether the step's tree rows are all of its num_tokens query rows (then vLLM's
+        kernel has nothing left to compute)."""
+        return int(self.num_nodes.sum()) + len(self.num_nodes) == num_tokens
+
+    def attend(self, impl, layer, query, kv_cache, metadata, output) -> None:
+        """Compute the tree rows of one layer's attention output, in place. vLLM wrote the
+        rows' keys and values into the cache before the attention ran, so the prefix and the
+        tree are read from there together."""
         if self.plan is None:  # the same for every layer of the step
-            _, heads, block_size, _ = kv_cache.shape
+            block_size = kv_cache.shape[2]
             self.layout = CacheLayout.probe(layer.isa, kv_cache.dtype, block_size, impl.head_size)
             self.plan = TreePlan.of(
                 self.tree,
                 self.layout,
                 metadata.block_table[self.requests],
-                (heads, block_size),
                 metadata.seq_lens[self.requests].long(),
                 self.num_nodes,
             )
             self.slot_mapping = metadata.slot_mapping.clone()
-        rows, real = self.rows
-        k, v = self.plan.gather(kv_cache)
-        out = tree_attention_rows(self.plan, query[rows], k, v, impl.scale)
-        output[rows[real]] = out[real]
+        rows, _ = self.rows
+        dense = self.dense  # then the rows are 0 .. R * T - 1, in order: views, no gathers
+        q = query[: rows.numel()].view(*rows.shape, *query.shape[1:]) if dense else query[rows]
+        k, v = self.plan.gather(kv_cache, torch.promote_types(query.dtype, torch.float32))
+        out = tree_attention_rows(self.plan, q, k, v, impl.scale)  # (R, T, nh, hs)
+        if dense:
+            output[: rows.numel()].view_as(out).copy_(out)
+        else:
+            targets, real = self.targets
+            output.index_copy_(0, targets, out[real])
         self.caches.append(kv_cache)
 
     def settle(self, verdict: TreeVerdict) -> None:

