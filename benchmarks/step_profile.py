@@ -23,6 +23,9 @@ Clover K=0 is a speculative engine that never drafts (what a step costs with spe
 configured but off).
 
     python benchmarks/step_profile.py --batch-sizes 1 4 16 64 --out docs/bench/step-profile
+
+`--tree TREE` (repeatable) adds a row per token tree (``speculative_token_tree``, every node
+drafted at every step), named ``clover tree<N>`` after its node count.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from pathlib import Path
 import torch
 
 from vllm_clover.bundled import REFERENCE_HEADS
+from vllm_clover.tree.spec import TokenTree
 
 FORWARD_SCOPE = "step_profile::forward"
 MATMUL_MARKERS = ("mm", "linear", "matmul", "onednn", "gemm")
@@ -151,11 +155,27 @@ def clover_spec(heads: str, k: int | None) -> dict | None:
     return spec
 
 
+def tree_spec(heads: str, tree: str) -> dict:
+    """Every node of ``tree`` drafted and verified at every step."""
+    return {"method": "clover", "model": heads, "speculative_token_tree": tree}
+
+
+def configurations(heads: str, ks: list[int], trees: list[str]):
+    """(method name, speculative_config) in the order they run at each batch size."""
+    yield "vanilla", None
+    for k in [0, *ks]:
+        yield f"clover K={k}", clover_spec(heads, k)
+    for text in trees:
+        nodes = TokenTree.parse(text).num_nodes
+        yield f"clover tree{nodes}", tree_spec(heads, text)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--ks", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--tree", action="append", default=[], help="a token tree to add")
     parser.add_argument("--heads", default=str(REFERENCE_HEADS))
     parser.add_argument("--dtype", default="float32", help="the target's (float32: the tests')")
     parser.add_argument("--out", type=Path, default=Path("step-profile"))
@@ -166,10 +186,8 @@ def main() -> None:
     target = str(fetch_reference_target())
     rows = []
     for batch in args.batch_sizes:
-        for k in [None, 0, *args.ks]:
-            row = {"batch": batch, "method": "vanilla" if k is None else f"clover K={k}"}
-            row["dtype"] = args.dtype
-            spec = clover_spec(args.heads, k)
+        for method, spec in configurations(args.heads, args.ks, args.tree):
+            row = {"batch": batch, "method": method, "dtype": args.dtype}
             row.update(measure(target, spec, batch, args.max_tokens, args.dtype))
             rows.append(row)
             print(json.dumps(row), flush=True)
