@@ -12,6 +12,9 @@ is ``vllm-clover bench --tree TREE``.
 
     python benchmarks/tree_search.py --sizes 4 8 12 16 24 --search-prompts 40 \
         --out docs/bench/trees
+
+``--write-default N`` records the best N-node tree in the heads' config.json (``token_tree``),
+which ``"speculative_token_tree": "default"`` then drafts.
 """
 
 from __future__ import annotations
@@ -65,19 +68,33 @@ def best_trees(found: dict, sizes: list[int]) -> dict[str, dict]:
     return out
 
 
+def write_default(heads: Path, tree: str) -> None:
+    """Record ``tree`` as the checkpoint's default (config.json ``token_tree``), keeping the
+    file's other fields, and check that the config still loads."""
+    from vllm_clover.modeling.config import CloverConfig
+
+    path = heads / "config.json"
+    config = json.loads(path.read_text())
+    config["token_tree"] = tree
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    CloverConfig.from_pretrained(heads)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[4, 8, 12, 16])
     parser.add_argument("--search-prompts", type=int, default=40)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--heads", type=Path, default=REFERENCE_HEADS)
+    parser.add_argument("--write-default", type=int, metavar="N", help="record tree-N as default")
     parser.add_argument("--out", type=Path, default=Path("docs/bench/trees"))
     args = parser.parse_args()
+    if args.write_default is not None and args.write_default not in args.sizes:
+        parser.error(f"--write-default {args.write_default} must be one of --sizes")
     from vllm_clover.assets.target import fetch_reference_target
 
     target, chats = fetch_reference_target(), load_prompts()
-    found = search(
-        target, REFERENCE_HEADS, take_prompts(chats, args.search_prompts), args.max_tokens
-    )
+    found = search(target, args.heads, take_prompts(chats, args.search_prompts), args.max_tokens)
     trees = best_trees(found, args.sizes)
     for name, entry in trees.items():
         print(f"{name:8} predicted tau {entry['predicted_tau']:.3f}  {entry['tree']}")
@@ -85,9 +102,11 @@ def main() -> None:
     report = {
         "search": found,
         "trees": trees,
-        "args": vars(args) | {"out": str(args.out)},
+        "args": vars(args) | {"out": str(args.out), "heads": str(args.heads)},
     }
     (args.out / "tree_search.json").write_text(json.dumps(report, indent=1))
+    if args.write_default is not None:
+        write_default(args.heads, trees[f"tree-{args.write_default}"]["tree"])
 
 
 if __name__ == "__main__":

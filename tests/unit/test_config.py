@@ -22,6 +22,8 @@ pytestmark = pytest.mark.unit
         (dict(target_hidden_size=D + 1), "target_hidden_size"),
         (dict(num_heads=2, draft_confidence=[0.1]), "one threshold per head \\(2\\), got 1"),
         (dict(num_heads=2, draft_confidence=[0.1, -1]), "draft_confidence: thresholds are"),
+        (dict(num_heads=2, token_tree="[(0,), (0, 0), (0, 0, 0)]"), "token_tree: path"),
+        (dict(token_tree="[(0,), (1, 0)]"), r"token_tree: path \(1, 0\) has no parent"),
     ],
 )
 def test_config_validation(overrides: dict, message: str) -> None:

@@ -83,6 +83,17 @@ def test_a_tree_sets_k_and_a_fixed_budget():
     assert spec.draft_confidence is None
 
 
+def test_default_is_the_checkpoints_own_tree():
+    from vllm_clover.integration.checks import resolve_token_tree
+
+    spec = _spec("default", model="heads/")
+    resolve_token_tree(spec, tiny_config(token_tree="[(0,), (1,), (0, 0)]"))
+    assert spec.speculative_token_tree == "[(0,), (1,), (0, 0)]"
+    assert spec.num_speculative_tokens == 3
+    with pytest.raises(ValueError, match='"default": heads/ records no token_tree'):
+        resolve_token_tree(_spec("default", model="heads/"), tiny_config())
+
+
 @pytest.mark.parametrize(
     ("tree", "fields", "message"),
     [

