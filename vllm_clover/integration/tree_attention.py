@@ -158,21 +158,18 @@ class TreePlan:
         mask = torch.zeros(sees.shape).masked_fill_(~sees, float("-inf"))
         return cls(layout, blocks, mask[:, None])
 
-    def gather(
-        self, kv_cache: torch.Tensor, dtype: torch.dtype | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values (R, KV heads, S, head_size) of one layer's cache, in ``dtype``
-        (the cache's by default): the requests' blocks in one copy, then each half put in
-        order by one copy through its strided view (for a layout that is not strided, a
-        gather of every entry)."""
+    def gather(self, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values (R, KV heads, S, head_size) of one layer's cache: the requests'
+        blocks in one copy, then each half put in order by one copy through its strided
+        view (for a layout that is not strided, a gather of every entry)."""
         (r, nb), (_, heads, block_size, width) = self.blocks.shape, kv_cache.shape
-        head_size, dtype = width // 2, dtype or kv_cache.dtype
+        head_size = width // 2
         shape = (r, heads, nb * block_size, head_size)
         if self.layout.key_view is None or self.layout.value_view is None:
             positions = torch.arange(nb * block_size).expand(r, -1)
             index = entry_index(self.layout, slots(self.blocks, positions, block_size), heads,
                                 block_size).permute(0, 2, 1, 3, 4)  # fmt: skip
-            entries = kv_cache.view(-1)[index].to(dtype)  # (R, heads, S, 2, hs)
+            entries = kv_cache.view(-1)[index]  # (R, heads, S, 2, hs)
             return entries[..., 0, :], entries[..., 1, :]
         region = 2 * block_size * head_size  # one (block, head): keys, then values
         copied = kv_cache.index_select(0, self.blocks.view(-1))  # (R * nb, heads, bs, 2 hs)
@@ -183,8 +180,7 @@ class TreePlan:
                 (nb * heads * region, region, heads * region, *view.strides),
                 start + view.origin,
             )  # (R, heads, nb, j1, j0, d1, d0)
-            ordered = source.contiguous() if dtype == source.dtype else source.to(dtype)
-            halves.append(ordered.view(shape))
+            halves.append(source.contiguous().view(shape))
         return halves[0], halves[1]
 
 

@@ -128,8 +128,7 @@ class TreeStep:
         rows, _ = self.rows
         dense = self.dense  # then the rows are 0 .. R * T - 1, in order: views, no gathers
         q = query[: rows.numel()].view(*rows.shape, *query.shape[1:]) if dense else query[rows]
-        k, v = self.plan.gather(kv_cache, torch.promote_types(query.dtype, torch.float32))
-        out = tree_attention_rows(self.plan, q, k, v, impl.scale)  # (R, T, nh, hs)
+        out = tree_attention_rows(self.plan, q, *self.plan.gather(kv_cache), impl.scale)
         if dense:
             output[: rows.numel()].view_as(out).copy_(out)
         else:
