@@ -1,8 +1,9 @@
 """Token trees (speculative_token_tree) under vLLM: outputs equal vanilla decoding (greedy,
 float32) with both shipped configurations, at max_num_seqs 1, 4 and 16 and under prefix
-caching, chunked prefill, forced preemption and aborts. Each test asserts that trees were
-drafted and verified and that paths off the rank-0 chain were accepted (what a chain
-cannot accept), besides the feature it is about. T = 1 is in test_clover_sampling.py."""
+caching, chunked prefill, forced preemption and aborts, and with each checkpoint's default
+tree ("default"). Each test asserts that trees were drafted and verified and that paths off
+the rank-0 chain were accepted (what a chain cannot accept), besides the feature it is
+about. T = 1 is in test_clover_sampling.py."""
 
 import pytest
 
@@ -48,11 +49,11 @@ def tree_spec(shipped_heads):
     return {"method": "clover", "model": str(shipped_heads), "speculative_token_tree": TEST_TREE}
 
 
-def _check(llm, outputs, expected):
+def _check(llm, outputs, expected, tree_size=TEST_TREE_SIZE):
     spec, trees = speculation(llm), tree_stats(llm)
     assert outputs == expected
-    assert_trees_verified(trees, TEST_TREE_SIZE, spec)
-    assert len(spec.accepted_per_pos) == TEST_TREE_SIZE  # vLLM counts per position = per depth
+    assert_trees_verified(trees, tree_size, spec)
+    assert len(spec.accepted_per_pos) == tree_size  # vLLM counts per position = per depth
     return spec, trees
 
 
@@ -125,3 +126,19 @@ def test_tree_with_aborts(reference_target, tree_spec, cases):
         kept = [i for i in range(16) if str(i) not in aborted]
         _check(llm, [finished[i] for i in kept], [expected[i] for i in kept])
     assert all(len(finished.get(int(i), [])) < MAX_TOKENS for i in aborted)
+
+
+def test_default_is_the_tree_the_checkpoint_records(reference_target, shipped_heads, cases):
+    """ "default" drafts the checkpoint's own tree (config.json token_tree): every shipped
+    checkpoint records one, the engine resolves to it, and it verifies like any tree."""
+    from vllm_clover.modeling.config import CloverConfig
+    from vllm_clover.tree import TokenTree
+
+    recorded = CloverConfig.from_pretrained(shipped_heads).token_tree
+    assert recorded is not None, f"{shipped_heads} records no token_tree"
+    spec = {"method": "clover", "model": str(shipped_heads), "speculative_token_tree": "default"}
+    prompts, expected = cases["plain"]
+    with in_process_llm(reference_target, speculative_config=spec, max_num_seqs=4) as llm:
+        resolved = llm.llm_engine.vllm_config.speculative_config.speculative_token_tree
+        _check(llm, _generate(llm, prompts[:8]), expected[:8], TokenTree.parse(recorded).num_nodes)
+    assert resolved == recorded
