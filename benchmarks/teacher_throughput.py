@@ -27,12 +27,8 @@ import time
 import torch
 
 
-def option_names(dtypes: list[str], batches: list[int], compiled: list[bool]) -> list[tuple]:
-    return list(itertools.product(dtypes, batches, compiled))
-
-
 def build(target: str, dtype: str, compiled: bool):
-    """(teacher, seconds spent compiling: 0 unless compiled, measured on the first call)."""
+    """The target as `train` loads it, in ``dtype``, under torch.compile if ``compiled``."""
     from vllm_clover.training.teacher import load_teacher
 
     teacher = load_teacher(target, torch.device("cpu"), getattr(torch, dtype))
@@ -50,7 +46,46 @@ def timed(teacher, ids: torch.Tensor, mask: torch.Tensor) -> float:
     return time.perf_counter() - start
 
 
+def prepare(target: str, options: list[tuple], seq_len: int) -> dict:
+    """Per option (dtype, batch tokens, compiled): its teacher, its packed input and the
+    seconds of its first call (the compile, when compiled)."""
+    prepared = {}
+    for dtype, batch, compiled in options:
+        teacher = build(target, dtype, compiled)
+        gen = torch.Generator().manual_seed(batch)
+        shape = (batch // seq_len, seq_len)
+        ids = torch.randint(3, teacher.config.vocab_size, shape, generator=gen)
+        mask = torch.ones_like(ids, dtype=torch.bool)
+        first = timed(teacher, ids, mask)
+        prepared[(dtype, batch, compiled)] = (teacher, (ids, mask), first)
+    return prepared
+
+
+def measure(prepared: dict, repeats: int) -> list[dict]:
+    """Alternating rounds over the options; one row per option with its median tokens/s."""
+    times = {key: [] for key in prepared}
+    for _ in range(repeats):
+        for key, (teacher, inputs, _) in prepared.items():
+            times[key].append(timed(teacher, *inputs))
+    rows = []
+    for key, values in times.items():
+        (dtype, _, compiled), (_, (ids, _), first) = key, prepared[key]
+        median = sorted(values)[len(values) // 2]
+        rows.append({
+            "dtype": dtype,
+            "batch_tokens": ids.numel(),
+            "compiled": compiled,
+            "tokens_per_s": ids.numel() / median,
+            "range": [ids.numel() / max(values), ids.numel() / min(values)],
+            "first_call_seconds": first,
+            "seconds": values,
+        })  # fmt: skip
+    return rows
+
+
 def main() -> None:
+    from vllm_clover.training.cache import CACHE_DTYPE
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", default="smollm2-135m-instruct")
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
@@ -61,51 +96,26 @@ def main() -> None:
     parser.add_argument("--json")
     args = parser.parse_args()
     compiled = {"off": [False], "on": [True], "both": [False, True]}[args.compile]
-    options = option_names(args.dtypes, args.batch_tokens, compiled)
-    vocab = None
-    teachers, inputs, compile_seconds = {}, {}, {}
-    for dtype, batch, comp in options:
-        teacher = build(args.target, dtype, comp)
-        vocab = teacher.config.vocab_size
-        gen = torch.Generator().manual_seed(batch)
-        ids = torch.randint(3, vocab, (batch // args.seq_len, args.seq_len), generator=gen)
-        mask = torch.ones_like(ids, dtype=torch.bool)
-        compile_seconds[(dtype, batch, comp)] = timed(teacher, ids, mask)  # warm-up / compile
-        teachers[(dtype, batch, comp)], inputs[(dtype, batch, comp)] = teacher, (ids, mask)
-    times = {key: [] for key in options}
-    for _ in range(args.repeats):
-        for key in options:
-            times[key].append(timed(teachers[key], *inputs[key]))
-    rows = []
-    for (dtype, batch, comp), values in times.items():
-        tokens = inputs[(dtype, batch, comp)][0].numel()
-        median = sorted(values)[len(values) // 2]
-        row = {
-            "dtype": dtype,
-            "batch_tokens": tokens,
-            "compiled": comp,
-            "tokens_per_s": tokens / median,
-            "range": [tokens / max(values), tokens / min(values)],
-            "first_call_seconds": compile_seconds[(dtype, batch, comp)],
-            "seconds": values,
-        }
-        rows.append(row)
+    options = list(itertools.product(args.dtypes, args.batch_tokens, compiled))
+    prepared = prepare(args.target, options, args.seq_len)
+    rows = measure(prepared, args.repeats)
+    for row in rows:
         print(
-            f"{dtype:9s} batch {tokens:5d} compile {'on ' if comp else 'off'}: "
-            f"{row['tokens_per_s']:6.0f} tokens/s ({row['range'][0]:.0f}-{row['range'][1]:.0f})"
-            f", first call {row['first_call_seconds']:.1f} s"
+            f"{row['dtype']:9s} batch {row['batch_tokens']:5d} compile "
+            f"{'on ' if row['compiled'] else 'off'}: {row['tokens_per_s']:6.0f} tokens/s "
+            f"({row['range'][0]:.0f}-{row['range'][1]:.0f}), first call "
+            f"{row['first_call_seconds']:.1f} s"
         )
-    from vllm_clover.training.cache import CACHE_DTYPE
-
+    config = next(iter(prepared.values()))[0].config
     # the cache keeps H in CACHE_DTYPE whatever the teacher's dtype, and an int32 argmax
-    per_token = teachers[options[0]].config.hidden_size * CACHE_DTYPE.itemsize + 4
+    per_token = config.hidden_size * CACHE_DTYPE.itemsize + 4
     print(f"hidden-state cache: {per_token * 1e6 / 2**30:.2f} GiB per 1M tokens on disk")
     if args.json:
         result = {
             "target": args.target,
             "threads": torch.get_num_threads(),
             "seq_len": args.seq_len,
-            "vocab_size": vocab,
+            "vocab_size": config.vocab_size,
             "options": rows,
             "cache_bytes_per_token": per_token,
         }
