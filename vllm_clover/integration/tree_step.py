@@ -105,10 +105,15 @@ class TreeStep:
         rows, real = self.rows
         return bool(real.all()) and bool((rows.view(-1) == torch.arange(rows.numel())).all())
 
+    @cached_property
+    def num_rows(self) -> int:
+        """Query rows of the step's tree requests: each one's root and nodes."""
+        return int(self.num_nodes.sum()) + len(self.num_nodes)
+
     def covers(self, num_tokens: int) -> bool:
         """Whether the step's tree rows are all of its num_tokens query rows (then vLLM's
         kernel has nothing left to compute)."""
-        return int(self.num_nodes.sum()) + len(self.num_nodes) == num_tokens
+        return self.num_rows == num_tokens
 
     def attend(self, impl, layer, query, kv_cache, metadata, output) -> None:
         """Compute the tree rows of one layer's attention output, in place. vLLM wrote the

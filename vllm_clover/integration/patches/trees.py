@@ -100,7 +100,8 @@ def patch_tree_attention() -> None:
     @functools.wraps(original)
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kw):
         step = getattr(attn_metadata, "clover_tree", None)
-        scales = [*args, *kw.values()]  # output quantization, which vLLM-CPU refuses anyway
+        # output_scale / output_block_scale: fused quantization, which vLLM-CPU refuses
+        scales = [*args, kw.get("output_scale"), kw.get("output_block_scale")]
         if (
             step is None
             or self.attn_type != AttentionType.DECODER
