@@ -70,14 +70,14 @@ def best_trees(found: dict, sizes: list[int]) -> dict[str, dict]:
 
 def write_default(heads: Path, tree: str) -> None:
     """Record ``tree`` as the checkpoint's default (config.json ``token_tree``), keeping the
-    file's other fields, and check that the config still loads."""
+    file's other fields; the config is validated before the file is written."""
     from vllm_clover.modeling.config import CloverConfig
 
     path = heads / "config.json"
     config = json.loads(path.read_text())
     config["token_tree"] = tree
+    CloverConfig.from_dict(config)  # ValueError naming the problem, the file untouched
     path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    CloverConfig.from_pretrained(heads)
 
 
 def main() -> None:

@@ -55,7 +55,6 @@ class TreeStep:
     caches: list[torch.Tensor] = field(default_factory=list)  # each layer's kv_cache, in order
     slot_mapping: torch.Tensor | None = None  # the step's (tokens,) KV slots
     plan: TreePlan | None = None  # where every layer reads keys and values, and the mask
-    layout: CacheLayout | None = None
     verdict: TreeVerdict | None = None
     moves: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # from settle()
 
@@ -121,10 +120,9 @@ class TreeStep:
         tree are read from there together."""
         if self.plan is None:  # the same for every layer of the step
             block_size = kv_cache.shape[2]
-            self.layout = CacheLayout.probe(layer.isa, kv_cache.dtype, block_size, impl.head_size)
             self.plan = TreePlan.of(
                 self.tree,
-                self.layout,
+                CacheLayout.probe(layer.isa, kv_cache.dtype, block_size, impl.head_size),
                 metadata.block_table[self.requests],
                 metadata.seq_lens[self.requests].long(),
                 self.num_nodes,
@@ -156,7 +154,7 @@ class TreeStep:
         roots = self.roots[request]
         slots = self.slot_mapping[torch.stack([roots + source, roots + target])].long()
         _, heads, block_size, _ = self.caches[0].shape
-        where = entry_index(self.layout, slots, heads, block_size)  # (2, moves, heads, 2, hs)
+        where = entry_index(self.plan.layout, slots, heads, block_size)  # (2, moves, heads, 2, hs)
         for kv_cache in self.caches:
             flat = kv_cache.view(-1)
             flat[where[1]] = flat[where[0]]
