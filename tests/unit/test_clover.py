@@ -25,6 +25,14 @@ VARIANTS = {
     "medusa": dict(
         use_augmenting_block=False, use_attention_decoder=False, use_regressive_connection=False
     ),
+    "clover2_draft_vocab": dict(
+        fuse_next_token=True,
+        head_projection="linear",
+        num_augmenting_layers=2,
+        draft_vocab_size=40,
+    ),
+    "gated": dict(augmenting_gate=True),
+    "linear_heads_no_block": dict(head_projection="linear", use_augmenting_block=False),
 }
 
 
@@ -67,9 +75,11 @@ def expected_param_count(cfg: CloverConfig) -> int:
     d, hd, i = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
     attn = d * cfg.num_attention_heads * hd * 2 + d * cfg.num_key_value_heads * hd * 2
     layer = attn + 3 * d * i + 2 * d
-    total = cfg.num_heads * (d * d + d)  # ResBlocks with bias
+    per_head = 2 * d * d + d if cfg.head_projection == "linear" else d * d + d
+    total = cfg.num_heads * per_head  # ResBlocks or projections of [h ; e], with bias
     if cfg.use_augmenting_block:
         total += cfg.num_augmenting_layers * layer + d
+    total += (3 * d * d + d) * cfg.fuse_next_token + d * cfg.augmenting_gate
     if cfg.use_attention_decoder:
         total += 3 * d * d + d
         if not cfg.use_regressive_connection:
@@ -98,13 +108,24 @@ def test_parameter_counts_scale_linearly(variant: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "variant", ["clover", "no_decoder", "no_regressive", "two_layers_draft_vocab"]
+    "variant",
+    [
+        "clover",
+        "no_decoder",
+        "no_regressive",
+        "two_layers_draft_vocab",
+        "clover2_draft_vocab",
+        "gated",
+        "linear_heads_no_block",
+    ],
 )
 def test_teacher_forced_forward_equals_propose(variant: str) -> None:
     model, _ = random_clover(tiny_config(**VARIANTS[variant]))
     hidden, t, t0 = torch.randn(1, 8, D), 5, torch.tensor([17])
+    next_ids = torch.zeros(1, 8, dtype=torch.long)
+    next_ids[0, t] = t0  # what the block's fusion reads at t (Clover-2)
     with torch.no_grad():
-        h0 = model.augment(hidden)[:, t]  # (1, D)
+        h0 = model.augment(hidden, next_ids)[:, t]  # (1, D)
     drafts = model.propose(h0, t0, K)  # (1, K) target ids
     head_inputs = torch.zeros(1, 8, K, dtype=torch.long)
     head_inputs[0, t] = torch.cat([t0, drafts[0, :-1]])  # [t0, own argmax 0, own argmax 1]
@@ -116,7 +137,33 @@ def test_teacher_forced_forward_equals_propose(variant: str) -> None:
 def test_augment_is_the_identity_without_the_block() -> None:
     model, _ = random_clover(tiny_config(use_augmenting_block=False))
     hidden = torch.randn(2, 4, D)
-    assert model.augmenting is None and torch.equal(model.augment(hidden), hidden)
+    next_ids = torch.randint(0, V, (2, 4))
+    assert model.augmenting is None and torch.equal(model.augment(hidden, next_ids), hidden)
+
+
+def test_fresh_gate_makes_the_block_the_identity() -> None:
+    """A zero gate: h0 = H whatever the block computes; the block still gets a gradient
+    through the gate's own one once the gate moves."""
+    model, _ = random_clover(tiny_config(augmenting_gate=True))
+    with torch.no_grad():
+        model.adapter.gate.zero_()
+    hidden, next_ids = torch.randn(2, 5, D), torch.randint(0, V, (2, 5))
+    assert torch.equal(model.augment(hidden, next_ids), hidden)
+    model.augment(hidden, next_ids).sum().backward()
+    assert model.adapter.gate.grad.abs().sum() > 0
+
+
+def test_fusion_reads_the_next_token() -> None:
+    """With fuse_next_token, h0 at t depends on x_{t+1}; without, it does not."""
+    for fuse, differs in ((True, True), (False, False)):
+        model, _ = random_clover(tiny_config(fuse_next_token=fuse))
+        hidden, ids = torch.randn(1, 5, D), torch.randint(0, V, (1, 5))
+        other = ids.clone()
+        other[0, 4] = (ids[0, 4] + 1) % V
+        with torch.no_grad():
+            a, b = model.augment(hidden, ids), model.augment(hidden, other)
+        assert torch.equal(a[:, :4], b[:, :4])  # causal: earlier positions never see it
+        assert (not torch.equal(a[:, 4], b[:, 4])) == differs
 
 
 def test_checkpoint_names_are_flat_and_route_back_to_their_parts() -> None:
@@ -134,6 +181,7 @@ def test_checkpoint_names_are_flat_and_route_back_to_their_parts() -> None:
     assert set(parts.tables) == {"draft_vocab_ids"}
     assert set(parts.augmenting) == set(model.augmenting.state_dict())
     assert set(parts.heads) == set(model.heads.state_dict())
+    assert parts.adapter == {}
     again = CloverModel(model.config)
     again.load_checkpoint_state(state)
     assert all(torch.equal(state[n], t) for n, t in again.checkpoint_state().items())
@@ -148,3 +196,23 @@ def test_modeling_does_not_import_vllm() -> None:
     )
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     assert subprocess.run([sys.executable, "-c", code], env=env, check=False).returncode == 0
+
+
+def test_adapter_weights_route_to_the_adapter() -> None:
+    cfg = tiny_config(fuse_next_token=True, augmenting_gate=True, head_projection="linear")
+    model, _ = random_clover(cfg)
+    state = model.checkpoint_state()
+    parts = split_checkpoint_state(state)
+    assert set(parts.adapter) == {
+        "fuse.norm.weight",
+        "fuse.q_proj.weight",
+        "fuse.k_proj.weight",
+        "fuse.v_proj.weight",
+        "gate",
+    }
+    assert {"blocks.0.weight", "blocks.0.bias"} <= set(parts.heads)
+    again = CloverModel(cfg)
+    again.load_checkpoint_state(state)
+    assert all(torch.equal(state[n], t) for n, t in again.checkpoint_state().items())
+    with pytest.raises(RuntimeError, match="Missing key"):
+        CloverModel(cfg).load_checkpoint_state({k: v for k, v in state.items() if k != "gate"})

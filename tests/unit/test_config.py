@@ -24,6 +24,14 @@ pytestmark = pytest.mark.unit
         (dict(num_heads=2, draft_confidence=[0.1, -1]), "draft_confidence: thresholds are"),
         (dict(num_heads=2, token_tree="[(0,), (0, 0), (0, 0, 0)]"), "token_tree: path"),
         (dict(token_tree="[(0,), (1, 0)]"), r"token_tree: path \(1, 0\) has no parent"),
+        (dict(head_projection="mlp"), "head_projection must be one of"),
+        (dict(fuse_next_token=True, use_augmenting_block=False), "fuse_next_token fuses"),
+        (dict(fuse_next_token=True, use_regressive_connection=False), "fuse_next_token fuses"),
+        (dict(augmenting_gate=True, use_augmenting_block=False), "augmenting_gate gates"),
+        (
+            dict(fuse_next_token=True, use_attention_decoder=False, decoder_num_heads=5),
+            "decoder_num_heads=5",
+        ),
     ],
 )
 def test_config_validation(overrides: dict, message: str) -> None:
@@ -40,6 +48,16 @@ def test_config_medusa_and_round_trip() -> None:
     cfg = tiny_config(draft_vocab_size=40, target_name="tiny", target_lm_head_fingerprint="v1:x")
     again = CloverConfig.from_dict(cfg.to_dict())
     assert again.to_dict() == cfg.to_dict() and again.model_type == "clover"
+
+
+def test_config_clover2() -> None:
+    shape = dict(hidden_size=D, vocab_size=V, num_heads=4, num_attention_heads=4)
+    cfg = CloverConfig.clover2(**shape, intermediate_size=48)
+    assert cfg.fuse_next_token and cfg.head_projection == "linear"
+    assert cfg.num_hidden_layers == 2 and cfg.use_attention_decoder and not cfg.augmenting_gate
+    again = CloverConfig.from_dict(cfg.to_dict())
+    assert again.to_dict() == cfg.to_dict()
+    assert CloverConfig.clover2(**shape, num_augmenting_layers=1).num_hidden_layers == 1
 
 
 def test_needs_input_embedding_only_for_the_input_embedding_regressive_connection() -> None:

@@ -116,6 +116,32 @@ def test_ablation_step_formulas() -> None:
         assert torch.equal(h, h0) and torch.equal(z, model.heads.blocks[1](h0))
 
 
+def test_clover2_step_formulas() -> None:
+    """Linear heads: z_i = W_i [h_i ; e] + b_i with e the token the step read; with the next
+    token fused before the block, step 0 keeps h0 and only projects it."""
+    h_prev, h0, prev = torch.randn(4, D), torch.randn(4, D), torch.randint(0, V, (4,))
+    cfg = tiny_config(fuse_next_token=True, head_projection="linear")
+    with torch.no_grad():
+        model, _ = random_clover(cfg)
+        heads, tables = model.heads, model.tables
+        e = tables.embed(prev, heads.dtype)
+        h, z = heads.step(0, h0, h0, prev, tables)
+        w, b = heads.blocks[0].weight, heads.blocks[0].bias
+        assert torch.equal(h, h0)
+        torch.testing.assert_close(z, torch.cat([h0, e], -1) @ w.T + b)
+        h, z = heads.step(1, h_prev, h0, prev, tables)
+        torch.testing.assert_close(h, heads.decoder(h_prev, e))
+        w, b = heads.blocks[1].weight, heads.blocks[1].bias
+        torch.testing.assert_close(z, torch.cat([h, e], -1) @ w.T + b)
+
+
+def test_fresh_linear_head_is_the_identity() -> None:
+    torch.manual_seed(0)
+    heads = CloverModel(tiny_config(head_projection="linear")).heads
+    h, e = torch.randn(3, D), torch.randn(3, D)
+    assert torch.equal(heads.blocks[2](h, e), h)
+
+
 def test_propose_rejects_more_steps_than_heads() -> None:
     model, _ = random_clover(tiny_config())
     with pytest.raises(ValueError, match="3 trained heads"):

@@ -26,9 +26,13 @@ def _walk(model, h0, t0, path):
     return prev
 
 
-@pytest.mark.parametrize("draft_vocab_size", [None, 50])
-def test_each_node_is_its_paths_walk(draft_vocab_size):
-    model, _ = random_clover(tiny_config(draft_vocab_size=draft_vocab_size), seed=3, scale=0.5)
+CLOVER2 = dict(fuse_next_token=True, head_projection="linear")
+
+
+@pytest.mark.parametrize(("draft_vocab_size", "flags"), [(None, {}), (50, {}), (50, CLOVER2)])
+def test_each_node_is_its_paths_walk(draft_vocab_size, flags):
+    cfg = tiny_config(draft_vocab_size=draft_vocab_size, **flags)
+    model, _ = random_clover(cfg, seed=3, scale=0.5)
     h0, t0 = _inputs()
     drafts = propose_tree(model.heads, h0, t0, TREE, model.tables)  # (M, N)
     assert drafts.shape == (5, TREE.num_nodes)
@@ -38,9 +42,10 @@ def test_each_node_is_its_paths_walk(draft_vocab_size):
     assert all(len(set(row)) == 3 for row in siblings.tolist())  # ranks give distinct tokens
 
 
-@pytest.mark.parametrize("draft_vocab_size", [None, 50])
-def test_the_chain_tree_drafts_what_propose_drafts(draft_vocab_size):
-    model, _ = random_clover(tiny_config(draft_vocab_size=draft_vocab_size), seed=4, scale=0.5)
+@pytest.mark.parametrize(("draft_vocab_size", "flags"), [(None, {}), (50, {}), (50, CLOVER2)])
+def test_the_chain_tree_drafts_what_propose_drafts(draft_vocab_size, flags):
+    cfg = tiny_config(draft_vocab_size=draft_vocab_size, **flags)
+    model, _ = random_clover(cfg, seed=4, scale=0.5)
     h0, t0 = _inputs()
     chain = propose_tree(model.heads, h0, t0, TokenTree.chain(3), model.tables)
     assert torch.equal(chain, model.heads.propose(h0, t0, 3, model.tables))

@@ -8,6 +8,7 @@ routed by `split_checkpoint_state`:
 
     layers.{j}.*, norm.weight   -> self.layers / self.norm (vLLM layers, q/k/v and
                                    gate/up stacked into qkv_proj / gate_up_proj)
+    fuse.*, gate                -> self.adapter (the shared `BlockAdapter`)
     draft_vocab_ids             -> self.tables
     everything else             -> self.heads (decoder.*, blocks.*, ...)
 """
@@ -25,6 +26,7 @@ from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.model_executor.models.llama import LlamaDecoderLayer
 from vllm.model_executor.models.utils import maybe_prefix
 
+from vllm_clover.modeling.block_adapter import BlockAdapter
 from vllm_clover.modeling.clover import split_checkpoint_state
 from vllm_clover.modeling.config import CloverConfig
 from vllm_clover.modeling.head_loop import HeadLoop
@@ -74,7 +76,7 @@ def build_tables(config: CloverConfig, tensor_parallel_size: int) -> TargetTable
 
 
 class CloverDraftModel(nn.Module):
-    """Augmenting Block (vLLM layers, own KV cache) + head loop + target tables."""
+    """Augmenting Block (vLLM layers, own KV cache) and its adapter + head loop + tables."""
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
@@ -94,6 +96,7 @@ class CloverDraftModel(nn.Module):
             for j in range(depth)
         )
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps) if depth else None
+        self.adapter = BlockAdapter(config)
         self.heads = HeadLoop(config)
         self.tables = build_tables(config, vllm_config.parallel_config.tensor_parallel_size)
 
@@ -109,22 +112,27 @@ class CloverDraftModel(nn.Module):
         """h0 for every token: the Augmenting Block over H, or H itself when it is off.
 
         Returns (h0, h0), both [num_tokens, hidden_size] (EAGLE-style proposers expect a
-        pair). `input_ids` are unused: Clover reads tokens only in the head loop.
+        pair). `input_ids` are EAGLE's shifted ids, the token after each position (the
+        sampled t0 after a request's last one); only a next-token fusion reads them.
         """
         if not self.layers:
             return hidden_states, hidden_states
-        residual = None
+        x = self.adapter.block_input(hidden_states, input_ids, self.tables)
+        hidden_states, residual = x, None
         for layer in self.layers:
             hidden_states, residual = layer(positions, hidden_states, residual)
         hidden_states, _ = self.norm(hidden_states, residual)
-        return hidden_states, hidden_states
+        h0 = self.adapter.block_output(x, hidden_states)
+        return h0, h0
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Route checkpoint tensors to the vLLM layers, the head loop and the tables; strict."""
         parts = split_checkpoint_state(dict(weights))
         self.heads.load_state_dict(parts.heads, strict=True)
         self.tables.load_state_dict(parts.tables, strict=True)
+        self.adapter.load_state_dict(parts.adapter, strict=True)
         loaded = {f"heads.{name}" for name, _ in self.heads.named_parameters()}
+        loaded |= {f"adapter.{name}" for name, _ in self.adapter.named_parameters()}
         return loaded | self._load_augmenting(list(parts.augmenting.items()))
 
     def _load_augmenting(self, weights: list[tuple[str, torch.Tensor]]) -> set[str]:

@@ -2,7 +2,9 @@
 
 ``CloverModel`` composes the three parts, each owning one thing::
 
-    augmenting  AugmentingBlock   H (B, T, D) -> h0 (B, T, D); None when the block is off
+    adapter     BlockAdapter      the block's input (H, or H fused with the next token)
+                                  and its gated output
+    augmenting  AugmentingBlock   x (B, T, D) -> y (B, T, D); None when the block is off
     heads       HeadLoop          h0, previous tokens -> head features z, drafts
     tables      TargetTables      the target's LM head / embedding, the draft vocabulary
 
@@ -10,10 +12,11 @@ vLLM's draft model (``integration/model.py``) composes vLLM layers for the block
 same ``HeadLoop`` and a ``TargetTables`` (or its tensor-parallel variant).
 
 The checkpoint stores the parts' tensors under flat names (docs/checkpoint-format.md):
-``layers.{j}.*`` and ``norm.weight`` are the Augmenting Block's, ``draft_vocab_ids`` the
-tables', everything else (``decoder.*``, ``blocks.{i}.*``, ``regressive_proj.weight``,
-``step_embed.weight``) the head loop's. Example: ``heads.blocks.0.layers.0.weight`` in
-``CloverModel.state_dict()`` is ``blocks.0.layers.0.weight`` in the file.
+``layers.{j}.*`` and ``norm.weight`` are the Augmenting Block's, ``fuse.*`` and ``gate`` the
+adapter's, ``draft_vocab_ids`` the tables', everything else (``decoder.*``, ``blocks.{i}.*``,
+``regressive_proj.weight``, ``step_embed.weight``) the head loop's. Example:
+``heads.blocks.0.layers.0.weight`` in ``CloverModel.state_dict()`` is
+``blocks.0.layers.0.weight`` in the file.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import torch
 import torch.nn as nn
 
 from vllm_clover.modeling.augmenting import AugmentingBlock
+from vllm_clover.modeling.block_adapter import ADAPTER_NAMES, ADAPTER_PREFIXES, BlockAdapter
 from vllm_clover.modeling.config import CloverConfig
 from vllm_clover.modeling.head_loop import HeadLoop
 from vllm_clover.modeling.tables import TargetTables
@@ -38,14 +42,17 @@ class CheckpointParts(NamedTuple):
     augmenting: dict[str, torch.Tensor]
     heads: dict[str, torch.Tensor]
     tables: dict[str, torch.Tensor]
+    adapter: dict[str, torch.Tensor]
 
 
 def split_checkpoint_state(state: dict[str, torch.Tensor]) -> CheckpointParts:
     """Flat checkpoint names -> the tensors of each part (see the module docstring)."""
-    parts = CheckpointParts({}, {}, {})
+    parts = CheckpointParts({}, {}, {}, {})
     for name, tensor in state.items():
         if name.startswith(AUGMENTING_PREFIXES):
             parts.augmenting[name] = tensor
+        elif name.startswith(ADAPTER_PREFIXES) or name in ADAPTER_NAMES:
+            parts.adapter[name] = tensor
         elif name in TABLES_NAMES:
             parts.tables[name] = tensor
         else:
@@ -64,6 +71,7 @@ class CloverModel(nn.Module):
     def __init__(self, config: CloverConfig) -> None:
         super().__init__()
         self.config = config
+        self.adapter = BlockAdapter(config)
         self.augmenting = AugmentingBlock(config) if config.use_augmenting_block else None
         self.heads = HeadLoop(config)
         self.tables = TargetTables(config)
@@ -79,11 +87,19 @@ class CloverModel(nn.Module):
         self.tables.attach(lm_head_weight, input_embedding)
 
     def augment(
-        self, hidden_states: torch.Tensor, positions: torch.Tensor | None = None
+        self,
+        hidden_states: torch.Tensor,
+        next_ids: torch.Tensor,
+        positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """h0 for every position: the Augmenting Block over H (B, T, D), or H when off."""
+        """h0 for every position: the Augmenting Block over H (B, T, D), or H when off.
+
+        next_ids (B, T): x_{t+1} at each position, read only with ``fuse_next_token``."""
         x = hidden_states.to(self.dtype)
-        return x if self.augmenting is None else self.augmenting(x, positions)
+        if self.augmenting is None:
+            return x
+        x = self.adapter.block_input(x, next_ids, self.tables)
+        return self.adapter.block_output(x, self.augmenting(x, positions))
 
     def head_features(
         self,
@@ -93,9 +109,8 @@ class CloverModel(nn.Module):
     ) -> torch.Tensor:
         """Teacher-forced z: H (B, T, D), ids (B, T, K') -> (B, T, K', D). Score with
         ``logits`` in chunks when (B, T, K, N) logits are too large."""
-        return self.heads.teacher_forced(
-            self.augment(hidden_states, positions), head_input_ids, self.tables
-        )
+        h0 = self.augment(hidden_states, head_input_ids[..., 0], positions)
+        return self.heads.teacher_forced(h0, head_input_ids, self.tables)
 
     def logits(self, z: torch.Tensor) -> torch.Tensor:
         """Head features z (..., D) -> logits (..., N) in the heads' dtype (training)."""
@@ -116,7 +131,8 @@ class CloverModel(nn.Module):
 
     def checkpoint_state(self) -> dict[str, torch.Tensor]:
         """The tensors a checkpoint stores, under their flat names (never the target's)."""
-        parts = [self.heads, self.tables] + ([self.augmenting] if self.augmenting else [])
+        parts = [self.heads, self.tables, self.adapter]
+        parts += [self.augmenting] if self.augmenting else []
         return {name: t for part in parts for name, t in part.state_dict().items()}
 
     def load_checkpoint_state(self, state: dict[str, torch.Tensor], assign: bool = False) -> None:
@@ -128,3 +144,4 @@ class CloverModel(nn.Module):
             raise ValueError(f"unexpected Augmenting Block weights {sorted(parts.augmenting)}")
         self.heads.load_state_dict(parts.heads, strict=True, assign=assign)
         self.tables.load_state_dict(parts.tables, strict=True, assign=assign)
+        self.adapter.load_state_dict(parts.adapter, strict=True, assign=assign)

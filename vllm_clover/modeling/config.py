@@ -9,7 +9,8 @@ Example::
 
     cfg = CloverConfig(hidden_size=4096, vocab_size=32000, num_heads=3)   # full Clover
     med = CloverConfig.medusa(hidden_size=4096, vocab_size=32000, num_heads=5)
-    assert med.is_medusa and not cfg.is_medusa
+    two = CloverConfig.clover2(hidden_size=4096, vocab_size=32000, num_heads=4)  # Clover-2
+    assert med.is_medusa and not cfg.is_medusa and two.fuse_next_token
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from vllm_clover.modeling.target_layers import hidden_activation, rope_parameter
 from vllm_clover.tree.spec import TokenTree, TokenTreeError
 
 REGRESSIVE_EMBEDDINGS = ("lm_head", "input_embedding")
+HEAD_PROJECTIONS = ("residual", "linear")
 # The architecture name of every Clover checkpoint: the draft model class vLLM builds from it.
 CLOVER_ARCHITECTURE = "CloverModel"
 
@@ -41,6 +43,17 @@ class CloverConfig(PretrainedConfig):
         use_regressive_connection: feed the embedding of the previous token.
         regressive_embedding: "lm_head" (RMS-normalised rows of the target LM
             head, default, as in the paper) or "input_embedding".
+        fuse_next_token: Clover-2's order: before the Augmenting Block, an attention-decoder
+            step fuses H_t with the embedding of the next token t0 = x_{t+1} (as EAGLE
+            feeds its layer), so the block reads the token and head 0 makes no decoder
+            step of its own. Needs the Augmenting Block and the Regressive Connection.
+        head_projection: what turns a head's state h_i into its feature z_i: "residual"
+            (Medusa's ``h + SiLU(W h + b)``, the paper) or "linear" (Clover-2: a plain
+            projection ``W_i [h_i ; e_i] + b_i`` of the state and the embedding of the
+            token the head read).
+        augmenting_gate: a learned per-channel gate g around the Augmenting Block,
+            ``h0 = x + g * (block(x) - x)``, zero at initialisation: training starts
+            from the heads without the block and moves away only where the block helps.
         draft_vocab_size: N, size of the draft vocabulary; None = full vocab.
         draft_confidence: one threshold per head, in [0, 1]: a request's draft chain
             stops at the first head whose best token has a lower probability (the head's
@@ -78,6 +91,9 @@ class CloverConfig(PretrainedConfig):
         decoder_num_heads: int | None = None,
         use_regressive_connection: bool = True,
         regressive_embedding: str = "lm_head",
+        fuse_next_token: bool = False,
+        head_projection: str = "residual",
+        augmenting_gate: bool = False,
         draft_vocab_size: int | None = None,
         draft_confidence: list[float] | None = None,
         token_tree: str | None = None,
@@ -106,6 +122,9 @@ class CloverConfig(PretrainedConfig):
         self.decoder_num_heads = _default(decoder_num_heads, num_attention_heads)
         self.use_regressive_connection = use_regressive_connection
         self.regressive_embedding = regressive_embedding
+        self.fuse_next_token = fuse_next_token
+        self.head_projection = head_projection
+        self.augmenting_gate = augmenting_gate
         self.draft_vocab_size = draft_vocab_size
         self.draft_confidence = None if draft_confidence is None else list(draft_confidence)
         self.token_tree = token_tree
@@ -137,7 +156,21 @@ class CloverConfig(PretrainedConfig):
             f"regressive_embedding must be one of {REGRESSIVE_EMBEDDINGS}, "
             f"got {self.regressive_embedding!r}",
         )
-        if self.use_attention_decoder:
+        _require(
+            self.head_projection in HEAD_PROJECTIONS,
+            f"head_projection must be one of {HEAD_PROJECTIONS}, got {self.head_projection!r}",
+        )
+        if self.fuse_next_token:
+            _require(
+                self.use_augmenting_block and self.use_regressive_connection,
+                "fuse_next_token fuses the next token into the Augmenting Block's input: it "
+                "needs use_augmenting_block and use_regressive_connection",
+            )
+        _require(
+            not self.augmenting_gate or self.use_augmenting_block,
+            "augmenting_gate gates the Augmenting Block: it needs use_augmenting_block",
+        )
+        if self.use_attention_decoder or self.fuse_next_token:
             _require(
                 self.decoder_num_heads >= 1 and self.hidden_size % self.decoder_num_heads == 0,
                 f"decoder_num_heads={self.decoder_num_heads} must be >= 1 and divide "
@@ -238,6 +271,24 @@ class CloverConfig(PretrainedConfig):
         return cls(
             hidden_size=hidden_size, vocab_size=vocab_size, num_heads=num_heads, **flags, **kwargs
         )
+
+    @classmethod
+    def clover2(
+        cls, hidden_size: int, vocab_size: int, num_heads: int, **kwargs: Any
+    ) -> CloverConfig:
+        """Clover-2 (arXiv 2408.00264): the next token fused before a 2-layer Augmenting
+        Block, the Attention Decoder for the later heads, a plain projection per head.
+        ``kwargs`` override any of these (e.g. ``num_augmenting_layers``)."""
+        flags: dict[str, Any] = dict(
+            use_augmenting_block=True,
+            num_augmenting_layers=2,
+            use_attention_decoder=True,
+            use_regressive_connection=True,
+            fuse_next_token=True,
+            head_projection="linear",
+        )
+        flags.update(kwargs)
+        return cls(hidden_size=hidden_size, vocab_size=vocab_size, num_heads=num_heads, **flags)
 
     @classmethod
     def from_target_config(

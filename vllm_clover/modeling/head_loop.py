@@ -13,8 +13,12 @@ Per head step i (``HeadLoop.step``, the one function training and drafting share
     e   = emb(x_{t+1+i})                  regressive embedding of the previous token
     h_i = h_{i-1} + cos(q, k) * v         attention decoder, q = W_Q norm(h_{i-1}),
                                           k = W_K e, v = W_V e (per decoder head)
-    z_i = h_i + SiLU(W_i h_i + b_i)       per-head residual block
+    z_i = h_i + SiLU(W_i h_i + b_i)       per-head residual block ("residual"), or
+    z_i = W_i [h_i ; e] + b_i             plain projection ("linear", Clover-2)
     logits_i = z_i @ W_lm[draft_vocab_ids]^T
+
+With ``fuse_next_token`` (Clover-2) h0 has already read t0 before the Augmenting Block
+(``BlockAdapter``), so step 0 makes no decoder step: h_0 = h0.
 
 The loop owns only its small D x D layers. Everything vocabulary-sized (the embedding rows,
 the scored rows, the draft vocabulary) is read through a ``TargetTables`` passed to each
@@ -53,6 +57,25 @@ class ResidualBlock(nn.Module):
         for layer in self.layers:
             x = x + self.act(layer(x))
         return x
+
+
+class LinearHead(nn.Module):
+    """Clover-2's head: ``z = W [h ; e] + b``, initialised to ``z = h`` (W = [I | 0], b = 0).
+
+    ``weight`` (D, 2D), ``bias`` (D,). Reading e lets a head see the token it follows
+    directly, not only through the decoder's gated sum.
+    """
+
+    def __init__(self, hidden_size: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(hidden_size, 2 * hidden_size))
+        self.bias = nn.Parameter(torch.zeros(hidden_size))
+        with torch.no_grad():
+            self.weight[:, :hidden_size].copy_(torch.eye(hidden_size))
+
+    def forward(self, h: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+        # h, e: (..., D) -> (..., D)
+        return F.linear(torch.cat([h, e], dim=-1), self.weight, self.bias)
 
 
 class AttentionDecoder(nn.Module):
@@ -119,11 +142,13 @@ class HeadLoop(nn.Module):
         self.step_embed = None  # learned e_{i-1}, only without the regressive connection
         if config.use_attention_decoder and not config.use_regressive_connection:
             self.step_embed = nn.Embedding(k, d)
-        self.blocks = nn.ModuleList([ResidualBlock(d) for _ in range(k)])
+        self.linear_heads = config.head_projection == "linear"
+        head = LinearHead if self.linear_heads else ResidualBlock
+        self.blocks = nn.ModuleList([head(d) for _ in range(k)])
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.blocks[0].layers[0].weight.dtype
+        return next(self.blocks[0].parameters()).dtype
 
     def step(
         self,
@@ -138,22 +163,29 @@ class HeadLoop(nn.Module):
 
         prev_ids are target ids of x_{t+1+i} (step 0: t0). kv: the decoder's [k | v] of
         prev_ids (..., 2D) when the caller has it (``regressive_table``), else it is
-        computed here. Returns h_i (input of the next step) and z_i = ResBlock_i(h_i)
-        (score it with ``tables.logits`` or ``tables.draft_rows``).
+        computed here. Returns h_i (input of the next step) and z_i, head i's block or
+        projection of h_i (score it with ``tables.logits`` or ``tables.draft_rows``).
         """
-        if self.decoder is not None:
+        e = None
+        if self.config.fuse_next_token and i == 0:
+            h = h_prev  # h0 read t0 before the Augmenting Block (BlockAdapter)
+        elif self.decoder is not None:
             if kv is None:
                 if self.step_embed is not None:
-                    e = self.step_embed.weight[i].expand_as(h_prev)  # learned e_{i-1}
+                    kv = self.decoder.key_value(self.step_embed.weight[i].expand_as(h_prev))
                 else:
                     e = tables.embed(prev_ids, self.dtype)
-                kv = self.decoder.key_value(e)
+                    kv = self.decoder.key_value(e)
             h = self.decoder.attend(h_prev, kv)
         elif self.regressive_proj is not None:
-            h = h0 + self.regressive_proj(tables.embed(prev_ids, self.dtype))
+            e = tables.embed(prev_ids, self.dtype)
+            h = h0 + self.regressive_proj(e)
         else:
             h = h0  # Medusa-1
-        return h, self.blocks[i](h)
+        if not self.linear_heads:
+            return h, self.blocks[i](h)
+        e = tables.embed(prev_ids, self.dtype) if e is None else e
+        return h, self.blocks[i](h, e)
 
     def teacher_forced(
         self, h0: torch.Tensor, head_input_ids: torch.Tensor, tables: TargetTables
@@ -209,8 +241,7 @@ class HeadLoop(nn.Module):
                 break
             if table is not None:
                 kv = F.embedding(best, table)  # (M, 2D)
-            else:
-                prev = ids
+            prev = ids
         out = torch.stack(drafts, dim=-1).long()  # (M, steps drafted)
         if out.shape[-1] < num_steps:  # every chain stopped early
             out = F.pad(out, (0, num_steps - out.shape[-1]), value=-1)

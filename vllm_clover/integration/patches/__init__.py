@@ -300,7 +300,9 @@ RELIANCES = (
         "proposer_first_pass",
         "relies",
         "the Augmenting Block pass is the base propose()'s "
-        "first draft pass, run with the base's own helpers",
+        "first draft pass, run with the base's own helpers; a next-token fusion "
+        "(fuse_next_token) reads its input_ids, shifted one left with the sampled t0 at "
+        "each request's last accepted token",
         "integration/proposer.py",
         {
             f"{BASE}.set_inputs_first_pass": "00e470090b7c",
