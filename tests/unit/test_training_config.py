@@ -85,6 +85,28 @@ def test_train_flags_round_trip() -> None:
         TrainConfig(target="t", out="o", num_heads=0)
 
 
+def test_clover2_preset_and_its_defaults() -> None:
+    two = TrainConfig(target="t", out="o", clover2=True)
+    assert two.fuse_next_token and two.head_projection == "linear" and two.augmenting_block
+    assert (two.num_augmenting_layers, two.head_weight_base, two.hidden_loss_weight) == (2, 0.7, 10)
+    mine = TrainConfig(
+        target="t", out="o", clover2=True, num_augmenting_layers=1, hidden_loss_weight=0.0
+    )
+    assert (mine.num_augmenting_layers, mine.hidden_loss_weight) == (1, 0.0)
+    plain = TrainConfig(target="t", out="o")
+    assert (plain.num_augmenting_layers, plain.head_weight_base, plain.hidden_loss_weight) == (
+        1,
+        0.8,
+        0.0,
+    )
+    with pytest.raises(TrainingError, match="exclude each other"):
+        TrainConfig(target="t", out="o", clover2=True, medusa=True)
+    with pytest.raises(TrainingError, match="need the Augmenting Block"):
+        TrainConfig(target="t", out="o", augmenting_gate=True, augmenting_block=False)
+    with pytest.raises(TrainingError, match="--augmenting-lr-scale"):
+        TrainConfig(target="t", out="o", augmenting_lr_scale=0)
+
+
 def test_command_line_rebuilds_the_config() -> None:
     import argparse
     import shlex

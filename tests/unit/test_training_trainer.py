@@ -27,7 +27,7 @@ from vllm_clover.training.pipeline import DataSpec, prepare
 from vllm_clover.training.runtime import Runtime
 from vllm_clover.training.teacher import load_teacher
 from vllm_clover.training.tiny import tiny_workspace, torch_threads
-from vllm_clover.training.trainer import TrainLoop, lr_factor
+from vllm_clover.training.trainer import TrainLoop, lr_factor, parameter_groups
 
 pytestmark = pytest.mark.unit
 
@@ -89,6 +89,29 @@ def test_stop_and_resume_equals_one_run(tiny, tmp_path: Path) -> None:
     assert resumed.steps == whole.steps and resumed.tokens_seen == whole.tokens_seen
     a, b = weights(tmp_path / "whole"), weights(tmp_path / "part")
     assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-6
+
+
+def test_clover2_trains_learns_and_loads(tiny, tmp_path: Path) -> None:
+    """--clover2: the next-token fusion, 2 block layers and linear heads are what is built,
+    trained (loss falls, the block's lr is scaled) and loaded back."""
+    cfg = config(tiny, tmp_path / "c2", clover2=True, epochs=6, lr=3e-3, augmenting_lr_scale=0.1)
+    assert (cfg.num_augmenting_layers, cfg.head_weight_base, cfg.hidden_loss_weight) == (
+        2,
+        0.7,
+        10.0,
+    )
+    result = train(cfg)
+    losses = [h["loss"] for h in result.history]
+    assert sum(losses[-3:]) < sum(losses[:3])
+    teacher = load_teacher(str(tiny["target"]), torch.device("cpu"), torch.float32)
+    heads = load_clover(result.out, teacher.lm_head)
+    c = heads.config
+    assert c.fuse_next_token and c.head_projection == "linear" and c.num_hidden_layers == 2
+    assert "next-token fusion" in (result.out / "README.md").read_text()
+    groups = parameter_groups(heads, cfg)
+    assert [g["lr"] for g in groups] == [3e-3, pytest.approx(3e-4)]
+    assert sum(len(g["params"]) for g in groups) == len(list(heads.parameters()))
+    assert {id(p) for p in groups[1]["params"]} == {id(p) for p in heads.augmenting.parameters()}
 
 
 def test_failure_mid_run_leaves_no_checkpoint(tiny, tmp_path: Path, monkeypatch) -> None:

@@ -17,9 +17,12 @@ def variant_name(config: CloverConfig) -> str:
     parts = [
         name
         for flag, name in (
+            (config.fuse_next_token, "next-token fusion"),
             (config.use_augmenting_block, f"Augmenting Block x{config.num_augmenting_layers}"),
+            (config.augmenting_gate, "gated"),
             (config.use_attention_decoder, "Attention Decoder"),
             (config.use_regressive_connection, "Regressive Connection"),
+            (config.head_projection == "linear", "linear head projections"),
         )
         if flag
     ]
@@ -63,8 +66,8 @@ max {cfg.max_seq_len} tokens |
 | loss | {"soft-label CE vs target" if cfg.soft_labels else "hard-label CE vs data"}, \
 head weights {cfg.head_weight_base}^i; \
 + {cfg.hidden_loss_weight} x SmoothL1(hidden) |
-| optimiser | AdamW(0.9, 0.999) lr {cfg.lr}, warmup {cfg.warmup_fraction:.0%} then cosine, \
-clip {cfg.grad_clip} |
+| optimiser | AdamW(0.9, 0.999) lr {cfg.lr} (Augmenting Block x{cfg.augmenting_lr_scale}), \
+warmup {cfg.warmup_fraction:.0%} then cosine, clip {cfg.grad_clip} |
 | final train loss | {summary["final_loss"]:.4f} |
 | training top-1 vs | the target's argmax over the \
 {summary.get("train_top1_vocabulary", "full")} vocabulary (held-out: always the full one) |

@@ -49,11 +49,33 @@ class TrainConfig:
     eval_fraction: float = opt(0.02, "held-out fraction of the sequences for evaluation")
     # network
     num_heads: int = opt(3, "number of draft heads K")
-    num_augmenting_layers: int = opt(1, "decoder layers in the Augmenting Block")
+    num_augmenting_layers: int | None = opt(
+        None, "decoder layers in the Augmenting Block (default 1; 2 with --clover2)"
+    )
     attention_decoder: bool = opt(True, "the Attention Decoder")
     regressive_connection: bool = opt(True, "the Regressive Connection")
     augmenting_block: bool = opt(True, "the Augmenting Block")
     medusa: bool = opt(False, "Medusa-1 baseline: all three Clover components off")
+    clover2: bool = opt(
+        False,
+        "Clover-2 (arXiv 2408.00264): next token fused before a 2-layer Augmenting Block "
+        "(unless --num-augmenting-layers says otherwise), plain projection per head, "
+        "hidden-state term 10, head weights 0.7**i (unless given)",
+    )
+    fuse_next_token: bool = opt(
+        False, "fuse H_t with the next token's embedding before the Augmenting Block"
+    )
+    head_projection: str = opt(
+        "residual",
+        "head i's feature: residual (Medusa block, the paper) or linear (W_i [h_i ; e_i])",
+        choices=("residual", "linear"),
+    )
+    augmenting_gate: bool = opt(
+        False, "a learned per-channel gate around the Augmenting Block, zero at start"
+    )
+    augmenting_lr_scale: float = opt(
+        1.0, "the Augmenting Block's learning rate is --lr times this (its layers only)"
+    )
     draft_vocab_size: int | None = opt(None, "score only the N most frequent training tokens")
     # optimisation
     epochs: int = opt(1, "passes over the training sequences")
@@ -64,8 +86,12 @@ class TrainConfig:
     weight_decay: float = opt(0.0, "AdamW weight decay")
     warmup_fraction: float = opt(0.03, "linear warmup share of the steps, then cosine to 0")
     grad_clip: float = opt(1.0, "clip the global gradient norm to this (0 = off)")
-    head_weight_base: float = opt(0.8, "loss weight of head i is base**i")
-    hidden_loss_weight: float = opt(0.0, "weight of SmoothL1(z_i, H_{t+1+i}) (Clover-2: 10)")
+    head_weight_base: float | None = opt(
+        None, "loss weight of head i is base**i (default 0.8; 0.7 with --clover2)"
+    )
+    hidden_loss_weight: float | None = opt(
+        None, "weight of SmoothL1(z_i, H_{t+1+i}) (default 0; 10 with --clover2)"
+    )
     soft_labels: bool = opt(
         True,
         "distillation against the target's distribution (off: one-hot data "
@@ -110,6 +136,16 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.medusa:
             self.attention_decoder = self.regressive_connection = self.augmenting_block = False
+        if self.clover2:
+            self.attention_decoder = self.regressive_connection = self.augmenting_block = True
+            self.fuse_next_token, self.head_projection = True, "linear"
+        defaults = (2, 0.7, 10.0) if self.clover2 else (1, 0.8, 0.0)
+        if self.num_augmenting_layers is None:
+            self.num_augmenting_layers = defaults[0]
+        if self.head_weight_base is None:
+            self.head_weight_base = defaults[1]
+        if self.hidden_loss_weight is None:
+            self.hidden_loss_weight = defaults[2]
         self.validate()
 
     def validate(self) -> None:
@@ -133,6 +169,15 @@ class TrainConfig:
                 f"--warmup-fraction must be in [0, 1), got {self.warmup_fraction}",
             ),
             (self.lr > 0, f"--lr must be > 0, got {self.lr}"),
+            (not (self.medusa and self.clover2), "--medusa and --clover2 exclude each other"),
+            (
+                self.augmenting_lr_scale > 0,
+                f"--augmenting-lr-scale must be > 0, got {self.augmenting_lr_scale}",
+            ),
+            (
+                not (self.fuse_next_token or self.augmenting_gate) or self.augmenting_block,
+                "--fuse-next-token and --augmenting-gate need the Augmenting Block",
+            ),
             (self.max_tokens is None or self.max_tokens > 0, "--max-tokens must be > 0"),
             (self.max_samples is None or self.max_samples > 0, "--max-samples must be > 0"),
             (

@@ -83,6 +83,18 @@ def lr_factor(step: int, total: int, warmup: int) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def parameter_groups(model: CloverModel, cfg: TrainConfig) -> list[dict[str, Any]]:
+    """AdamW groups: the Augmenting Block's layers at ``lr * augmenting_lr_scale``, the rest
+    at ``lr``. Example: lr 1e-3, scale 0.1 -> block at 1e-4, heads and adapter at 1e-3."""
+    block = [] if model.augmenting is None else list(model.augmenting.parameters())
+    ids = {id(p) for p in block}
+    rest = [p for p in model.parameters() if id(p) not in ids]
+    groups = [{"params": rest, "lr": cfg.lr}]
+    if block:
+        groups.append({"params": block, "lr": cfg.lr * cfg.augmenting_lr_scale})
+    return groups
+
+
 def build_model(cfg: TrainConfig, prepared: Prepared, device: torch.device) -> CloverModel:
     """A fresh network for the target (seeded): Augmenting Block copied from its last
     layer(s) and checked to reproduce them, draft vocabulary from the training data."""
@@ -100,6 +112,9 @@ def build_model(cfg: TrainConfig, prepared: Prepared, device: torch.device) -> C
             num_augmenting_layers=cfg.num_augmenting_layers,
             use_attention_decoder=cfg.attention_decoder,
             use_regressive_connection=cfg.regressive_connection,
+            fuse_next_token=cfg.fuse_next_token,
+            head_projection=cfg.head_projection,
+            augmenting_gate=cfg.augmenting_gate,
             draft_vocab_size=cfg.draft_vocab_size,
             **biases,
         )
@@ -141,7 +156,7 @@ def _train(cfg: TrainConfig, runtime: Runtime) -> TrainResult:
         [len(s) for s in prepared.train], global_batch, cfg.epochs, cfg.seed, cfg.max_tokens
     )
     optimizer = torch.optim.AdamW(
-        model.parameters(), lr=cfg.lr, betas=(0.9, 0.999), weight_decay=cfg.weight_decay
+        parameter_groups(model, cfg), betas=(0.9, 0.999), weight_decay=cfg.weight_decay
     )
     warmup = max(1, round(cfg.warmup_fraction * len(plan)))
     scheduler = torch.optim.lr_scheduler.LambdaLR(
