@@ -205,3 +205,21 @@ def test_a_soft_capped_target_is_refused_naming_why() -> None:
     config, model_class = tiny_target_config("gemma2", 97, hidden_size=32, **special)
     with pytest.raises(TrainingError, match=r"soft-capped \(final_logit_softcapping=30.0\)"):
         check_architecture(model_class(config).eval(), "tiny-gemma2")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_copied_block_mirrors_the_last_layers_and_a_wrong_one_is_refused(tiny, dtype) -> None:
+    """Two copied layers reproduce the target's last two (within bf16 rounding for a bf16
+    target); a block with one weight off is refused, naming the difference."""
+    from vllm_clover.modeling import CloverConfig, CloverModel
+    from vllm_clover.training.teacher import augmenting_init, check_block_mirrors
+
+    teacher = load_teacher(str(tiny["target"]), torch.device("cpu"), dtype)
+    config = CloverConfig.from_target_config(teacher.config, num_heads=2, num_augmenting_layers=2)
+    block = CloverModel(config).augmenting
+    block.init_from_target(*augmenting_init(teacher, 2))
+    check_block_mirrors(teacher, block)
+    with torch.no_grad():
+        block.layers[0].mlp.down_proj.weight.mul_(3.0)
+    with pytest.raises(TrainingError, match="does not reproduce it"):
+        check_block_mirrors(teacher, block)

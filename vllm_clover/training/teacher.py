@@ -259,8 +259,11 @@ def check_block_mirrors(teacher: Teacher, block: nn.Module) -> None:
     first = next(block.parameters())
     got = block(hidden[-1 - num_layers].to(first.dtype), torch.arange(16, device=ids.device))
     expected = hidden[-1].to(got.dtype)
-    tol = 1e-3 if hidden[-1].dtype == torch.float32 else 5e-2
-    if not torch.allclose(got, expected, rtol=tol, atol=tol):
+    if hidden[-1].dtype == torch.float32:
+        same = torch.allclose(got, expected, rtol=1e-3, atol=1e-3)
+    else:  # a bf16 target rounds its residual stream at every layer: 1.7% over 2 layers
+        same = float((got - expected).norm() / expected.norm()) < 5e-2
+    if not same:
         gap = float((got - expected).abs().max())
         raise TrainingError(
             f"target {teacher.name!r} ({type(teacher.model).__name__}): the Augmenting Block, "
