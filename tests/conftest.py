@@ -18,13 +18,18 @@ import pytest
 from helpers import make_untrained_clover
 from vllm_clover.assets.data import fetch_mtbench, fetch_sharegpt
 from vllm_clover.assets.target import fetch_reference_target
-from vllm_clover.bundled import FULL_CLOVER_HEADS, REFERENCE_HEADS
+from vllm_clover.bundled import CLOVER2_HEADS, FULL_CLOVER_HEADS, REFERENCE_HEADS
 
-# The two configurations the repository ships, each with its own code path in the proposer:
-# the reference heads (no Augmenting Block: h0 = H, no draft KV cache) and the paper's full
+# The three configurations the repository ships, each with its own code path in the proposer:
+# the reference heads (no Augmenting Block: h0 = H, no draft KV cache), the paper's full
 # configuration (an Augmenting Block with its own paged KV cache, which prefix caching,
-# chunked prefill and preemption must keep right).
-SHIPPED_HEADS = {"reference": REFERENCE_HEADS, "full": FULL_CLOVER_HEADS}
+# chunked prefill and preemption must keep right) and Clover-2 (two gated block layers fed
+# the next token through EAGLE's shifted input ids, linear heads).
+SHIPPED_HEADS = {
+    "reference": REFERENCE_HEADS,
+    "full": FULL_CLOVER_HEADS,
+    "clover2": CLOVER2_HEADS,
+}
 
 
 @pytest.fixture(scope="session")

@@ -15,5 +15,7 @@ CHECKPOINTS_DIR = Path(__file__).resolve().parents[1] / "checkpoints"
 REFERENCE_HEADS = CHECKPOINTS_DIR / f"{REFERENCE_TARGET}-clover"
 # The paper's full configuration, Augmenting Block included (its own paged KV cache in vLLM).
 FULL_CLOVER_HEADS = CHECKPOINTS_DIR / f"{REFERENCE_TARGET}-clover-full"
+# Clover-2 with a gated block (docs/heads.md): the best heads at our training budget.
+CLOVER2_HEADS = CHECKPOINTS_DIR / f"{REFERENCE_TARGET}-clover2"
 # Medusa-1 heads trained on the same data and budget, in vLLM's native Medusa format.
 REFERENCE_MEDUSA = CHECKPOINTS_DIR / f"{REFERENCE_TARGET}-medusa"

@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 
 import helpers
 from helpers import D, K, V
-from vllm_clover.bundled import FULL_CLOVER_HEADS, REFERENCE_HEADS
+from vllm_clover.bundled import CLOVER2_HEADS, FULL_CLOVER_HEADS, REFERENCE_HEADS
 from vllm_clover.modeling import (
     CloverCheckpointError,
     CloverConfig,
@@ -269,7 +269,9 @@ def test_read_config_json_is_the_one_reader(saved, tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------- older checkpoints
-@pytest.mark.parametrize("folder", [REFERENCE_HEADS, FULL_CLOVER_HEADS], ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "folder", [REFERENCE_HEADS, FULL_CLOVER_HEADS, CLOVER2_HEADS], ids=lambda p: p.name
+)
 def test_checkpoints_written_by_the_single_module_network_load(
     folder: Path, reference_target, tmp_path: Path
 ) -> None:
