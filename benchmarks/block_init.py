@@ -8,7 +8,8 @@ the target's LM head gives the same token on the block's output as on H itself:
     post_norm_input   block(H), what the block computes at step 0 of training and serving
     pre_norm_input    block(the residual stream into the target's last L layers): the input
                       the copied layers expect; 1.0 means the copy is exact
-    gated             H + g * (block(H) - H) with g = 0 (``--augmenting-gate`` at step 0)
+    gated             H + g * (block(H) - H), the model's own gated output with g as a fresh
+                      model initialises it (``--augmenting-gate`` at step 0)
 
 A low post_norm_input is a block that starts by destroying h0, which the heads must then
 relearn from scratch (docs/heads.md, "Why the Augmenting Block hurt").
@@ -41,11 +42,10 @@ def agreement(model: CloverModel, teacher, sequences, depth: int) -> dict[str, f
             h = out.hidden_states[-1]  # (1, T, D) post-norm H
             stream = out.hidden_states[-1 - depth]  # (1, T, D) input of the last `depth` layers
             want = (h @ w.T).argmax(-1)  # (1, T)
-            y = model.augmenting(h)
             outputs = {
-                "post_norm_input": y,
+                "post_norm_input": model.augmenting(h),
                 "pre_norm_input": model.augmenting(stream),
-                "gated": h + 0.0 * (y - h),
+                "gated": model.augment(h, ids),  # through BlockAdapter, gate as initialised
             }
         for name, feature in outputs.items():
             hits[name] += int(((feature @ w.T).argmax(-1) == want).sum())
@@ -69,7 +69,7 @@ def main() -> None:
     results = {}
     for depth in args.layers:
         config = CloverConfig.from_target_config(
-            teacher.config, num_heads=1, num_augmenting_layers=depth
+            teacher.config, num_heads=1, num_augmenting_layers=depth, augmenting_gate=True
         )
         model = CloverModel(config)
         model.augmenting.init_from_target(*augmenting_init(teacher, depth))
