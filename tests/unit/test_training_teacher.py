@@ -13,9 +13,11 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
 from vllm_clover.training import cache as cache_module
-from vllm_clover.training.cache import HiddenStateCache
+from vllm_clover.training.cache import HiddenStateCache, padded_batch
 from vllm_clover.training.config import TrainingError
-from vllm_clover.training.data import tokenize_all
+from vllm_clover.training.data import TokenizedSequence, tokenize_all
+from vllm_clover.training.pipeline import DataSpec, fill_cache
+from vllm_clover.training.runtime import init_runtime
 from vllm_clover.training.teacher import (
     check_architecture,
     load_teacher,
@@ -127,6 +129,60 @@ def test_cache_round_trip_and_reuse(tiny, teacher) -> None:
     reopened = make_cache(tiny, teacher, tiny["cache"] / "rt")  # another run, same fingerprint
     assert reopened.fill(seqs, forward, 200) == 0 and not calls
     assert all(s.key in reopened for s in seqs)
+
+
+def test_padded_batch_pads_rows_and_width() -> None:
+    """The docstring example: lengths [3, 2], width 4, 3 rows -> one filler row, all valid."""
+    group = [
+        TokenizedSequence(str(n), torch.arange(1, n + 1), torch.ones(n, dtype=torch.bool))
+        for n in (3, 2)
+    ]
+    ids, mask = padded_batch(group, width=4, rows=3)
+    assert ids.tolist() == [[1, 2, 3, 0], [1, 2, 0, 0], [0, 0, 0, 0]]
+    assert mask.int().tolist() == [[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]]
+    assert padded_batch(group, width=1, rows=2)[0].shape == (2, 3)  # never narrower than data
+
+
+def test_bucketed_fill_has_one_shape_per_bucket_and_the_same_signal(tiny, teacher) -> None:
+    """A compiled teacher needs few shapes: widths are multiples of the bucket and each batch
+    has as many rows as its width allows, filler included; the cached signal is unchanged."""
+    seqs = tokenize_all(teacher.tokenizer, synthetic_conversations(12, seed=9), 128, "syn")
+    shapes = []
+
+    def forward(ids, mask):
+        shapes.append(tuple(ids.shape))
+        return teacher_forward(teacher, ids, mask)
+
+    plain, bucketed = (make_cache(tiny, teacher, tiny["cache"] / f"b{b}") for b in (1, 32))
+    plain.fill(seqs, lambda i, m: teacher_forward(teacher, i, m), batch_tokens=200)
+    assert bucketed.fill(seqs, forward, batch_tokens=200, length_bucket=32) == len(seqs)
+    widths = {-(-len(s) // 32) * 32 for s in seqs}
+    assert set(shapes) == {(200 // w, w) for w in widths}, "one (rows, width) per bucket"
+    assert len(shapes) > len(widths), "some bucket took more than one batch"
+    for seq in seqs:
+        got, want = bucketed.get(seq.key), plain.get(seq.key)
+        torch.testing.assert_close(got[0].float(), want[0].float(), rtol=0.02, atol=0.02)
+        assert torch.equal(got[1], want[1])
+
+
+def test_compiled_teacher_fills_the_same_cache(tiny, teacher) -> None:
+    """--compile-teacher: the pipeline's fill under torch.compile caches what eager does."""
+    from torch._dynamo.utils import counters
+
+    seqs = sequences(teacher, n=4)
+    runtime = init_runtime("cpu")
+    caches, graphs = {}, []
+    for compiled in (False, True):
+        spec = DataSpec(target="t", compile_teacher=compiled, progress=False)
+        caches[compiled] = make_cache(tiny, teacher, tiny["cache"] / f"compiled-{compiled}")
+        before = counters["stats"]["unique_graphs"]
+        fill_cache(caches[compiled], teacher, seqs, runtime, spec)
+        graphs.append(counters["stats"]["unique_graphs"] - before)
+    assert graphs[0] == 0 and graphs[1] >= 1, f"graphs compiled (eager, compiled): {graphs}"
+    for seq in seqs:
+        got, want = caches[True].get(seq.key), caches[False].get(seq.key)
+        torch.testing.assert_close(got[0].float(), want[0].float(), rtol=0.02, atol=0.02)
+        assert torch.equal(got[1], want[1])
 
 
 def test_cache_is_keyed_by_target_weights(tiny, teacher) -> None:

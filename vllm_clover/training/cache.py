@@ -157,22 +157,23 @@ class HiddenStateCache:
         forward: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
         batch_tokens: int,
         progress: Callable[[int], None] | None = None,
+        length_bucket: int = 1,
     ) -> int:
         """Compute and store every sequence not yet cached; return the number computed.
 
         Sequences go longest first into right-padded batches of at most ``batch_tokens``
         padded tokens; ``forward(ids (B, T), mask (B, T)) -> (H (B, T, D), top1 (B, T))``.
+        With ``length_bucket`` > 1 every batch has one of few shapes, for a compiled forward
+        (``padded_batch``).
         """
         todo = sorted(self.missing(sequences), key=len, reverse=True)
         pending: tuple[list[str], list[torch.Tensor], list[torch.Tensor]] = ([], [], [])
         i = 0
         while i < len(todo):
-            rows = max(1, batch_tokens // len(todo[i]))
+            width = -(-len(todo[i]) // length_bucket) * length_bucket
+            rows = max(1, batch_tokens // width)
             group = todo[i : i + rows]
-            ids = torch.nn.utils.rnn.pad_sequence([s.input_ids for s in group], batch_first=True)
-            mask = ids.new_zeros(ids.shape, dtype=torch.bool)
-            for row, seq in enumerate(group):
-                mask[row, : len(seq)] = True
+            ids, mask = padded_batch(group, width, rows if length_bucket > 1 else len(group))
             hidden, top1 = forward(ids, mask)  # (B, T, D), (B, T)
             for row, seq in enumerate(group):
                 pending[0].append(seq.key)
@@ -187,3 +188,21 @@ class HiddenStateCache:
         if pending[0]:
             self.write_shard(*pending)
         return len(todo)
+
+
+def padded_batch(
+    group: Sequence[TokenizedSequence], width: int, rows: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids (rows, T), mask (rows, T)) of ``group`` right-padded to T = max(width, longest).
+
+    Rows past the group are filler (token 0, mask all True: a row with no key to attend to
+    would give NaN), so a bucketed batch always has the same shape. Example: lengths [3, 2],
+    width 4, rows 3 -> mask [[1 1 1 0] [1 1 0 0] [1 1 1 1]].
+    """
+    width = max(width, max(len(s) for s in group))
+    ids = torch.zeros(rows, width, dtype=torch.long)
+    mask = torch.ones(rows, width, dtype=torch.bool)
+    for row, seq in enumerate(group):
+        ids[row, : len(seq)] = seq.input_ids
+        mask[row, len(seq) :] = False
+    return ids, mask

@@ -48,6 +48,7 @@ class DataSpec:
     seed: int = 0
     cache_dir: str | None = None
     teacher_batch_tokens: int = 8192
+    compile_teacher: bool = False
     progress: bool = True
     draft_vocab_size: int | None = None
     train_argmax: str = "full"
@@ -62,6 +63,9 @@ class DataSpec:
 # `train_argmax="auto"` covers only the draft rows above this vocabulary size (Gemma 3,
 # Qwen2: yes; Llama 3, SmolLM2: no); docs/training.md has the teacher throughput of both.
 DRAFT_ARGMAX_MIN_VOCAB = 131072
+# Padded lengths of a compiled teacher's batches are multiples of this: at most ~10% padding
+# on 576-1024-token sequences, and one compile (~25 s on this CPU) per multiple.
+COMPILE_LENGTH_BUCKET = 128
 
 
 @dataclass
@@ -163,11 +167,19 @@ def fill_cache(
         disable=not (spec.progress and runtime.is_main and mine),
     )
 
+    # Compiled, the target runs one graph per padded shape: lengths go up in steps of
+    # COMPILE_LENGTH_BUCKET and every batch has as many rows as its length allows.
+    compiled = None
+    if spec.compile_teacher and mine:
+        compiled = torch.compile(teacher.model, dynamic=False)
+    bucket = COMPILE_LENGTH_BUCKET if compiled is not None else 1
+
     def forward(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return teacher_forward(teacher, ids.to(runtime.device), mask.to(runtime.device), rows)
+        ids, mask = ids.to(runtime.device), mask.to(runtime.device)
+        return teacher_forward(teacher, ids, mask, rows, compiled)
 
     try:
-        cache.fill(mine, forward, spec.teacher_batch_tokens, bar.update)
+        cache.fill(mine, forward, spec.teacher_batch_tokens, bar.update, bucket)
     finally:
         bar.close()
     runtime.barrier()

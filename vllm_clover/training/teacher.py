@@ -174,16 +174,18 @@ def teacher_forward(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     rows: torch.Tensor | None = None,
+    compiled: nn.Module | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, T) right-padded ids -> (H (B, T, D) post-norm, argmax of the logits (B, T) int64).
 
     ``rows`` (N,) sorted target ids: the argmax over those LM-head rows only, as target ids.
     With a 262k vocabulary the full product costs more than the whole forward (``pipeline``
     uses it for the training split only). Example: rows [5, 9, 40], best row 2 -> id 40.
+    ``compiled``: ``torch.compile(teacher.model)`` to run instead of the eager model.
     """
     if teacher.model is None:
         raise RuntimeError("teacher model already released")
-    out = teacher.model(
+    out = (teacher.model if compiled is None else compiled)(
         input_ids, attention_mask=attention_mask, output_hidden_states=True, logits_to_keep=1
     )
     hidden = out.hidden_states[-1]  # (B, T, D)
