@@ -91,6 +91,24 @@ def test_stop_and_resume_equals_one_run(tiny, tmp_path: Path) -> None:
     assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-6
 
 
+def test_streamed_signal_trains_the_same_heads_and_resumes(tiny, tmp_path: Path) -> None:
+    """--teacher-signal stream: no training shard on disk, the target's signal computed per
+    micro-batch, the weights of the cached run, and an interrupted run resumes exactly."""
+    kwargs = dict(grad_accum=2, batch_size=2)
+    cached = train(config(tiny, tmp_path / "cached", **kwargs))
+    streamed_cfg = dict(teacher_signal="stream", cache_dir=str(tmp_path / "cache"), **kwargs)
+    assert train(config(tiny, tmp_path / "s", stop_after=2, **streamed_cfg)).out is None
+    resumed = train(config(tiny, tmp_path / "s", resume="auto", **streamed_cfg))
+    assert resumed.steps == cached.steps and resumed.tokens_seen == cached.tokens_seen
+    a, b = weights(tmp_path / "cached"), weights(tmp_path / "s")
+    assert max((a[k].float() - b[k].float()).abs().max().item() for k in a) < 1e-5
+    spec = DataSpec.from_config(config(tiny, tmp_path / "x", cache_dir=str(tmp_path / "cache")))
+    shards = list((tmp_path / "cache").glob("*/shard-*.safetensors"))
+    cached_keys = sum(len(load_file(str(p))["top1"]) for p in shards)
+    prepared = prepare(spec, Runtime(0, 1, torch.device("cpu")), torch.float32, cache_train=False)
+    assert cached_keys == sum(len(s) for s in prepared.eval), "only the held-out split cached"
+
+
 def test_clover2_trains_learns_and_loads(tiny, tmp_path: Path) -> None:
     """--clover2: the next-token fusion, 2 block layers and linear heads are what is built,
     trained (loss falls, the block's lr is scaled) and loaded back."""

@@ -115,6 +115,12 @@ class TrainConfig:
         "run the target under torch.compile while caching (lengths padded to multiples of "
         "128, one compile each; with --dtype bfloat16 ~1.7x faster on CPU, docs/training.md)",
     )
+    teacher_signal: str = opt(
+        "auto",
+        "the training split's target signal: cache (on disk, reused across runs), stream "
+        "(computed per batch, no disk) or auto (stream when the cache would grow by over 20 GiB)",
+        choices=("auto", "cache", "stream"),
+    )
     train_argmax: str = opt(
         "auto",
         "vocabulary rows of the target argmax cached for the training split: full, draft (the "
@@ -297,6 +303,7 @@ RUN_ONLY_FIELDS = (
     "cache_dir",
     "teacher_batch_tokens",
     "compile_teacher",
+    "teacher_signal",
     "out",
     "device",
 )

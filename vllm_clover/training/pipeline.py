@@ -33,6 +33,7 @@ from vllm_clover.training.data import (
     tokenize_all,
 )
 from vllm_clover.training.runtime import Runtime
+from vllm_clover.training.stream import STREAM_ABOVE_GIB, TeacherStream, cache_gib
 from vllm_clover.training.teacher import Teacher, load_teacher, teacher_forward
 
 
@@ -49,6 +50,7 @@ class DataSpec:
     cache_dir: str | None = None
     teacher_batch_tokens: int = 8192
     compile_teacher: bool = False
+    teacher_signal: str = "auto"
     progress: bool = True
     draft_vocab_size: int | None = None
     train_argmax: str = "full"
@@ -76,13 +78,26 @@ class Prepared:
     cache: HiddenStateCache  # full-vocabulary argmax: the held-out split, maybe the train split
     train_cache: HiddenStateCache  # the training split's signal (`cache` unless draft rows)
     draft_vocab_ids: torch.Tensor | None  # (N,) from the training split's token counts
+    stream: TeacherStream | None = None  # the training split's signal when not cached
 
     def batch(self, sequences: list[TokenizedSequence]) -> Batch:
-        """The full-vocabulary signal wherever the cache has it, else the training split's."""
-        signal = [
-            (self.cache if s.key in self.cache else self.train_cache).get(s.key) for s in sequences
-        ]
-        return collate(sequences, signal)
+        """The full-vocabulary signal wherever the cache has it, else the training split's
+        (cached, or streamed in one target forward for all the sequences not cached)."""
+        signal: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        for s in sequences:
+            if s.key in self.cache or s.key in self.train_cache:
+                signal[s.key] = (self.cache if s.key in self.cache else self.train_cache).get(s.key)
+        rest = [s for s in sequences if s.key not in signal]
+        if rest:
+            if self.stream is None:
+                raise RuntimeError(f"{len(rest)} sequence(s) neither cached nor streamed")
+            signal.update(zip([s.key for s in rest], self.stream.signal(rest), strict=True))
+        return collate(sequences, [signal[s.key] for s in sequences])
+
+    def release_teacher(self) -> None:
+        """Drop the full target once the heads are built, unless it streams the signal."""
+        if self.stream is None:
+            self.teacher.release()
 
 
 def argmax_rows_for(
@@ -110,7 +125,8 @@ def prepare(
     """Load the target, tokenise and split the data, and cache the hidden states it needs.
 
     With ``cache_train=False`` only the held-out split is cached (``eval-heads``). The caller
-    releases the full target (``prepared.teacher.release()``) once it has what it needs.
+    releases the full target (``prepared.release_teacher()``) once it has what it needs.
+    Past STREAM_ABOVE_GIB of new shards the training split is streamed instead (``stream``).
     """
     teacher = load_teacher(spec.target, runtime.device, dtype)
     max_len = min(spec.max_seq_len, getattr(teacher.config, "max_position_embeddings", 1 << 30))
@@ -132,16 +148,48 @@ def prepare(
     root = default_cache_root(spec.cache_dir)
     cache = train_cache = HiddenStateCache(root, fingerprint)
     rows = argmax_rows_for(spec, vocab_size, draft_ids)
+    if rows is not None:
+        rows_digest = hashlib.sha256(rows.numpy().tobytes()).hexdigest()[:16]
+        train_cache = HiddenStateCache(root, {**fingerprint, "argmax_rows": rows_digest})
     to_cache = train if cache_train else []
+    stream = None
+    missing = [s for s in train_cache.missing(to_cache) if s.key not in cache]
+    if missing and streams(spec, missing, fingerprint["hidden_size"]):
+        stream = TeacherStream(teacher, runtime.device, rows, *compiled_teacher(teacher, spec))
+        to_cache = []
     if rows is None:
         fill_cache(cache, teacher, to_cache + held, runtime, spec)
     else:
-        rows_digest = hashlib.sha256(rows.numpy().tobytes()).hexdigest()[:16]
-        train_cache = HiddenStateCache(root, {**fingerprint, "argmax_rows": rows_digest})
         fill_cache(cache, teacher, held, runtime, spec)
         rest = [s for s in to_cache if s.key not in cache]
         fill_cache(train_cache, teacher, rest, runtime, spec, rows)
-    return Prepared(teacher, train, held, cache, train_cache, draft_ids)
+    return Prepared(teacher, train, held, cache, train_cache, draft_ids, stream)
+
+
+def streams(spec: DataSpec, missing: list[TokenizedSequence], hidden_size: int) -> bool:
+    """Whether the training split's signal is streamed: ``--teacher-signal stream``, or
+    ``auto`` and its missing shards would take more than STREAM_ABOVE_GIB."""
+    if spec.teacher_signal != "auto":
+        return spec.teacher_signal == "stream"
+    size = cache_gib(sum(len(s) for s in missing), hidden_size)
+    if size <= STREAM_ABOVE_GIB:
+        return False
+    print(
+        f"streaming the teacher signal of the training split: caching it would take "
+        f"{size:.1f} GiB (over {STREAM_ABOVE_GIB:.0f}; --teacher-signal cache to cache anyway)",
+        flush=True,
+    )
+    return True
+
+
+def compiled_teacher(teacher: Teacher, spec: DataSpec) -> tuple[torch.nn.Module | None, int]:
+    """(the target under torch.compile, the length bucket of its batches), or (None, 1).
+
+    Compiled, the target runs one graph per padded shape, so lengths go up in steps of
+    COMPILE_LENGTH_BUCKET."""
+    if not spec.compile_teacher:
+        return None, 1
+    return torch.compile(teacher.model, dynamic=False), COMPILE_LENGTH_BUCKET
 
 
 def fill_cache(
@@ -167,12 +215,7 @@ def fill_cache(
         disable=not (spec.progress and runtime.is_main and mine),
     )
 
-    # Compiled, the target runs one graph per padded shape: lengths go up in steps of
-    # COMPILE_LENGTH_BUCKET and every batch has as many rows as its length allows.
-    compiled = None
-    if spec.compile_teacher and mine:
-        compiled = torch.compile(teacher.model, dynamic=False)
-    bucket = COMPILE_LENGTH_BUCKET if compiled is not None else 1
+    compiled, bucket = compiled_teacher(teacher, spec) if mine else (None, 1)
 
     def forward(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         ids, mask = ids.to(runtime.device), mask.to(runtime.device)

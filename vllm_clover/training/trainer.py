@@ -150,7 +150,7 @@ def _train(cfg: TrainConfig, runtime: Runtime) -> TrainResult:
     dtype = torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32
     prepared = prepare(DataSpec.from_config(cfg), runtime, dtype)
     model = build_model(cfg, prepared, runtime.device)
-    prepared.teacher.release()
+    prepared.release_teacher()
     global_batch = cfg.batch_size * cfg.grad_accum * runtime.world_size
     plan = plan_steps(
         [len(s) for s in prepared.train], global_batch, cfg.epochs, cfg.seed, cfg.max_tokens
