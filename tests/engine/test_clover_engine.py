@@ -46,12 +46,27 @@ def _drafter_facts(worker) -> tuple[str, int]:
     return str(rows.dtype), len(drafter._draft_attn_layer_names)
 
 
+def _count_fused_rows(worker) -> None:
+    """Count the positions the next-token fusion (Clover-2) reads, by a hook on it."""
+    fuse = worker.model_runner.drafter.model.adapter.fuse
+    if fuse is not None:
+        fuse.rows_fused = 0
+        fuse.register_forward_hook(
+            lambda module, args, out: setattr(module, "rows_fused", module.rows_fused + len(out))
+        )
+
+
+def _fused_rows(worker) -> int:
+    return getattr(worker.model_runner.drafter.model.adapter.fuse, "rows_fused", 0)
+
+
 @pytest.mark.parametrize("max_num_seqs", [1, 4, 16])
 def test_greedy_output_equals_vanilla(
     reference_target, shipped_heads, mtbench_path, vanilla_tokens, max_num_seqs
 ):
     """Each shipped configuration: the reference heads draft straight from the target's hidden
-    states (no draft layer, no draft KV cache), the full ones through their Augmenting Block."""
+    states (no draft layer, no draft KV cache), the full ones through their Augmenting Block,
+    the Clover-2 ones through the next-token fusion and their block."""
     k = _num_heads(shipped_heads)
     spec = {"method": "clover", "model": str(shipped_heads), "num_speculative_tokens": k}
     num_prompts = 8 if max_num_seqs == 1 else 16
@@ -59,13 +74,17 @@ def test_greedy_output_equals_vanilla(
         reference_target, speculative_config=spec, max_num_seqs=max_num_seqs
     ) as llm:
         ((rows_dtype, draft_layers),) = set(llm.collective_rpc(_drafter_facts))
+        llm.collective_rpc(_count_fused_rows)
         outputs = _tokens(llm.chat(_chats(mtbench_path, num_prompts), _greedy(48), use_tqdm=False))
         stats, budget = speculation(llm), goodput_budget(llm)
+        (fused_rows,) = llm.collective_rpc(_fused_rows)
     assert outputs == vanilla_tokens[:num_prompts]
     assert_clover_speculated(stats, k=k)
     assert len(stats.accepted_per_pos) == k and stats.max_requests == min(max_num_seqs, 16)
-    has_block = json.loads((shipped_heads / "config.json").read_text())["use_augmenting_block"]
-    assert (draft_layers > 0) == has_block
+    config = json.loads((shipped_heads / "config.json").read_text())
+    assert (draft_layers > 0) == config["use_augmenting_block"]
+    # Clover-2 fuses every scheduled position with its next token before the block
+    assert (fused_rows >= stats.drafts) if config.get("fuse_next_token") else fused_rows == 0
     assert rows_dtype == "torch.int8"  # the CPU default ("auto")
     assert budget is not None and budget.steps > 0  # the default: K chosen per step
 
