@@ -185,6 +185,28 @@ def test_compiled_teacher_fills_the_same_cache(tiny, teacher) -> None:
         assert torch.equal(got[1], want[1])
 
 
+def test_a_sequence_cached_twice_is_read_from_the_earliest_shard(tiny, teacher) -> None:
+    """Two processes filling one folder can both write a sequence, with values that differ
+    by rounding. Every process reads the copy written first, whatever order it finds the
+    shards in, so a resumed run trains on the signal its first process read."""
+    import os
+
+    root = tiny["cache"] / "twice"
+    writer, seq = make_cache(tiny, teacher, root), sequences(teacher, n=1)[0]
+    hidden = torch.zeros(len(seq), 8)
+    later = writer.write_shard([seq.key], [hidden + 2], [torch.zeros(len(seq))])
+    earlier = writer.write_shard([seq.key], [hidden + 1], [torch.zeros(len(seq))])
+    os.utime(earlier, ns=(10**18, 10**18))  # its writer finished first ...
+    os.utime(later, ns=(2 * 10**18, 2 * 10**18))
+    assert make_cache(tiny, teacher, root).get(seq.key)[0].float().unique().tolist() == [1.0]
+    hidden_away = earlier.rename(earlier.with_name("hidden"))  # ... but renamed it in late
+    reader = make_cache(tiny, teacher, root)
+    assert reader.get(seq.key)[0].float().unique().tolist() == [2.0]
+    hidden_away.rename(earlier)
+    reader.refresh()
+    assert reader.get(seq.key)[0].float().unique().tolist() == [1.0]
+
+
 def test_cache_is_keyed_by_target_weights(tiny, teacher) -> None:
     base = make_cache(tiny, teacher, tiny["cache"] / "fp")
     with torch.no_grad():

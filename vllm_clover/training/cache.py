@@ -71,8 +71,16 @@ class HiddenStateCache:
             raise TrainingError(f"cannot use hidden-state cache {self.dir}: {err}") from err
 
     def refresh(self) -> None:
-        """(Re)scan the shard headers (after another process added shards)."""
-        for shard in sorted(self.dir.glob("shard-*.safetensors")):
+        """(Re)scan the shard headers (after another process added shards).
+
+        Two processes filling the same folder at once can both compute a sequence; their
+        copies differ by rounding (another batch shape, a compiled teacher). The copy in the
+        earliest-written shard is the one read, whatever order the shards are found in, so a
+        resumed run reads the signal its first process read. Example: shards A (written
+        12:00) and B (12:05) both hold key k -> k is read from A, in this process and any later.
+        """
+        found = {s: written_order(s) for s in self.dir.glob("shard-*.safetensors")}
+        for shard, order in sorted(found.items(), key=lambda item: item[1]):
             if shard in self._handles:
                 continue
             try:
@@ -86,7 +94,9 @@ class HiddenStateCache:
             self._handles[shard] = handle
             start = 0
             for key, length in zip(keys, lengths, strict=True):
-                self._where.setdefault(key, (shard, start, length))
+                held = self._where.get(key)
+                if held is None or order < found[held[0]]:
+                    self._where[key] = (shard, start, length)
                 start += length
 
     def __contains__(self, key: str) -> bool:
@@ -188,6 +198,11 @@ class HiddenStateCache:
         if pending[0]:
             self.write_shard(*pending)
         return len(todo)
+
+
+def written_order(shard: Path) -> tuple[int, str]:
+    """Sort key of a shard by when it was written (its name breaks ties)."""
+    return shard.stat().st_mtime_ns, shard.name
 
 
 def padded_batch(
