@@ -123,7 +123,7 @@ class HiddenStateCache:
     # ------------------------------------------------------------------ writing
     def check_free_space(self, num_tokens: int, hidden_size: int) -> None:
         """TrainingError up front when the shards would not fit on the cache's disk."""
-        needed = num_tokens * (hidden_size * 2 + 4)
+        needed = shard_bytes(num_tokens, hidden_size)
         free = shutil.disk_usage(self.dir).free
         if needed > free:
             raise TrainingError(
@@ -180,7 +180,7 @@ class HiddenStateCache:
         pending: tuple[list[str], list[torch.Tensor], list[torch.Tensor]] = ([], [], [])
         i = 0
         while i < len(todo):
-            width = -(-len(todo[i]) // length_bucket) * length_bucket
+            width = bucketed(len(todo[i]), length_bucket)
             rows = max(1, batch_tokens // width)
             group = todo[i : i + rows]
             ids, mask = padded_batch(group, width, rows if length_bucket > 1 else len(group))
@@ -198,6 +198,19 @@ class HiddenStateCache:
         if pending[0]:
             self.write_shard(*pending)
         return len(todo)
+
+
+def shard_bytes(num_tokens: int, hidden_size: int) -> int:
+    """Disk the shards take for ``num_tokens``: H (bfloat16) + argmax (int32) per token.
+
+    Example: 1M tokens at D = 576 -> 1e6 * (2 * 576 + 4) B = 1.08 GiB.
+    """
+    return num_tokens * (hidden_size * 2 + 4)
+
+
+def bucketed(length: int, bucket: int) -> int:
+    """``length`` rounded up to a multiple of ``bucket``. Example: (300, 128) -> 384."""
+    return -(-length // bucket) * bucket
 
 
 def written_order(shard: Path) -> tuple[int, str]:

@@ -21,7 +21,7 @@ import torch
 from tqdm.auto import tqdm
 
 from vllm_clover.modeling import draft_vocab_from_counts
-from vllm_clover.training.cache import HiddenStateCache
+from vllm_clover.training.cache import HiddenStateCache, shard_bytes
 from vllm_clover.training.config import TrainingError
 from vllm_clover.training.data import (
     Batch,
@@ -33,7 +33,7 @@ from vllm_clover.training.data import (
     tokenize_all,
 )
 from vllm_clover.training.runtime import Runtime
-from vllm_clover.training.stream import STREAM_ABOVE_GIB, TeacherStream, cache_gib
+from vllm_clover.training.stream import STREAM_ABOVE_GIB, TeacherStream
 from vllm_clover.training.teacher import Teacher, load_teacher, teacher_forward
 
 
@@ -85,8 +85,9 @@ class Prepared:
         (cached, or streamed in one target forward for all the sequences not cached)."""
         signal: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         for s in sequences:
-            if s.key in self.cache or s.key in self.train_cache:
-                signal[s.key] = (self.cache if s.key in self.cache else self.train_cache).get(s.key)
+            source = self.cache if s.key in self.cache else self.train_cache
+            if s.key in source:
+                signal[s.key] = source.get(s.key)
         rest = [s for s in sequences if s.key not in signal]
         if rest:
             if self.stream is None:
@@ -171,7 +172,7 @@ def streams(spec: DataSpec, missing: list[TokenizedSequence], hidden_size: int) 
     ``auto`` and its missing shards would take more than STREAM_ABOVE_GIB."""
     if spec.teacher_signal != "auto":
         return spec.teacher_signal == "stream"
-    size = cache_gib(sum(len(s) for s in missing), hidden_size)
+    size = shard_bytes(sum(len(s) for s in missing), hidden_size) / 2**30
     if size <= STREAM_ABOVE_GIB:
         return False
     print(

@@ -21,20 +21,12 @@ from collections.abc import Sequence
 import torch
 import torch.nn as nn
 
-from vllm_clover.training.cache import CACHE_DTYPE, padded_batch
+from vllm_clover.training.cache import CACHE_DTYPE, bucketed, padded_batch
 from vllm_clover.training.data import TokenizedSequence
 from vllm_clover.training.teacher import Teacher, teacher_forward
 
 # Stream rather than cache when the new shards would take more than this (GiB).
 STREAM_ABOVE_GIB = 20.0
-
-
-def cache_gib(num_tokens: int, hidden_size: int) -> float:
-    """Disk the cache's shards take for ``num_tokens``: H (bf16) + argmax (int32) per token.
-
-    Example: 1M tokens at D = 576 -> 1e6 * (2 * 576 + 4) B = 1.08 GiB.
-    """
-    return num_tokens * (hidden_size * 2 + 4) / 2**30
 
 
 class TeacherStream:
@@ -50,18 +42,15 @@ class TeacherStream:
     ) -> None:
         self.teacher, self.device, self.rows = teacher, device, rows
         self.compiled, self.length_bucket = compiled, length_bucket
-        self.tokens = 0  # tokens streamed so far (for the run's log)
 
     def signal(
         self, sequences: Sequence[TokenizedSequence]
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        longest = max(len(s) for s in sequences)
-        width = -(-longest // self.length_bucket) * self.length_bucket
+        width = bucketed(max(len(s) for s in sequences), self.length_bucket)
         ids, mask = padded_batch(sequences, width, len(sequences))  # (B, T)
         hidden, top1 = teacher_forward(
             self.teacher, ids.to(self.device), mask.to(self.device), self.rows, self.compiled
         )  # (B, T, D), (B, T)
-        self.tokens += sum(len(s) for s in sequences)
         return [
             (hidden[i, : len(s)].to(CACHE_DTYPE).cpu(), top1[i, : len(s)].to(torch.int32).cpu())
             for i, s in enumerate(sequences)
