@@ -115,6 +115,12 @@ class TrainConfig:
         "run the target under torch.compile while caching (lengths padded to multiples of "
         "128, one compile each; with --dtype bfloat16 ~1.7x faster on CPU, docs/training.md)",
     )
+    compile_heads: bool = opt(
+        False,
+        "run each head's cross-entropy (and its backward) under torch.compile: one compile "
+        "(~15 s), then fewer passes over the (tokens x draft vocabulary) log-probabilities "
+        "(docs/training.md)",
+    )
     teacher_signal: str = opt(
         "auto",
         "the training split's target signal: cache (on disk, reused across runs), stream "

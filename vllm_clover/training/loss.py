@@ -24,6 +24,7 @@ With a draft vocabulary of N ids both p_T and q_i are softmaxes over those N row
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -98,6 +99,27 @@ def target_distributions(
     return rows, F.softmax(logits.float(), dim=-1)
 
 
+# (z (M, D), vocabulary rows W (N, D), p_target (M, N)) -> (CE, top log q (M, 5), top rows (M, 5))
+HeadCrossEntropy = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+]
+TOP_K = 5  # the stats' top-5 accuracy
+
+
+def head_cross_entropy(
+    z: torch.Tensor, weight: torch.Tensor, p_target: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One head's soft-label cross-entropy sum_m -sum_v p(v) log q(v), q = softmax(z W^T), and
+    its TOP_K best rows (log q and row index, for the stats; no gradient).
+
+    z (M, D), W (N, D), p_target (M, N). The (M, N) log q is the largest tensor of a training
+    step; ``--compile-heads`` runs this function under torch.compile, which fuses the log-softmax,
+    the product and the sum (and their backward) into a few passes over it."""
+    log_q = F.log_softmax(F.linear(z, weight).float(), dim=-1)  # (M, N)
+    top = log_q.detach().topk(min(TOP_K, log_q.shape[-1]), dim=-1)
+    return -(p_target * log_q).sum(), top.values, top.indices
+
+
 def distill_loss(
     model: CloverModel,
     features: torch.Tensor,
@@ -107,6 +129,7 @@ def distill_loss(
     normaliser: torch.Tensor,
     hidden_loss_weight: float,
     soft_labels: bool = True,
+    cross_entropy: HeadCrossEntropy | None = None,
 ) -> tuple[torch.Tensor, HeadStats, torch.Tensor, torch.Tensor]:
     """Loss of one micro-batch (see module docstring), its stats and the head predictions.
 
@@ -116,7 +139,9 @@ def distill_loss(
     distribution (a label outside the draft vocabulary contributes nothing). Returns (scalar
     loss to backward, HeadStats, predictions (B, T, K) int64 target ids, -1 where not graded,
     their probabilities under the head (B, T, K) float32, 0 where not graded).
+    ``cross_entropy``: ``head_cross_entropy`` or a compiled copy of it (``--compile-heads``).
     """
+    cross_entropy = cross_entropy or head_cross_entropy
     k = features.shape[2]
     tables = model.tables
     w = tables.vocab_weight(model.dtype)  # (N, D)
@@ -138,14 +163,12 @@ def distill_loss(
             label = tables.target_to_draft(batch.input_ids[b, t + 2 + i])  # (M,), -1: none
             p_target = F.one_hot(label.clamp(min=0), w.shape[0]).float()  # (M, N)
             p_target *= (label >= 0).unsqueeze(-1)
-        log_q = F.log_softmax(model.logits(z).float(), dim=-1)  # (M, N)
-        ce = -(p_target * log_q).sum()
+        ce, top_log_q, top_rows = cross_entropy(z.to(w.dtype), w, p_target)
         hl = F.smooth_l1_loss(z.float(), h, reduction="none").mean(-1).sum()
         loss = loss + weights[i] * (ce + hidden_loss_weight * hl) / normaliser[i].clamp(min=1)
         with torch.no_grad():
-            top = log_q.topk(min(5, log_q.shape[-1]), dim=-1)
-            best = tables.draft_to_target(top.indices)
-            confidence[b, t, i] = top.values[:, 0].exp()
+            best = tables.draft_to_target(top_rows)  # (M, 5)
+            confidence[b, t, i] = top_log_q[:, 0].exp()
             want = batch.target_top1[b, t + 1 + i]  # (M,) target argmax for x_{t+2+i}
             preds[b, t, i] = best[:, 0]
             stats.ce[i], stats.hidden[i], stats.count[i] = ce.detach(), hl.detach(), b.numel()

@@ -31,7 +31,13 @@ from vllm_clover.training.card import model_card
 from vllm_clover.training.config import TrainConfig, TrainingError
 from vllm_clover.training.data import plan_steps
 from vllm_clover.training.evaluate import evaluate
-from vllm_clover.training.loss import HeadStats, distill_loss, graded_positions, head_weights
+from vllm_clover.training.loss import (
+    HeadStats,
+    distill_loss,
+    graded_positions,
+    head_cross_entropy,
+    head_weights,
+)
 from vllm_clover.training.pipeline import DataSpec, Prepared, prepare
 from vllm_clover.training.runtime import (
     Runtime,
@@ -206,11 +212,16 @@ class TrainLoop:
         self.cfg, self.runtime, self.prepared, self.model = cfg, runtime, prepared, model
         self.optimizer, self.scheduler, self.plan = optimizer, scheduler, plan
         self.weights = head_weights(cfg.num_heads, cfg.head_weight_base).to(runtime.device)
+        self.cross_entropy = (
+            torch.compile(head_cross_entropy, dynamic=True)
+            if cfg.compile_heads
+            else head_cross_entropy
+        )
         wrapped = HeadFeatures(model)
         if runtime.distributed:
             ids = [runtime.device.index] if runtime.device.type == "cuda" else None
             wrapped = DistributedDataParallel(wrapped, device_ids=ids, broadcast_buffers=False)
-        self.wrapped = wrapped
+        self.wrapped = torch.compile(wrapped, dynamic=True) if cfg.compile_heads else wrapped
         self.history: list[dict[str, Any]] = []
 
     def micro_batches(self, step: int) -> list[list[int]]:
@@ -247,6 +258,7 @@ class TrainLoop:
                     normaliser.float(),
                     cfg.hidden_loss_weight,
                     cfg.soft_labels,
+                    self.cross_entropy,
                 )
                 (loss * rt.world_size).backward()  # DDP averages; we want the global sum
             stats.add_(micro)
