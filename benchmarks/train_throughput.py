@@ -2,18 +2,24 @@
 
     .venv/bin/python benchmarks/train_throughput.py                 # full vocab vs draft vocab
     .venv/bin/python benchmarks/train_throughput.py --samples 64 --max-tokens 20000 --json r.json
+    .venv/bin/python benchmarks/train_throughput.py --variants clover2 clover2-compiled \
+        --dtype bfloat16 --repeats 3                                  # --compile-heads
 
 The hidden-state cache is filled first (its time is reported apart: it is the target's own
 forward, paid once per data set and reused by every later run). Then each variant trains in a
 fresh process, so its peak memory is its own: tokens/s counts the tokens of the optimizer
 steps only (no caching, no evaluation); memory is the peak over the training loop (process
-RSS on CPU, including the frozen LM-head copy; CUDA allocated bytes on a GPU).
+RSS on CPU, including the frozen LM-head copy; CUDA allocated bytes on a GPU). With
+``--repeats`` R every variant runs R times, round by round in alternation, and the table gives
+the median with its range. "steady tokens/s" leaves out each run's first optimizer step,
+which holds a compiled variant's compile (its seconds are reported apart).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,9 +46,41 @@ def child(config_json: str) -> None:
                 "tokens_per_s": result.tokens_per_second,
                 "peak_bytes": result.peak_memory_bytes,
                 "start_bytes": result.start_memory_bytes,
+                "step_seconds": [h["seconds"] for h in result.history],
+                "step_tokens": step_tokens([h["tokens_seen"] for h in result.history]),
             }
         )
     )
+
+
+def step_tokens(cumulative: list[int]) -> list[int]:
+    """Tokens of each step from the running totals. Example: [10, 25, 31] -> [10, 15, 6]."""
+    return [b - a for a, b in zip([0, *cumulative], cumulative, strict=False)]
+
+
+def steady_rate(run: dict) -> float:
+    """tokens/s over every step but the first (the first holds any compile)."""
+    return sum(run["step_tokens"][1:]) / max(sum(run["step_seconds"][1:]), 1e-9)
+
+
+# Named variants: TrainConfig fields over the base run; "{N}" is --draft-vocab-size.
+VARIANTS = {
+    "clover-full-vocab": {},
+    "clover-draft-vocab": {"draft_vocab_size": "{N}"},
+    "medusa-full-vocab": {"medusa": True},
+    "clover2": {"clover2": True, "augmenting_gate": True, "draft_vocab_size": "{N}"},
+    "clover2-compiled": {
+        "clover2": True,
+        "augmenting_gate": True,
+        "draft_vocab_size": "{N}",
+        "compile_heads": True,
+    },
+    "medusa-draft-vocab": {"medusa": True, "draft_vocab_size": "{N}"},
+}
+
+
+def variant_fields(name: str, draft_vocab_size: int) -> dict:
+    return {k: draft_vocab_size if v == "{N}" else v for k, v in VARIANTS[name].items()}
 
 
 def run_child(fields: dict) -> dict:
@@ -74,6 +112,7 @@ def base_fields(args: argparse.Namespace, work: Path) -> dict:
         threads=args.threads,
         device=args.device,
         overwrite=True,
+        dtype=args.dtype,
     )
 
 
@@ -85,6 +124,47 @@ def fill_cache(fields: dict) -> float:
 
 
 def main() -> None:
+    args = parse_args()
+    if args.child:
+        child(args.child)
+        return
+    runs: dict[str, list[dict]] = {name: [] for name in args.variants}
+    with tempfile.TemporaryDirectory(prefix="clover-bench-") as tmp:
+        fields = base_fields(args, Path(tmp))
+        cache_seconds = fill_cache(fields)
+        for _ in range(args.repeats):  # alternating rounds: a busy spell hits every variant
+            for name in args.variants:
+                overrides = variant_fields(name, args.draft_vocab_size)
+                runs[name].append(run_child({**fields, **overrides}))
+    print(
+        f"reference target, {args.samples} conversations x <= {args.max_seq_len} tokens, "
+        f"batch {args.batch_size}, {args.dtype}, {args.threads} thread(s), device "
+        f"{args.device}, {args.repeats} round(s); cache fill + 1 step: {cache_seconds:.1f} s"
+    )
+    print("| variant | steps | tokens/s | steady tokens/s | first step (s) | peak RSS (GiB) |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, results in runs.items():
+        cells = [
+            spread([r["tokens_per_s"] for r in results], "{:.0f}"),
+            spread([steady_rate(r) for r in results], "{:.0f}"),
+            spread([r["step_seconds"][0] for r in results], "{:.1f}"),
+            spread([(r["peak_bytes"] or 0) / 2**30 for r in results], "{:.2f}"),
+        ]
+        print(f"| {name} | {results[0]['steps']} | " + " | ".join(cells) + " |")
+    if args.json:
+        raw = {"args": vars(args), "cache_seconds": cache_seconds, "runs": runs}
+        Path(args.json).write_text(json.dumps(raw, indent=2) + "\n")
+
+
+def spread(values: list[float], fmt: str) -> str:
+    """Median [min-max] of values, or the one value. Example: [3, 1, 2] -> '2 [1-3]'."""
+    if len(values) == 1:
+        return fmt.format(values[0])
+    low, mid, high = min(values), statistics.median(values), max(values)
+    return f"{fmt.format(mid)} [{fmt.format(low)}-{fmt.format(high)}]"
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -96,46 +176,20 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=2000, help="tokens per variant")
     parser.add_argument("--draft-vocab-size", type=int, default=8192)
     parser.add_argument(
+        "--variants",
+        nargs="+",
+        choices=sorted(VARIANTS),
+        default=["clover-full-vocab", "clover-draft-vocab", "medusa-full-vocab"],
+    )
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--repeats", type=int, default=1, help="alternating rounds")
+    parser.add_argument(
         "--threads", type=int, default=1, help="torch intra-op threads (1: robust on a shared CPU)"
     )
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--cache-dir", help="reuse a hidden-state cache root")
     parser.add_argument("--json", help="also write the results here")
-    args = parser.parse_args()
-    if args.child:
-        child(args.child)
-        return
-    with tempfile.TemporaryDirectory(prefix="clover-bench-") as tmp:
-        fields = base_fields(args, Path(tmp))
-        cache_seconds = fill_cache(fields)
-        variants = {
-            "clover, full vocab": {},
-            f"clover, draft vocab {args.draft_vocab_size}": {
-                "draft_vocab_size": args.draft_vocab_size
-            },
-            "medusa, full vocab": {"medusa": True},
-        }
-        results = {name: run_child({**fields, **overrides}) for name, overrides in variants.items()}
-    print(
-        f"reference target, {args.samples} conversations x <= {args.max_seq_len} tokens, "
-        f"batch {args.batch_size}, {args.threads} thread(s), device {args.device}; "
-        f"cache fill + 1 step: {cache_seconds:.1f} s"
-    )
-    print("| variant | steps | tokens | tokens/s | peak RSS (GiB) | RSS at start (GiB) |")
-    print("|---|---|---|---|---|---|")
-    for name, r in results.items():
-        peak, start = ((r[k] or 0) / 2**30 for k in ("peak_bytes", "start_bytes"))
-        print(
-            f"| {name} | {r['steps']} | {r['tokens']} | {r['tokens_per_s']:.0f} | "
-            f"{peak:.2f} | {start:.2f} |"
-        )
-    if args.json:
-        Path(args.json).write_text(
-            json.dumps(
-                {"args": vars(args), "cache_seconds": cache_seconds, "results": results}, indent=2
-            )
-            + "\n"
-        )
+    return parser.parse_args()
 
 
 if __name__ == "__main__":

@@ -269,7 +269,9 @@ class TrainLoop:
         self.optimizer.zero_grad(set_to_none=True)
         return HeadStats.from_stacked(rt.all_reduce_sum(stats.stacked()))
 
-    def log_step(self, step: int, stats: HeadStats, tokens_seen: int) -> dict[str, Any]:
+    def log_step(
+        self, step: int, stats: HeadStats, tokens_seen: int, seconds: float
+    ) -> dict[str, Any]:
         means = stats.means()
         w = self.weights.tolist()
         loss = sum(
@@ -282,6 +284,7 @@ class TrainLoop:
             "top1": means["top1"],
             "lr": self.scheduler.get_last_lr()[0],
             "tokens_seen": tokens_seen,
+            "seconds": seconds,  # this step's wall time
         }
         self.history.append(entry)
         return entry
@@ -324,10 +327,11 @@ class TrainLoop:
         while step < stop:
             began = time.perf_counter()
             stats = self.train_step(step)
-            seconds += time.perf_counter() - began
+            step_seconds = time.perf_counter() - began
+            seconds += step_seconds
             step_tokens = sum(len(self.prepared.train[j]) for j in self.plan[step])
             tokens_seen, tokens_now = tokens_seen + step_tokens, tokens_now + step_tokens
-            entry = self.log_step(step, stats, tokens_seen)
+            entry = self.log_step(step, stats, tokens_seen, step_seconds)
             step += 1
             show_progress(bar, entry, tokens_now / max(seconds, 1e-9))
             evaluation = self.between_steps(step, stop, modules, tokens_seen, bar) or evaluation
