@@ -113,6 +113,7 @@ def base_fields(args: argparse.Namespace, work: Path) -> dict:
         device=args.device,
         overwrite=True,
         dtype=args.dtype,
+        num_heads=args.num_heads,
     )
 
 
@@ -138,8 +139,9 @@ def main() -> None:
                 runs[name].append(run_child({**fields, **overrides}))
     print(
         f"reference target, {args.samples} conversations x <= {args.max_seq_len} tokens, "
-        f"batch {args.batch_size}, {args.dtype}, {args.threads} thread(s), device "
-        f"{args.device}, {args.repeats} round(s); cache fill + 1 step: {cache_seconds:.1f} s"
+        f"batch {args.batch_size}, {args.num_heads} heads, {args.dtype}, {args.threads} "
+        f"thread(s), device {args.device}, {args.repeats} round(s); cache fill + 1 step: "
+        f"{cache_seconds:.1f} s"
     )
     print("| variant | steps | tokens/s | steady tokens/s | first step (s) | peak RSS (GiB) |")
     print("|---|---:|---:|---:|---:|---:|")
@@ -175,6 +177,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=2000, help="tokens per variant")
     parser.add_argument("--draft-vocab-size", type=int, default=8192)
+    parser.add_argument("--num-heads", type=int, default=3, help="K (the reference heads: 4)")
     parser.add_argument(
         "--variants",
         nargs="+",
