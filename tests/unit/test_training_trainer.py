@@ -149,6 +149,44 @@ def test_compiled_heads_train_the_eager_weights(tiny, tmp_path: Path) -> None:
     assert losses[-1][0] < losses[0][0]  # the compared runs did train
 
 
+def test_init_from_continues_a_checkpoint_on_new_data(tiny, tmp_path: Path) -> None:
+    """--init-from starts from the checkpoint's weights and draft vocabulary (not a fresh
+    network, not the vocabulary counted on the new data), and refuses another network."""
+    common = dict(draft_vocab_size=64, save_dtype="float32")
+    base = train(config(tiny, tmp_path / "base", **common))
+    # The new data: a subset whose own token counts would pick another draft vocabulary.
+    teacher = load_teacher(str(tiny["target"]), torch.device("cpu"), torch.float32)
+    seqs = tokenize_all(teacher.tokenizer, load_conversations(tiny["data"], 8), 128, "data")
+    counted = draft_vocab_from_counts(
+        token_counts(split_train_eval(seqs, 0.2, 0)[0], len(teacher.tokenizer)), 64
+    )
+    assert not torch.equal(counted, weights(base.out)["draft_vocab_ids"])
+    tiny_lr = dict(max_samples=8, lr=1e-9, weight_decay=0.0, epochs=1, **common)
+    cont = train(config(tiny, tmp_path / "cont", init_from=str(base.out), **tiny_lr))
+    fresh = train(config(tiny, tmp_path / "fresh", **tiny_lr))
+    a, b, c = weights(base.out), weights(cont.out), weights(fresh.out)
+    assert torch.equal(b["draft_vocab_ids"], a["draft_vocab_ids"])
+    assert torch.equal(c["draft_vocab_ids"], counted)  # without --init-from: counted
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
+    assert max((a[k] - c[k]).abs().max().item() for k in a) > 1e-3  # the control differs
+    assert "--init-from" in (cont.out / "README.md").read_text()
+    cache = tmp_path / "unused-cache"
+    with pytest.raises(TrainingError, match="num_heads: checkpoint 3, this run 2"):
+        train(
+            config(
+                tiny,
+                tmp_path / "x",
+                init_from=str(base.out),
+                num_heads=2,
+                cache_dir=str(cache),
+                **common,
+            )
+        )
+    assert not cache.exists()  # refused before any teacher work
+    with pytest.raises(TrainingError, match="no such checkpoint folder"):
+        train(config(tiny, tmp_path / "y", init_from=str(tmp_path / "nope"), **common))
+
+
 def test_failure_mid_run_leaves_no_checkpoint(tiny, tmp_path: Path, monkeypatch) -> None:
     def boom(self, step):
         raise KeyboardInterrupt  # e.g. a kill or a crash between steps

@@ -9,6 +9,7 @@ from vllm_clover.modeling.checkpoint import (
     lm_head_fingerprint,
     load_clover,
     load_clover_config,
+    read_clover,
     save_clover,
 )
 from vllm_clover.modeling.clover import CloverModel
@@ -30,6 +31,7 @@ __all__ = [
     "lm_head_fingerprint",
     "load_clover",
     "load_clover_config",
+    "read_clover",
     "save_clover",
     "select_last_layers",
     "shift_tokens_for_heads",

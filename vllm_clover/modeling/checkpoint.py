@@ -231,9 +231,15 @@ def validate_checkpoint(path: str | os.PathLike) -> CloverConfig:
     Returns its config; CloverCheckpointError naming the problem otherwise. Used by the
     vLLM layer at start-up, before any worker (and any target weight) exists.
     """
+    return read_clover(path)[0]
+
+
+def read_clover(path: str | os.PathLike) -> tuple[CloverConfig, dict[str, torch.Tensor]]:
+    """A checkpoint's config and flat tensors, validated on their own (no target), on CPU."""
     config = load_clover_config(path)
-    _check_weight_names(config, _read_weights(Path(path) / WEIGHTS_NAME), path)
-    return config
+    state = _read_weights(Path(path) / WEIGHTS_NAME)
+    _check_weight_names(config, state, path)
+    return config, state
 
 
 def check_target_fits(

@@ -59,6 +59,7 @@ LLM(model="{cfg.target}", speculative_config={{"method": "clover", "model": "<th
 |---|---|
 | command | `{to_command_line(cfg)}` |
 | data | {cfg.data or "bundled ShareGPT"} |
+| started from | {f"`{cfg.init_from}` (--init-from)" if cfg.init_from else "a fresh network"} |
 | sequences | {summary["train_sequences"]} train / {summary["eval_sequences"]} held-out, \
 max {cfg.max_seq_len} tokens |
 | steps | {summary["steps"]} optimizer steps, {summary["tokens_seen"]} tokens |

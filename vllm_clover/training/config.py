@@ -98,6 +98,12 @@ class TrainConfig:
         "tokens, the Medusa-1 recipe, for comparison)",
     )
     seed: int = opt(0, "seed of the initialisation, data order and split")
+    init_from: str | None = opt(
+        None,
+        "start from this Clover checkpoint's weights and draft vocabulary instead of a fresh "
+        "network (continued training on new data: a new optimizer and lr schedule); the "
+        "network flags must describe the checkpoint's network",
+    )
     dtype: str = opt(
         "float32", "compute dtype: float32 or bfloat16 (autocast)", choices=("float32", "bfloat16")
     )

@@ -121,10 +121,16 @@ def default_cache_root(cache_dir: str | None) -> Path:
 
 
 def prepare(
-    spec: DataSpec, runtime: Runtime, dtype: torch.dtype, cache_train: bool = True
+    spec: DataSpec,
+    runtime: Runtime,
+    dtype: torch.dtype,
+    cache_train: bool = True,
+    draft_ids: torch.Tensor | None = None,
 ) -> Prepared:
     """Load the target, tokenise and split the data, and cache the hidden states it needs.
 
+    The draft vocabulary is ``draft_ids`` when given (``train --init-from``: the
+    checkpoint's), else the most frequent tokens of the training split.
     With ``cache_train=False`` only the held-out split is cached (``eval-heads``). The caller
     releases the full target (``prepared.release_teacher()``) once it has what it needs.
     Past STREAM_ABOVE_GIB of new shards the training split is streamed instead (``stream``).
@@ -136,8 +142,7 @@ def prepare(
     sequences = tokenize_all(teacher.tokenizer, conversations, max_len, source)
     train, held = split_train_eval(sequences, spec.eval_fraction, spec.seed)
     vocab_size = int(teacher.lm_head.shape[0])
-    draft_ids = None
-    if spec.draft_vocab_size:
+    if draft_ids is None and spec.draft_vocab_size:
         counts = token_counts(train, vocab_size)
         draft_ids = draft_vocab_from_counts(counts, spec.draft_vocab_size)
     fingerprint = {

@@ -52,6 +52,7 @@ from vllm_clover.training.runtime import (
 )
 from vllm_clover.training.state import load_state, save_state
 from vllm_clover.training.teacher import augmenting_init, check_block_mirrors
+from vllm_clover.training.warm_start import InitCheckpoint
 
 
 @dataclass
@@ -152,10 +153,14 @@ def _train(cfg: TrainConfig, runtime: Runtime) -> TrainResult:
     if Path(cfg.out).exists() and not cfg.overwrite:
         raise TrainingError(f"output folder {cfg.out} already exists (pass --overwrite)")
     resumed = load_state(cfg.state_dir, cfg) if cfg.resume else None
+    init = InitCheckpoint.read(cfg) if cfg.init_from else None
     seed_everything(cfg.seed)
     dtype = torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32
-    prepared = prepare(DataSpec.from_config(cfg), runtime, dtype)
+    draft_ids = init.draft_vocab_ids if init else None
+    prepared = prepare(DataSpec.from_config(cfg), runtime, dtype, draft_ids=draft_ids)
     model = build_model(cfg, prepared, runtime.device)
+    if init is not None:
+        init.load_into(model, prepared.teacher.lm_head, cfg.target)
     prepared.release_teacher()
     global_batch = cfg.batch_size * cfg.grad_accum * runtime.world_size
     plan = plan_steps(

@@ -1,0 +1,89 @@
+"""`train --init-from`: continue training a saved Clover checkpoint on new data.
+
+A run normally builds a fresh network (Augmenting Block copied from the target, heads
+seeded, draft vocabulary counted on its own data). With ``--init-from DIR`` it starts from
+DIR's weights and keeps DIR's draft vocabulary instead, so that training can go on where a
+finished run stopped, on data that run never saw, with a new optimizer and lr schedule.
+That is how a budget too large for one working session is reached in several (each one
+fills the teacher cache of its own slice of the data)::
+
+    vllm-clover train ... --data part1.jsonl --out heads-1
+    vllm-clover train ... --data part2.jsonl --init-from heads-1 --out heads-2
+
+The network flags of the second run must describe heads-1's network (the run rebuilds the
+network from its flags, then loads the weights into it, strictly); any difference is an
+error that names the field, raised before the teacher cache is filled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from vllm_clover.modeling import CloverCheckpointError, CloverConfig, CloverModel, read_clover
+from vllm_clover.modeling.checkpoint import check_target_fits
+from vllm_clover.training.config import TrainConfig, TrainingError
+
+# The CloverConfig fields that decide the network's wiring, and the train flag of each.
+NETWORK_FLAGS = {
+    "num_heads": "num_heads",
+    "use_augmenting_block": "augmenting_block",
+    "num_augmenting_layers": "num_augmenting_layers",
+    "augmenting_gate": "augmenting_gate",
+    "use_attention_decoder": "attention_decoder",
+    "use_regressive_connection": "regressive_connection",
+    "fuse_next_token": "fuse_next_token",
+    "head_projection": "head_projection",
+    "draft_vocab_size": "draft_vocab_size",
+}
+
+
+@dataclass(frozen=True)
+class InitCheckpoint:
+    """The checkpoint a run starts from: its config and flat tensors (CPU)."""
+
+    path: str
+    config: CloverConfig
+    state: dict[str, torch.Tensor]
+
+    @classmethod
+    def read(cls, cfg: TrainConfig) -> InitCheckpoint:
+        """Read and validate ``cfg.init_from`` against the run's network flags, before any
+        data is prepared, so that a wrong checkpoint fails fast. Example of the error:
+        ``num_heads: checkpoint 4, this run 3``."""
+        path = str(cfg.init_from)
+        if not Path(path).is_dir():
+            raise TrainingError(f"--init-from {path}: no such checkpoint folder")
+        try:
+            config, state = read_clover(path)
+        except CloverCheckpointError as err:
+            raise TrainingError(f"--init-from {path}: {err}") from err
+        differ = [
+            f"{name}: checkpoint {getattr(config, name)!r}, this run {getattr(cfg, flag)!r}"
+            for name, flag in NETWORK_FLAGS.items()
+            if getattr(config, name) != getattr(cfg, flag)
+        ]
+        if differ:
+            raise TrainingError(
+                f"--init-from {path} has another network than this run's flags ask for ("
+                + "; ".join(differ)
+                + "): pass the flags it was trained with (its README.md lists them)"
+            )
+        return cls(path, config, state)
+
+    @property
+    def draft_vocab_ids(self) -> torch.Tensor | None:
+        """(N,) the checkpoint's draft vocabulary (None: it drafts over the full vocabulary)."""
+        return self.state.get("draft_vocab_ids")
+
+    def load_into(self, model: CloverModel, lm_head: torch.Tensor, target_name: str) -> None:
+        """Copy the weights into ``model``, the network built from this run's flags; a
+        TrainingError when the target is not the one the checkpoint was trained for."""
+        try:
+            check_target_fits(self.config, self.path, lm_head, target_name=target_name)
+            with torch.no_grad():
+                model.load_checkpoint_state(self.state)
+        except (CloverCheckpointError, ValueError, RuntimeError) as err:
+            raise TrainingError(f"--init-from {self.path}: {err}") from err
