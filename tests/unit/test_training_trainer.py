@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from vllm_clover.cli import main
 from vllm_clover.modeling import draft_vocab_from_counts, load_clover
@@ -185,6 +185,28 @@ def test_init_from_continues_a_checkpoint_on_new_data(tiny, tmp_path: Path) -> N
     assert not cache.exists()  # refused before any teacher work
     with pytest.raises(TrainingError, match="no such checkpoint folder"):
         train(config(tiny, tmp_path / "y", init_from=str(tmp_path / "nope"), **common))
+
+
+def test_init_from_a_native_medusa_export(tiny, tmp_path: Path) -> None:
+    """The Medusa baseline ships in vLLM's native format; --init-from reads it back as the
+    Clover Medusa heads it was exported from, and refuses LM heads of its own."""
+    medusa = dict(medusa=True, draft_vocab_size=64, save_dtype="float32")
+    source = train(config(tiny, tmp_path / "medusa", **medusa))
+    native = tmp_path / "native"
+    export = ["export-medusa", "--heads", str(source.out), "--target", str(tiny["target"])]
+    assert main([*export, "--out", str(native), "--dtype", "float32"]) == 0
+    tiny_lr = dict(max_samples=8, lr=1e-9, weight_decay=0.0, epochs=1, **medusa)
+    cont = train(config(tiny, tmp_path / "cont", init_from=str(native), **tiny_lr))
+    a, b = weights(source.out), weights(cont.out)
+    assert a.keys() == b.keys() and torch.equal(a["draft_vocab_ids"], b["draft_vocab_ids"])
+    assert max((a[k].float() - b[k].float()).abs().max().item() for k in a) < 1e-5
+    with pytest.raises(TrainingError, match="use_regressive_connection: checkpoint False"):
+        train(config(tiny, tmp_path / "x", init_from=str(native), draft_vocab_size=64))
+    state = load_file(str(native / "model.safetensors"))
+    state["lm_heads.0.weight"] = state["lm_heads.0.weight"] * 2
+    save_file(state, str(native / "model.safetensors"))
+    with pytest.raises(TrainingError, match="is not the target's LM head"):
+        train(config(tiny, tmp_path / "y", init_from=str(native), **tiny_lr))
 
 
 def test_failure_mid_run_leaves_no_checkpoint(tiny, tmp_path: Path, monkeypatch) -> None:

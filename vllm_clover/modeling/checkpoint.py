@@ -140,8 +140,9 @@ def _expected_shapes(config: CloverConfig) -> dict[str, tuple[int, ...]]:
 
 
 # ---------------------------------------------------------------------- load
-def read_config_json(path: str | os.PathLike, model_type: str = "clover") -> dict:
-    """``path/config.json`` of a checkpoint folder as a dict, if its model_type matches.
+def read_config_json(path: str | os.PathLike, model_type: str | None = "clover") -> dict:
+    """``path/config.json`` of a checkpoint folder as a dict, if its model_type matches
+    (any model_type with None).
 
     The one reader of checkpoint configs (Clover's, and the Medusa folders the bench runs);
     CloverCheckpointError names the problem: no folder, no or unreadable config.json, or a
@@ -158,7 +159,7 @@ def read_config_json(path: str | os.PathLike, model_type: str = "clover") -> dic
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise CloverCheckpointError(f"unreadable {config_file}: {err}") from err
     found = raw.get("model_type") if isinstance(raw, dict) else type(raw).__name__
-    if found != model_type:
+    if model_type is not None and found != model_type:
         raise CloverCheckpointError(
             f"{config_file}: model_type must be {model_type!r}, got {found!r}"
         )

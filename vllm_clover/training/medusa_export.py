@@ -1,4 +1,4 @@
-"""Medusa export: Medusa-configured heads as a vLLM-native ``MedusaModel`` folder.
+"""Medusa export: Medusa-configured heads as a vLLM-native ``MedusaModel`` folder, and back.
 
 ``vllm-clover export-medusa`` turns heads trained with ``train --medusa`` (all Clover
 components off) into what vLLM 0.32's own Medusa proposer loads, so the Medusa baseline runs
@@ -9,6 +9,10 @@ without any plugin code. Weights (vLLM ``model_executor/models/medusa.py`` layou
     draft vocabulary   blocks.{i}.*, one lm_heads.0.weight (N, D) = W_lm[draft_vocab_ids],
                        token_map (N,), config truncated_vocab_size = N, original_lm_head
                        (vLLM scatters the N logits back to the V target ids)
+
+``read_medusa`` reads such a folder back as Clover heads (``train --init-from`` a Medusa
+baseline): the LM-head rows are the target's own and are dropped, ``token_map`` becomes
+``draft_vocab_ids``.
 """
 
 from __future__ import annotations
@@ -18,16 +22,18 @@ import os
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 
 from vllm_clover.fsutil import atomic_directory
-from vllm_clover.modeling import CloverModel, load_clover
+from vllm_clover.modeling import CloverConfig, CloverModel, load_clover
 from vllm_clover.modeling.checkpoint import (
     CONFIG_NAME,
     MODEL_CARD_NAME,
     WEIGHTS_NAME,
     CloverCheckpointError,
     check_same_architecture,
+    read_config_json,
     stored_tensor,
 )
 from vllm_clover.training.config import TrainingError
@@ -96,6 +102,42 @@ def medusa_state(
         state["token_map"] = token_map
         medusa_config.update(truncated_vocab_size=int(token_map.numel()), original_lm_head=True)
     return medusa_config, state
+
+
+def read_medusa(
+    path: str | os.PathLike,
+) -> tuple[CloverConfig, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """A vLLM-native Medusa folder (what ``export_medusa`` writes) as Clover Medusa heads.
+
+    Returns the config, the Clover tensors (``blocks.{i}.layers.0.*``, and ``draft_vocab_ids``
+    = ``token_map`` with a draft vocabulary) and the stored ``lm_heads.*`` rows, which the
+    caller checks against the target's LM head (Clover's Medusa trains none of its own).
+    CloverCheckpointError names what is not an exported single-layer Medusa folder.
+    """
+    raw = read_config_json(path, "medusa")
+    if raw.get("num_hidden_layers", 1) != 1 or not raw.get("medusa_fc_bias", False):
+        raise CloverCheckpointError(
+            f"{path}: only Medusa heads of one biased ResBlock layer (what export-medusa "
+            "writes) can be read as Clover heads"
+        )
+    try:
+        state = load_file(str(Path(path) / WEIGHTS_NAME))
+    except (SafetensorError, OSError) as err:
+        raise CloverCheckpointError(f"{path}: unreadable {WEIGHTS_NAME}: {err}") from err
+    draft = raw.get("truncated_vocab_size")
+    config = CloverConfig(
+        hidden_size=raw["hidden_size"],
+        vocab_size=raw["vocab_size"],
+        num_heads=raw["num_heads"],
+        use_augmenting_block=False,
+        use_attention_decoder=False,
+        use_regressive_connection=False,
+        draft_vocab_size=draft,
+    )
+    heads = {k: v for k, v in state.items() if k.startswith("blocks.")}
+    if draft:
+        heads["draft_vocab_ids"] = state["token_map"]
+    return config, heads, {k: v for k, v in state.items() if k.startswith("lm_heads.")}
 
 
 def medusa_model_card(source_card: str | None, command: str, target: str, num_heads: int) -> str:

@@ -1,5 +1,8 @@
 """`train --init-from`: continue training a saved Clover checkpoint on new data.
 
+DIR is a Clover checkpoint folder, or a vLLM-native Medusa folder written by
+``export-medusa`` (continued as Clover Medusa heads, ``train --medusa``).
+
 A run normally builds a fresh network (Augmenting Block copied from the target, heads
 seeded, draft vocabulary counted on its own data). With ``--init-from DIR`` it starts from
 DIR's weights and keeps DIR's draft vocabulary instead, so that training can go on where a
@@ -23,8 +26,13 @@ from pathlib import Path
 import torch
 
 from vllm_clover.modeling import CloverCheckpointError, CloverConfig, CloverModel, read_clover
-from vllm_clover.modeling.checkpoint import check_target_fits
+from vllm_clover.modeling.checkpoint import (
+    check_target_fits,
+    check_target_shape,
+    read_config_json,
+)
 from vllm_clover.training.config import TrainConfig, TrainingError
+from vllm_clover.training.medusa_export import read_medusa
 
 # The CloverConfig fields that decide the network's wiring, and the train flag of each.
 NETWORK_FLAGS = {
@@ -47,6 +55,7 @@ class InitCheckpoint:
     path: str
     config: CloverConfig
     state: dict[str, torch.Tensor]
+    lm_heads: dict[str, torch.Tensor]  # a native Medusa folder's LM-head rows (else empty)
 
     @classmethod
     def read(cls, cfg: TrainConfig) -> InitCheckpoint:
@@ -56,8 +65,12 @@ class InitCheckpoint:
         path = str(cfg.init_from)
         if not Path(path).is_dir():
             raise TrainingError(f"--init-from {path}: no such checkpoint folder")
+        lm_heads: dict[str, torch.Tensor] = {}
         try:
-            config, state = read_clover(path)
+            if read_config_json(path, model_type=None).get("model_type") == "medusa":
+                config, state, lm_heads = read_medusa(path)
+            else:
+                config, state = read_clover(path)
         except CloverCheckpointError as err:
             raise TrainingError(f"--init-from {path}: {err}") from err
         differ = [
@@ -71,7 +84,7 @@ class InitCheckpoint:
                 + "; ".join(differ)
                 + "): pass the flags it was trained with (its README.md lists them)"
             )
-        return cls(path, config, state)
+        return cls(path, config, state, lm_heads)
 
     @property
     def draft_vocab_ids(self) -> torch.Tensor | None:
@@ -82,8 +95,24 @@ class InitCheckpoint:
         """Copy the weights into ``model``, the network built from this run's flags; a
         TrainingError when the target is not the one the checkpoint was trained for."""
         try:
-            check_target_fits(self.config, self.path, lm_head, target_name=target_name)
+            if self.lm_heads:  # Medusa: its LM-head rows identify the target
+                check_target_shape(self.config, self.path, lm_head.shape[1], lm_head.shape[0])
+                self.check_lm_heads(lm_head)
+            else:
+                check_target_fits(self.config, self.path, lm_head, target_name=target_name)
             with torch.no_grad():
                 model.load_checkpoint_state(self.state)
         except (CloverCheckpointError, ValueError, RuntimeError) as err:
             raise TrainingError(f"--init-from {self.path}: {err}") from err
+
+    def check_lm_heads(self, lm_head: torch.Tensor) -> None:
+        """A native Medusa folder's LM-head rows are the target's (V, D) ``lm_head`` rows of
+        the draft vocabulary, as export-medusa writes them; anything else would be dropped."""
+        ids = self.draft_vocab_ids
+        rows = lm_head if ids is None else lm_head.index_select(0, ids.long())
+        for name, stored in self.lm_heads.items():
+            if not torch.equal(stored, rows.to(stored.dtype)):
+                raise CloverCheckpointError(
+                    f"{name} is not the target's LM head: only Medusa heads that share it "
+                    "(what export-medusa writes) can be continued"
+                )
