@@ -49,8 +49,14 @@ distribution; see docs/training.md of vllm-clover).
 ## Use with vLLM 0.32 (vllm-clover plugin)
 
 ```python
-LLM(model="{cfg.target}", speculative_config={{"method": "clover", "model": "<this folder>",
-    "num_speculative_tokens": {config.num_heads}}})
+LLM(
+    model="{cfg.target}",
+    speculative_config={{
+        "method": "clover",
+        "model": "<this folder>",
+        "num_speculative_tokens": {config.num_heads},
+    }},
+)
 ```
 
 ## Training

@@ -154,8 +154,14 @@ Exported with `{command}` from Medusa-configured heads trained by `vllm-clover t
 --medusa`; loads with vLLM's own Medusa proposer (no plugin code runs for it).
 
 ```python
-LLM(model="{target}", speculative_config={{"method": "medusa", "model": "<this folder>",
-    "num_speculative_tokens": {num_heads}}})
+LLM(
+    model="{target}",
+    speculative_config={{
+        "method": "medusa",
+        "model": "<this folder>",
+        "num_speculative_tokens": {num_heads},
+    }},
+)
 ```
 
 ## Source heads
