@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from vllm_clover.training.data import Batch
-from vllm_clover.training.evaluate import chain_hits, format_table
-from vllm_clover.training.loss import graded_positions
+from vllm_clover.training.evaluate import EvalResult, chain_hits, decode_steps, format_table
+from vllm_clover.training.loss import HeadStats, graded_positions
 
 pytestmark = pytest.mark.unit
 
@@ -47,10 +47,37 @@ def test_chain_acceptance_worked_example() -> None:
     assert chain_acceptance(perfect, tokens, valid, disagree) == (5, 1 + 0 + 3 + 2 + 1)
 
 
+def test_decode_steps_skip_the_positions_an_accepted_run_covers() -> None:
+    """The docstring's example: steps at t = 0 and 2 only, step tau 3.0 against 3.17."""
+    runs = [1, 3, 3, 3, 2, 1]  # accepted drafts of a step started at t = 0..5
+    ok = torch.tensor([[i < a for i in range(K)] for a in runs])  # (6, K)
+    ok[0, 2] = True  # a hit after a miss is never accepted
+    start, domain = torch.ones(6, dtype=torch.bool), torch.ones(6, dtype=torch.bool)
+    steps = decode_steps(start, ok, domain)
+    assert steps.tolist() == [ok[0].tolist(), ok[2].tolist()]
+    result = EvalResult(HeadStats.zeros(K), ok, torch.zeros(6, K), steps).summary()
+    assert result["tau"] == pytest.approx(1 + 13 / 6)
+    assert result["decode_steps"] == 2
+    assert result["step_acceptance"] == [1.0, 0.5, 0.5]
+    assert result["step_tau"] == pytest.approx(3.0)
+    # a position where the target leaves the data accepts nothing; decoding moves on by one
+    start[2] = False  # t = 0 (1) -> t = 2 (0) -> t = 3 (3) -> t = 7
+    assert decode_steps(start, ok, domain).long().cumprod(-1).sum(-1).tolist() == [1, 0, 3]
+    # steps begin only inside the domain (t0 an answer token)
+    domain[:4] = False  # t = 4 (2) -> t = 7
+    assert decode_steps(torch.ones(6, dtype=torch.bool), ok, domain).tolist() == [ok[4].tolist()]
+
+
 def test_format_table_one_row_per_model() -> None:
-    result = {"top1": [0.5, 0.25], "top5": [0.75, 0.5], "expected_accepted": 0.6, "tau": 1.6}
+    result = {
+        "top1": [0.5, 0.25],
+        "top5": [0.75, 0.5],
+        "expected_accepted": 0.6,
+        "tau": 1.6,
+        "step_tau": 1.5,
+    }
     table = format_table({"a": result, "b": {**result, "top1": [0.5], "top5": [0.75]}})
     lines = table.splitlines()
-    assert lines[0] == "| model | h0 top1/top5 | h1 top1/top5 | E[accepted] | tau |"
-    assert lines[2] == "| a | 0.500/0.750 | 0.250/0.500 | 0.600 | 1.600 |"
-    assert lines[3] == "| b | 0.500/0.750 | - | 0.600 | 1.600 |"
+    assert lines[0] == "| model | h0 top1/top5 | h1 top1/top5 | E[accepted] | tau | step tau |"
+    assert lines[2] == "| a | 0.500/0.750 | 0.250/0.500 | 0.600 | 1.600 | 1.500 |"
+    assert lines[3] == "| b | 0.500/0.750 | - | 0.600 | 1.600 | 1.500 |"

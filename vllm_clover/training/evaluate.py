@@ -13,7 +13,13 @@ inputs equal to what the heads would have fed themselves). Worked example, K = 3
     expected_accepted = mean over start positions of accepted;  tau = 1 + expected_accepted
 
 On self-distilled greedy data (`vllm-clover generate-data`) every data token is the target's
-argmax and this is exactly the acceptance vLLM would measure on those sequences.
+argmax, and this is the acceptance of a step started at every position of those sequences.
+
+Decoding does not start a step at every position: a step that accepts a drafts moves on by
+a + 1, so the positions inside an accepted run are never starts. Easy stretches (where long
+runs are accepted) are crossed in few steps and hard ones one token per step, so the mean
+over the steps decoding takes (``decode_steps``, what vLLM counts) is below the mean over
+all positions. Both are reported: ``tau`` (every start) and ``step_tau`` (the decode walk).
 """
 
 from __future__ import annotations
@@ -50,6 +56,27 @@ def chain_hits(
     return start, ok
 
 
+def decode_steps(start: torch.Tensor, ok: torch.Tensor, domain: torch.Tensor) -> torch.Tensor:
+    """The chain steps greedy speculative decoding takes through one sequence: (S, K) hits.
+
+    start (T,) and ok (T, K) are one row of ``chain_hits``; domain (T,) bool marks where a
+    step can begin (t0 = x_{t+1} is an answer token and draft 0 has a label). Decoding
+    begins at the first such t; a step at t accepts the leading run a of ok[t] (0 where t is
+    no start: the target's argmax leaves the data there) and the next begins at t + a + 1.
+    Worked example, K = 3, ok rows for t = 0..5 accepting 1, 3, 3, 3, 2, 1::
+
+        steps at t = 0 (a = 1) -> t = 2 (a = 3) -> t = 6: past the domain, stop
+        2 steps accept 4 drafts: step tau 3.0; over all 6 starts tau = 1 + 13 / 6 = 3.17
+    """
+    accepted = (ok.long().cumprod(dim=-1).sum(dim=-1) * start).tolist()  # (T,)
+    steps, next_start = [], 0
+    for t in domain.nonzero().flatten().tolist():
+        if t >= next_start:
+            steps.append(t)
+            next_start = t + accepted[t] + 1
+    return (ok & start[:, None])[steps]  # (S, K)
+
+
 def tokens_shift(values: torch.Tensor, k: int, attention_mask: torch.Tensor) -> torch.Tensor:
     """values[b, t+1+i] as (B, T, K) (0 past the end): same shift as a head's input token."""
     return shift_tokens_for_heads(values, k, attention_mask).input_ids
@@ -60,6 +87,7 @@ class EvalResult:
     stats: HeadStats
     hits: torch.Tensor  # (S, K) bool: draft i right at each of the S chain starts
     confidence: torch.Tensor  # (S, K) float32: the head's probability of that draft
+    steps: torch.Tensor  # (W, K) bool: draft i right at each of the W decode steps
 
     @property
     def starts(self) -> int:
@@ -72,6 +100,8 @@ class EvalResult:
     def summary(self) -> dict[str, object]:
         means = self.stats.means()
         expected = self.accepted / max(self.starts, 1)
+        walked = self.steps.long().cumprod(dim=-1)  # (W, K): draft i accepted at that step
+        per_step = walked.float().mean(dim=0) if len(walked) else torch.zeros(walked.shape[1])
         return {
             "top1": means["top1"],
             "top5": means["top5"],
@@ -80,6 +110,9 @@ class EvalResult:
             "chain_starts": self.starts,
             "expected_accepted": expected,
             "tau": 1.0 + expected,
+            "decode_steps": len(walked),
+            "step_acceptance": per_step.tolist(),
+            "step_tau": 1.0 + float(per_step.sum()),
         }
 
 
@@ -95,7 +128,7 @@ def evaluate(
     k = model.config.num_heads
     was_training = model.training
     model.eval()
-    stats, hits, confidence = HeadStats.zeros(k), [], []
+    stats, hits, confidence, steps = HeadStats.zeros(k), [], [], []
     ones = torch.ones(k, device=device)
     for i in range(0, len(sequences), batch_size):
         batch = prepared.batch(list(sequences[i : i + batch_size])).to(device)
@@ -106,17 +139,26 @@ def evaluate(
         start, ok = chain_hits(preds, tokens, valid, batch)
         hits.append(ok[start].cpu())
         confidence.append(conf[start].cpu())
+        t0_is_answer = torch.nn.functional.pad(batch.loss_mask[:, 1:], (0, 1))  # (B, T)
+        domain = valid[..., 0] & t0_is_answer
+        steps += [
+            decode_steps(*row) for row in zip(start.cpu(), ok.cpu(), domain.cpu(), strict=True)
+        ]
     model.train(was_training)
-    empty = torch.zeros(0, k)
+    empty = torch.zeros(0, k, dtype=torch.bool)
     return EvalResult(
-        stats, torch.cat([empty.bool(), *hits]), torch.cat([empty.float(), *confidence])
+        stats,
+        torch.cat([empty, *hits]),
+        torch.cat([empty.float(), *confidence]),
+        torch.cat([empty, *steps]),
     )
 
 
 def format_table(results: dict[str, dict[str, object]]) -> str:
-    """Markdown table, one row per model: top-1/top-5 per head, E[accepted], tau."""
+    """Markdown table, one row per model: top-1/top-5 per head, E[accepted], tau (every
+    start) and tau per decode step."""
     k = max(len(r["top1"]) for r in results.values())
-    head = ["model", *[f"h{i} top1/top5" for i in range(k)], "E[accepted]", "tau"]
+    head = ["model", *[f"h{i} top1/top5" for i in range(k)], "E[accepted]", "tau", "step tau"]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, r in results.items():
         cells = [f"{a:.3f}/{b:.3f}" for a, b in zip(r["top1"], r["top5"], strict=True)]
@@ -124,7 +166,7 @@ def format_table(results: dict[str, dict[str, object]]) -> str:
         rows.append(
             f"| {name} | "
             + " | ".join(cells)
-            + f" | {r['expected_accepted']:.3f} | {r['tau']:.3f} |"
+            + f" | {r['expected_accepted']:.3f} | {r['tau']:.3f} | {r['step_tau']:.3f} |"
         )
     return "\n".join(rows)
 
