@@ -9,6 +9,13 @@ by least squares per configuration, and prints the fit, its largest residual, th
 tau at 29M tokens (the whole bundled ShareGPT set) and 300M tokens, and the budget at which
 the fit reaches a target tau. With ``--plot`` it draws the points and the lines.
 
+The law counts a chain started at every position (eval-heads' ``tau``); vLLM counts the steps
+decoding takes, which skip the positions inside accepted runs and accept less. With
+``--online offline_online.json`` (``benchmarks/offline_online.py``: both counts of the same
+heads on the same answers) the budgets are also given for vLLM's tau and first-position
+acceptance, scaling E[accepted] and h0's top-1 by the measured ratios vLLM / every start
+(about 0.93 at tau 1.36-1.51: an extrapolation past that).
+
 Worked example: points (1e5, 0.2) and (1e6, 0.4) give b = 0.2 / ln 10 = 0.0869 and
 a = 0.2 - b ln 1e5 = -0.800; at 1e7 tokens the fit says 0.6 (tau 1.6), and tau 2.2 needs
 E = 1.2, i.e. N = exp((1.2 - a) / b) = 1e10 tokens.
@@ -22,6 +29,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+
+FIRST_POSITION_GOAL = 0.6  # issue #13's first-position acceptance through vLLM
 
 
 def fit(points: dict[int, float]) -> tuple[float, float, float]:
@@ -37,12 +46,43 @@ def fit(points: dict[int, float]) -> tuple[float, float, float]:
     return a, b, worst
 
 
-def summarise(runs: dict, predict_at: list[int], target_tau: float) -> dict:
+def online_ratios(report: dict) -> dict[str, float]:
+    """Mean over the heads of offline_online.json of vLLM / every-start, for E[accepted]
+    (tau - 1) and for the first position (vLLM's acceptance against h0's top-1)."""
+    heads = list(report["heads"].values())
+    accepted = [(h["vllm"]["tau"] - 1) / (h["offline"]["tau"] - 1) for h in heads]
+    first = [h["vllm"]["acceptance"][0] / h["offline"]["top1"][0] for h in heads]
+    return {"accepted": sum(accepted) / len(heads), "first": sum(first) / len(heads)}
+
+
+def online_budgets(by_tokens: dict, a: float, b: float, ratios: dict, goals: tuple) -> dict:
+    """Tokens at which vLLM's tau and first-position acceptance reach ``goals`` (tau, h0)."""
+    tau_goal, first_goal = goals
+    h0 = {int(n): m["top1"][0] for n, m in by_tokens.items()}
+    a0, b0, _ = fit(h0)
+    every_start = 1 + (tau_goal - 1) / ratios["accepted"]
+    return {
+        "ratios": ratios,
+        f"vllm_tau_{tau_goal}_is_every_start_tau": every_start,
+        f"tokens_for_vllm_tau_{tau_goal}": math.exp((every_start - 1 - a) / b),
+        "h0_top1_fit": [a0, b0],
+        f"tokens_for_vllm_first_position_{first_goal}": math.exp(
+            (first_goal / ratios["first"] - a0) / b0
+        ),
+    }
+
+
+def summarise(
+    runs: dict, predict_at: list[int], target_tau: float, ratios: dict | None = None
+) -> dict:
     """Per configuration: the points, the fit and what it predicts (module docstring)."""
     out = {}
     for name, by_tokens in runs.items():
         points = {int(n): m["expected_accepted"] for n, m in by_tokens.items()}
         a, b, worst = fit(points)
+        online = None
+        if ratios is not None:
+            online = online_budgets(by_tokens, a, b, ratios, (target_tau, FIRST_POSITION_GOAL))
         out[name] = {
             "points": {n: 1 + e for n, e in sorted(points.items())},
             "a": a,
@@ -51,6 +91,7 @@ def summarise(runs: dict, predict_at: list[int], target_tau: float) -> dict:
             "largest_residual": worst,
             "predicted_tau": {n: 1 + a + b * math.log(n) for n in predict_at},
             f"tokens_for_tau_{target_tau}": math.exp((target_tau - 1 - a) / b),
+            "vllm": online,
         }
     return out
 
@@ -86,10 +127,15 @@ def main() -> None:
     parser.add_argument("--predict-at", type=int, nargs="+", default=[29_000_000, 300_000_000])
     parser.add_argument("--target-tau", type=float, default=2.2)
     parser.add_argument("--plot", help="write the figure here")
+    parser.add_argument("--online", help="offline_online.json: also give vLLM's budgets")
     args = parser.parse_args()
     with open(args.json) as f:
         runs = json.load(f)["runs"]
-    summary = summarise(runs, args.predict_at, args.target_tau)
+    ratios = None
+    if args.online:
+        with open(args.online) as f:
+            ratios = online_ratios(json.load(f))
+    summary = summarise(runs, args.predict_at, args.target_tau, ratios)
     for name, s in summary.items():
         predicted = ", ".join(f"{n:.0e}: {t:.2f}" for n, t in s["predicted_tau"].items())
         print(
@@ -98,6 +144,15 @@ def main() -> None:
             f"{s['largest_residual']:.3f}); predicted {predicted}; tau {args.target_tau} "
             f"at {s[f'tokens_for_tau_{args.target_tau}']:.2e} tokens"
         )
+        if s["vllm"]:
+            v, goal = s["vllm"], args.target_tau
+            print(
+                f"  through vLLM (ratios {v['ratios']['accepted']:.3f}, "
+                f"{v['ratios']['first']:.3f}): tau {goal} at "
+                f"{v[f'tokens_for_vllm_tau_{goal}']:.2e} tokens, first-position acceptance "
+                f"{FIRST_POSITION_GOAL} at "
+                f"{v[f'tokens_for_vllm_first_position_{FIRST_POSITION_GOAL}']:.2e}"
+            )
     print(json.dumps(summary, indent=1))
     if args.plot:
         plot(summary, args.plot)
