@@ -1,0 +1,123 @@
+"""Offline head evaluation against vLLM: the same heads on the same greedy answers.
+
+vLLM decodes the first N MT-Bench first turns greedily while the heads draft a full K = 4
+chain at every step (``draft_budget`` fixed, ``draft_confidence`` 0: no draft withheld); its
+counters give the acceptance per chain position over the steps decoding took. The answers it
+wrote then become the data of ``eval-heads`` (teacher-forced, on the Hugging Face target in
+float32), which reports two views of the same predictions:
+
+- over every start position (``tau``: the figure docs/heads.md tabulates and the scaling
+  law is fitted on), and
+- over the decode walk (``step_tau``: only the positions where greedy decoding starts a step,
+  the steps vLLM counts).
+
+Where the walk matches vLLM, the offline/online difference is which positions count, not the
+heads or the engine.
+
+    python benchmarks/offline_online.py --heads checkpoints/smollm2-135m-instruct-clover2 \
+        checkpoints/smollm2-135m-instruct-clover --prompts 40 --max-tokens 64 \
+        --json docs/bench/heads/offline_online.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+from vllm_clover.bench.measure import engine, read_counters
+from vllm_clover.bench.prompts import Chat, load_prompts, take_prompts
+from vllm_clover.training.config import EvalConfig
+from vllm_clover.training.evaluate import eval_heads
+
+NUM_DRAFTS = 4
+
+
+def online(target: Path, heads: Path, chats: list[Chat], max_tokens: int) -> tuple[dict, list]:
+    """vLLM's chain acceptance with every draft verified, and the answers it wrote."""
+    from vllm import SamplingParams
+
+    spec = {
+        "method": "clover",
+        "model": str(heads),
+        "num_speculative_tokens": NUM_DRAFTS,
+        "draft_budget": "fixed",
+        "draft_confidence": 0.0,
+    }
+    with engine(target, spec, 4) as llm:
+        before = read_counters(llm)
+        outputs = llm.chat(chats, SamplingParams(temperature=0, max_tokens=max_tokens))
+        counters = read_counters(llm) - before
+    answers = [o.outputs[0].text for o in outputs]
+    metrics = {
+        "steps": counters.drafts,
+        "acceptance": counters.acceptance_rates,
+        "tau": counters.tau,
+        "output_tokens": sum(len(o.outputs[0].token_ids) for o in outputs),
+    }
+    return metrics, answers
+
+
+def offline(target: Path, heads: Path, chats: list[Chat], answers: list[str]) -> dict:
+    """``eval-heads`` on vLLM's answers: every-start and decode-walk acceptance."""
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "answers.jsonl"
+        with data.open("w") as out:
+            for i, (chat, answer) in enumerate(zip(chats, answers, strict=True)):
+                messages = [*chat, {"role": "assistant", "content": answer}]
+                out.write(json.dumps({"id": f"answer-{i}", "messages": messages}) + "\n")
+        cfg = EvalConfig(
+            target=str(target),
+            heads=[str(heads)],
+            data=str(data),
+            eval_fraction=0.0,
+            max_seq_len=1024,
+            progress=False,
+        )
+        (result,) = eval_heads(cfg).values()
+    per_start = [float(x) for x in result["top1"]]  # h_i top-1 over every start (not cumulative)
+    return {
+        "top1": per_start,
+        "tau": result["tau"],
+        "steps": result["decode_steps"],
+        "step_acceptance": result["step_acceptance"],
+        "step_tau": result["step_tau"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--heads", type=Path, nargs="+", required=True)
+    parser.add_argument("--prompts", type=int, default=40)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    from vllm_clover.assets.target import fetch_reference_target
+
+    target = fetch_reference_target()
+    chats = take_prompts(load_prompts(), args.prompts)
+    report = {"args": {"prompts": args.prompts, "max_tokens": args.max_tokens}, "heads": {}}
+    for heads in args.heads:
+        vllm_side, answers = online(target, heads, chats, args.max_tokens)
+        report["heads"][str(heads)] = {
+            "vllm": vllm_side,
+            "offline": offline(target, heads, chats, answers),
+        }
+    for heads, r in report["heads"].items():
+        v, o = r["vllm"], r["offline"]
+        print(f"{Path(heads).name}")
+        print(f"  vLLM  tau {v['tau']:.3f}  steps {v['steps']}  by position {fmt(v['acceptance'])}")
+        walk = fmt(o["step_acceptance"])
+        print(f"  walk  tau {o['step_tau']:.3f}  steps {o['steps']}  by position {walk}")
+        print(f"  all starts tau {o['tau']:.3f}  top-1 per head {fmt(o['top1'])}")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1) + "\n")
+
+
+def fmt(values: list[float]) -> str:
+    return " / ".join(f"{v:.3f}" for v in values)
+
+
+if __name__ == "__main__":
+    main()
