@@ -36,7 +36,17 @@ pytestmark = pytest.mark.engine
 
 NUM_SAMPLES = 600
 ALPHA = 0.01
-PROMPT = [{"role": "user", "content": "Tell me a short story about a dragon."}]
+# Prefilling 600 copies of the prompt is most of each engine's time. A short system turn
+# makes the prompt 33 tokens (the template's default one, 39), and 32-token KV blocks (the
+# CPU backend's smallest; its default, 128, is longer than the prompt) let prefix caching
+# serve all but the last token to vanilla. Speculative engines recompute the last cached
+# block (vLLM does so for drafters that read the target's hidden states), so they prefill
+# all 33; every engine runs with the same settings.
+PROMPT = [
+    {"role": "system", "content": "You are a storyteller who tells short stories."},
+    {"role": "user", "content": "Tell me a short story about a dragon."},
+]
+ENGINE = {"max_num_seqs": 64, "block_size": 32}
 
 
 def chi_square_homogeneity(a: list[int], b: list[int], min_expected: float = 10.0):
@@ -88,7 +98,7 @@ def _sample(llm, first_seed: int, temperature: float = 1.0, **sampler) -> list[l
 @pytest.fixture(scope="module")
 def vanilla_samples(reference_target) -> dict[str, tuple[list, list]]:
     """sampler -> (vanilla samples at T = 1, the power control's at a lower temperature)."""
-    with in_process_llm(reference_target, max_num_seqs=64) as llm:
+    with in_process_llm(reference_target, **ENGINE) as llm:
         return {
             name: (
                 _sample(llm, 0, 1.0, **sampler),
@@ -105,7 +115,7 @@ def clover_samples(reference_target, shipped_heads) -> tuple[dict[str, list], ob
     k = json.loads((shipped_heads / "config.json").read_text())["num_heads"]
     spec = {"method": "clover", "model": str(shipped_heads), "num_speculative_tokens": k}
     spec["draft_budget"] = "fixed"  # drafts at every step, at batch 64 too: the test's power
-    with in_process_llm(reference_target, speculative_config=spec, max_num_seqs=64) as llm:
+    with in_process_llm(reference_target, speculative_config=spec, **ENGINE) as llm:
         samples = {name: _sample(llm, NUM_SAMPLES, 1.0, **s) for name, s in SAMPLERS.items()}
         return samples, speculation(llm), k
 
@@ -116,7 +126,7 @@ def tree_samples(reference_target) -> tuple[dict[str, list], object, object]:
     multi-draft rule instead of vLLM's chain sampler), and the engine's tree counters."""
     spec = {"method": "clover", "model": str(REFERENCE_HEADS)}
     spec["speculative_token_tree"] = TEST_TREE
-    with in_process_llm(reference_target, speculative_config=spec, max_num_seqs=64) as llm:
+    with in_process_llm(reference_target, speculative_config=spec, **ENGINE) as llm:
         samples = {name: _sample(llm, 2 * NUM_SAMPLES, 1.0, **s) for name, s in SAMPLERS.items()}
         return samples, speculation(llm), tree_stats(llm)
 
