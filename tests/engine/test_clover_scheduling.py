@@ -11,6 +11,7 @@ prompts, which is batch invariant in float32 (test_reference_generation.py check
 
 import json
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -87,8 +88,16 @@ def clover_spec(shipped_heads):
     }
 
 
+ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
+
+
 def test_prefix_caching_with_shared_prefixes(reference_target, clover_spec, cases):
+    """The second pass hits every full KV block of each prompt below its last token, as
+    vanilla would; heads that fuse the next token into their block's input (Clover-2)
+    recompute the last of those blocks, as vLLM does for EAGLE (patches ledger,
+    eagle_block_drop). Outputs equal vanilla's and drafts stay as good on cached blocks."""
     prompts, params, expected = cases["shared_prefix"]
+    config = json.loads((Path(clover_spec["model"]) / "config.json").read_text())
     with in_process_llm(
         reference_target,
         speculative_config=clover_spec,
@@ -96,11 +105,21 @@ def test_prefix_caching_with_shared_prefixes(reference_target, clover_spec, case
         enable_prefix_caching=True,
     ) as llm:
         first = _generate(llm, prompts, params)
+        hits_before = metric_total(llm, "vllm:prefix_cache_hits")
+        accepted_first = metric_total(llm, ACCEPTED)
         second = _generate(llm, prompts, params)  # every prompt is now a cache hit
-        hits = metric_total(llm, "vllm:prefix_cache_hits")
+        hits = metric_total(llm, "vllm:prefix_cache_hits") - hits_before
+        accepted_second = metric_total(llm, ACCEPTED) - accepted_first
         stats = speculation(llm)
+        block = llm.llm_engine.vllm_config.cache_config.block_size
     assert first == expected and second == expected
-    assert hits > 0
+    dropped = 1 if config.get("fuse_next_token") else 0
+    full_blocks = [(len(p["prompt_token_ids"]) - 1) // block for p in prompts]
+    assert min(full_blocks) > 1  # every prompt has a block to keep or drop
+    assert hits == block * sum(n - dropped for n in full_blocks)
+    # Drafting over the cached blocks accepts what it did when they were computed (equal
+    # counts on this project's CPU; the slack is for near-tie rounding on other kernels).
+    assert abs(accepted_second - accepted_first) <= 0.05 * accepted_first
     assert_clover_speculated(stats, k=clover_spec["num_speculative_tokens"])
 
 

@@ -35,6 +35,7 @@ per process (vLLM runs the plugin in every process, sometimes twice) and marked.
 | tree_steps          | patch    | vLLM verifies token trees (mask, positions, sampler)|
 | tree_attention      | patch    | vLLM-CPU's kernel takes a custom mask               |
 | tree_requests       | patch    | vLLM's samplers take per-row histories              |
+| eagle_block_drop    | relies   | vLLM drops the block only for next-token drafters   |
 | proposer_*          | override, relies | CloverProposer is an EagleProposer          |
 | draft_model_layers  | relies   | (vLLM layers inside CloverDraftModel)               |
 | runner_timers       | hook     | vLLM times the phases of a step itself              |
@@ -269,6 +270,18 @@ PATCHES = (
 )
 
 RELIANCES = (
+    Entry(
+        "eagle_block_drop",
+        "relies",
+        "the scheduler's KV-cache manager drops the last prefix-cache block a request hits "
+        "when use_eagle_block_drop(); Clover heads without the next-token fusion set "
+        "disable_eagle_block_drop (in post_init), since their draft KV depends on the prefix only",
+        "patches/method.py",
+        {
+            f"{SPEC}:SpeculativeConfig.use_eagle_block_drop": "ff96d1f1a36f",
+            f"{SCHEDULER}.__init__": "c02680245672",
+        },
+    ),
     Entry(
         "proposer_base",
         "relies",

@@ -116,6 +116,17 @@ def _clover_post_init(original: Callable) -> Callable:
                 )
         except ValueError as err:  # a bad checkpoint or setting: one line, not pydantic's report
             raise CloverStartupError(str(err)) from None
+        # On a prefix-cache hit vLLM recomputes the last cached block for EAGLE-like drafters,
+        # whose draft KV there was computed with the token that followed it then. Heads that
+        # read H alone (no Augmenting Block, or one without the next-token fusion) have draft
+        # KV that the prefix fixes, like the target's: they keep that block.
+        if not config.fuse_next_token and not self.disable_eagle_block_drop:
+            self.disable_eagle_block_drop = True
+            logger.info(
+                "Clover: these heads read the target's hidden states alone, so the last "
+                "prefix-cache block a request hits is kept (vLLM's warning that EAGLE block "
+                "dropping is disabled does not apply to them)"
+            )
         # vLLM builds the draft ModelConfig (dtype, max_model_len, parallelism) for a
         # generic draft model; Clover needs exactly that, under its own name afterwards.
         self.method = "draft_model"
