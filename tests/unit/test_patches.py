@@ -88,7 +88,7 @@ def test_the_proposer_uses_only_what_the_ledger_lists():
     listed |= {attribute for entry in LEDGER for attribute in entry.attributes}
     used = _base_members_the_proposer_uses()
     assert {"propose", "set_inputs_first_pass", "kv_cache_gid"} <= used  # the scan works
-    assert used - listed == set(), "add these to the ledger (integration/patches/__init__.py)"
+    assert used - listed == set(), "add these to the ledger (integration/patches/reliances.py)"
 
 
 def test_patches_apply_once_and_admit_clover():

@@ -13,7 +13,7 @@ handling, so prefix caching, chunked prefill and preemption apply), so `CloverPr
 `EagleProposer` that runs that pass with the base class's own helpers and then the head loop
 where EAGLE would run K - 1 more draft-model forwards. Every base-class method it overrides or
 calls, and every attribute it reads, is listed in the patches ledger
-(`integration/patches/__init__.py`, entry "proposer").
+(`integration/patches/reliances.py`, entries "proposer_*").
 """
 
 from __future__ import annotations

@@ -1,0 +1,34 @@
+"""A ledger entry, and the vLLM module paths its targets are written against.
+
+The ledger itself (which entries, and why the plugin needs each) is `patches/__init__.py`
+(patches) and `patches/reliances.py` (what the plugin overrides, relies on or hooks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+READ_FROM = "0.32.0"  # the vLLM release every fingerprint in the ledger was read from
+
+SPEC = "vllm.config.speculative"
+BASE = "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer"
+RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
+LLAMA = "vllm.model_executor.models.llama"
+LAYERS = "vllm.model_executor.layers"
+SCHEDULER = "vllm.v1.core.sched.scheduler:Scheduler"
+CPU_ATTN = "vllm.v1.attention.backends.cpu_attn"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One place vllm-clover touches vLLM internals."""
+
+    name: str
+    kind: str  # "patch" | "override" | "relies" | "hook"
+    reason: str
+    used_by: str  # our module that touches it
+    targets: dict[str, str]  # "module:qualified.name" -> fingerprint of its source
+    attributes: tuple[str, ...] = ()  # instance attributes read or written (not methods)
+    apply: Callable[[], None] | None = field(default=None, compare=False)
+    read_from: str = READ_FROM

@@ -1,0 +1,137 @@
+"""The ledger's overrides, reliances and hooks: the vLLM internals the plugin's proposer,
+draft model and tools call, read or wrap without replacing them (see `patches/__init__.py`
+for the ledger as a whole and its patches).
+"""
+
+from __future__ import annotations
+
+from vllm_clover.integration.patches.entry import (
+    BASE,
+    LAYERS,
+    LLAMA,
+    RUNNER,
+    SCHEDULER,
+    SPEC,
+    Entry,
+)
+
+RELIANCES = (
+    Entry(
+        "eagle_block_drop",
+        "relies",
+        "the scheduler's KV-cache manager drops the last prefix-cache block a request hits "
+        "when use_eagle_block_drop(); Clover heads without the next-token fusion set "
+        "disable_eagle_block_drop (in post_init), since their draft KV depends on the prefix only",
+        "patches/method.py",
+        {
+            f"{SPEC}:SpeculativeConfig.use_eagle_block_drop": "ff96d1f1a36f",
+            f"{SCHEDULER}.__init__": "c02680245672",
+        },
+    ),
+    Entry(
+        "proposer_base",
+        "relies",
+        "CloverProposer is an EagleProposer: vLLM builds it with "
+        "the base's buffers and loads the draft model with the base's load_model, which "
+        "records the draft attention layers and calls the two _maybe_share_* overrides",
+        "integration/proposer.py",
+        {
+            "vllm.v1.spec_decode.eagle:EagleProposer": "6fd6605eeef4",
+            f"{BASE}.__init__": "a55342a69f81",
+            f"{BASE}.load_model": "ac2d871b7d3b",
+        },
+        attributes=("model", "vllm_config", "speculative_config", "_draft_attn_layer_names"),
+    ),
+    Entry(
+        "proposer_propose",
+        "override",
+        "the runner calls propose() with these arguments "
+        "and reads the draft probabilities through take_last_draft_probs",
+        "integration/proposer.py",
+        {
+            f"{BASE}.propose": "00017c139f27",
+            f"{BASE}.take_last_draft_probs": "ee22f35a3ab6",
+            f"{RUNNER}.propose_draft_token_ids": "a60269aca9de",
+        },
+        attributes=("num_speculative_tokens", "_last_draft_probs"),
+    ),
+    Entry(
+        "proposer_first_pass",
+        "relies",
+        "the Augmenting Block pass is the base propose()'s "
+        "first draft pass, run with the base's own helpers; a next-token fusion "
+        "(fuse_next_token) reads its input_ids, shifted one left with the sampled t0 at "
+        "each request's last accepted token",
+        "integration/proposer.py",
+        {
+            f"{BASE}.set_inputs_first_pass": "00e470090b7c",
+            f"{BASE}.build_per_group_and_layer_attn_metadata": "deea0b95cc98",
+            f"{BASE}._determine_batch_execution_and_padding": "691975613494",
+            f"{BASE}.build_model_inputs_first_pass": "dab53c6d3d6b",
+            f"{BASE}._get_slot_mapping": "f7dfb421e7c5",
+            "vllm.forward_context:set_forward_context": "70c3bad7ccba",
+        },
+    ),
+    Entry(
+        "proposer_attention",
+        "override",
+        "a drafter without attention layers (no Augmenting "
+        "Block) fails the base's same-KV-group assertion",
+        "integration/proposer.py",
+        {f"{BASE}.initialize_attn_backend": "3ab396fdfe7b"},
+        attributes=("kv_cache_gid",),
+    ),
+    Entry(
+        "proposer_cudagraph",
+        "override",
+        "the uncompiled draft model runs eagerly and unpadded",
+        "integration/proposer.py",
+        {f"{BASE}.initialize_cudagraph_keys": "f35176814eb6"},
+    ),
+    Entry(
+        "proposer_target_tables",
+        "override",
+        "the heads read the target's LM head and "
+        "embedding instead of sharing them into an EAGLE model (under TP each rank attaches "
+        "its shard), and refuse a target whose logits processor soft-caps or scales",
+        "integration/proposer.py",
+        {
+            f"{BASE}._maybe_share_embeddings": "7c93570a79fb",
+            f"{BASE}._maybe_share_lm_head": "c04915835072",
+            f"{LLAMA}:LlamaForCausalLM.__init__": "defbaf7cd714",
+            f"{LAYERS}.vocab_parallel_embedding:VocabParallelEmbedding.__init__": "cf1293c90859",
+            f"{LAYERS}.logits_processor:LogitsProcessor.__init__": "384814fe7397",
+            "vllm.distributed.communication_op:tensor_model_parallel_all_gather": "e8ecb7247ce4",
+        },
+    ),
+    Entry(
+        "draft_model_layers",
+        "relies",
+        "the Augmenting Block is vLLM's Llama layer (its "
+        "config fields, call signature and stacked q/k/v, gate/up weight loaders)",
+        "integration/model.py",
+        {
+            f"{LLAMA}:LlamaDecoderLayer.__init__": "2ea68a20c877",
+            f"{LLAMA}:LlamaDecoderLayer.forward": "ab84e4013463",
+            f"{LAYERS}.layernorm:RMSNorm": "aa290a8d5974",
+            f"{LAYERS}.linear:QKVParallelLinear.weight_loader": "00825ed9842a",
+            f"{LAYERS}.linear:MergedColumnParallelLinear.weight_loader": "ce9ec205b936",
+            "vllm.model_executor.model_loader.weight_utils:default_weight_loader": "c9381bb21cf1",
+        },
+    ),
+    Entry(
+        "runner_timers",
+        "hook",
+        "the bench times drafting, and the step profile each phase of a step, inside the "
+        "engine by wrapping one runner's methods (hooks.STEP_PHASES)",
+        "patches/hooks.py",
+        {
+            f"{RUNNER}.propose_draft_token_ids": "a60269aca9de",
+            f"{RUNNER}.execute_model": "e058bf791a29",
+            f"{RUNNER}._prepare_inputs": "c31a77c123a0",
+            f"{RUNNER}._model_forward": "a8f98588a465",
+            f"{RUNNER}.sample_tokens": "047e6a4738de",
+            f"{RUNNER}._sample": "5cb5c1da02cf",
+        },
+    ),
+)
