@@ -211,17 +211,28 @@ def _together_then_alone(reference_target, spec, cases, alone: int):
         return together, singles, speculation(llm), goodput_budget(llm).log.k_by_batch()
 
 
-def test_goodput_budget_drafts_where_drafts_pay(reference_target, clover_spec, cases):
+# Heads whose drafts pay by a margin that step-time noise cannot hide at batch 1: the reference
+# and Clover-2 heads run 1.07-1.18x vanilla there (docs/benchmarks.md). The paper's full
+# configuration gains ~4% with K = 1 or 2 on this CPU (its Augmenting Block runs at every step,
+# drafting or not), a close call that a slower or busier machine tips to K = 0.
+CLEAR_GAIN_ALONE = {"reference", "clover2"}
+
+
+def test_goodput_budget_drafts_where_drafts_pay(reference_target, clover_spec, cases, request):
     """The default draft budget, in one engine: 16 requests at once, then four alone. Alone,
-    verifying a few tokens is nearly free on any machine, so the controller must draft. What
-    it picks under load depends on the machine's costs and the heads' acceptance (the
+    where the heads' drafts clearly pay, the controller must draft in most steps; the full
+    configuration's gain there is within step-time noise (in one full-suite run it chose K = 0
+    in 155 of 176 steps alone; this test run by itself, K > 0 in 153 of 157), so either choice
+    is right for it.
+    What it picks under load depends on the machine's costs and the heads' acceptance (the
     benchmarks measure that); here every K it ran keeps outputs equal to vanilla, and one step
     verifies chains of different lengths (the confidence stop within the chosen K)."""
     expected = cases["plain"][2]
     spec = {key: value for key, value in clover_spec.items() if key != "draft_budget"}
     together, alone, stats, picks = _together_then_alone(reference_target, spec, cases, 4)
     assert together == expected and alone == expected[:4]
-    assert sum(n for k, n in picks[1].items() if k > 0) > sum(picks[1].values()) / 2, picks
+    if request.node.callspec.params["shipped_heads"] in CLEAR_GAIN_ALONE:
+        assert sum(n for k, n in picks[1].items() if k > 0) > sum(picks[1].values()) / 2, picks
     assert stats.steps_by_k.get(0, 0) > 0 and len(stats.steps_by_k) > 1, stats.steps_by_k
     assert sum(1 for n, c in stats.drafts_by_length.items() if n > 0 and c > 0) > 1, stats
     assert_clover_speculated(stats)
