@@ -26,7 +26,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from vllm_clover.bench.measure import engine, read_counters
+from vllm_clover.bench.measure import engine, timed_chat
 from vllm_clover.bench.prompts import Chat, load_prompts, take_prompts
 from vllm_clover.training.config import EvalConfig
 from vllm_clover.training.evaluate import eval_heads
@@ -46,17 +46,14 @@ def online(target: Path, heads: Path, chats: list[Chat], max_tokens: int) -> tup
         "draft_confidence": 0.0,
     }
     with engine(target, spec, 4) as llm:
-        before = read_counters(llm)
-        outputs = llm.chat(chats, SamplingParams(temperature=0, max_tokens=max_tokens))
-        counters = read_counters(llm) - before
-    answers = [o.outputs[0].text for o in outputs]
+        run = timed_chat(llm, chats, SamplingParams(temperature=0, max_tokens=max_tokens))
     metrics = {
-        "steps": counters.drafts,
-        "acceptance": counters.acceptance_rates,
-        "tau": counters.tau,
-        "output_tokens": sum(len(o.outputs[0].token_ids) for o in outputs),
+        "steps": run.counters.drafts,
+        "acceptance": run.counters.acceptance_rates,
+        "tau": run.counters.tau,
+        "output_tokens": run.output_tokens,
     }
-    return metrics, answers
+    return metrics, run.texts
 
 
 def offline(target: Path, heads: Path, chats: list[Chat], answers: list[str]) -> dict:

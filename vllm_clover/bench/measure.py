@@ -14,7 +14,7 @@ import contextlib
 import os
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -69,11 +69,13 @@ def _pad(values: tuple[int, ...], size: int) -> tuple[int, ...]:
 
 @dataclass
 class Run:
-    """One timed generation: token ids per prompt, wall seconds, counter deltas."""
+    """One timed generation: token ids per prompt, wall seconds, counter deltas (and the
+    detokenized answers, where the caller reads them)."""
 
     tokens: list[list[int]]
     seconds: float
     counters: Counters
+    texts: list[str] = field(default_factory=list)
 
     @property
     def output_tokens(self) -> int:
@@ -149,7 +151,8 @@ def timed_chat(llm: LLM, chats: list, params: Any) -> Run:
     outputs = llm.chat(chats, params, use_tqdm=False)
     seconds = time.perf_counter() - started
     counters = read_counters(llm) - before
-    return Run([list(o.outputs[0].token_ids) for o in outputs], seconds, counters)
+    tokens = [list(o.outputs[0].token_ids) for o in outputs]
+    return Run(tokens, seconds, counters, [o.outputs[0].text for o in outputs])
 
 
 @contextlib.contextmanager
