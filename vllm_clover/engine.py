@@ -29,11 +29,16 @@ def set_cpu_env_defaults() -> None:
 def start_llm(model: str, **engine_args: Any) -> LLM:
     """`vllm.LLM(model, **REFERENCE_ENGINE_ARGS | engine_args)`. Call under `__main__` guard."""
     set_cpu_env_defaults()
-    from vllm import LLM
+    from vllm import LLM, envs
 
     # vLLM runs a full gc.collect() about seven times while it loads the models, each over
     # every object alive (torch, vLLM, the caller's data: ~0.4 s apiece in a test process),
     # and freezes the heap itself once it has started. Frozen now, the long-lived objects are
-    # skipped by those collections; vLLM unfreezes them when an in-process engine shuts down.
+    # skipped by those collections (in a forked engine-core process too). An in-process
+    # engine keeps the heap frozen, as vLLM would, until it shuts down; with a separate
+    # engine-core process nothing in vLLM unfreezes this one, so it collects as before.
     gc.freeze()
-    return LLM(model=model, **{**REFERENCE_ENGINE_ARGS, **engine_args})
+    llm = LLM(model=model, **{**REFERENCE_ENGINE_ARGS, **engine_args})
+    if envs.VLLM_ENABLE_V1_MULTIPROCESSING:
+        gc.unfreeze()
+    return llm
