@@ -52,10 +52,15 @@ def test_the_probed_layout_reads_back_what_vllm_wrote(dtype, block_size, head_si
     assert torch.equal(read_k, keys) and torch.equal(read_v, values)
 
 
-def test_batched_rows_equal_the_reference_tree_attention():
+@pytest.mark.parametrize("read", ["blockwise", "gathered", "entrywise"])
+def test_batched_rows_equal_the_reference_tree_attention(read):
     """Two requests, prefixes of 40 and 75 tokens, 6 and 3 nodes scheduled (the second a
     breadth-first prefix of the tree), all written to the cache as vLLM does before its
-    kernel: each real row equals tree_attention over that request's own prefix and tree."""
+    kernel: each real row equals tree_attention over that request's own prefix and tree,
+    whether the layer reads the blocks as stored (``TreePlan.attend`` on this CPU's layout),
+    the keys and values put in order by their strided views, or gathered entry by entry."""
+    import dataclasses
+
     from vllm_clover.integration.tree_attention import CacheLayout, TreePlan, tree_attention_rows
 
     gen = torch.Generator().manual_seed(0)
@@ -68,8 +73,16 @@ def test_batched_rows_equal_the_reference_tree_attention():
     _write(isa, key_cache, value_cache, keys, values, table, block_size)
     q = torch.randn(2, t, nh, hs, generator=gen)
     layout = CacheLayout.probe(isa, torch.float32, block_size, hs)
+    if read == "entrywise":
+        layout = dataclasses.replace(layout, key_view=None, value_view=None)
     plan = TreePlan.of(TREE, layout, table, seq_lens, nodes)
-    out = tree_attention_rows(plan, q, *plan.gather(kv_cache), scale=hs**-0.5)
+    if read == "gathered":
+        out = tree_attention_rows(plan, q, *plan.gather(kv_cache), scale=hs**-0.5)
+    else:
+        views = (layout.key_view, layout.value_view)
+        plain = all(view is not None and view.plain for view in views)
+        assert plain == (read == "blockwise")  # what attend reads
+        out = plan.attend(q, kv_cache, scale=hs**-0.5)
     for r in range(2):
         rows, length = 1 + int(nodes[r]), int(seq_lens[r])
         sub = TokenTree.from_paths(list(TREE.paths[: rows - 1]))
@@ -77,6 +90,38 @@ def test_batched_rows_equal_the_reference_tree_attention():
             q[r, :rows], keys[r, :length], values[r, :length], sub, scale=hs**-0.5
         )
         torch.testing.assert_close(out[r, :rows], expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("block_size", "head_size"), [(16, 64), (128, 64), (64, 128)])
+def test_blockwise_rows_equal_the_gathered_read(dtype, block_size, head_size):
+    """For every block size, head size and cache dtype: where the probed layout is plain
+    (every vLLM-CPU ISA this machine picks), reading the blocks as stored gives the rows
+    that the ordered read does; bfloat16 caches are read in float32 both ways."""
+    from vllm_clover.integration.tree_attention import (
+        CacheLayout,
+        TreePlan,
+        blockwise_rows,
+        tree_attention_rows,
+    )
+
+    gen = torch.Generator().manual_seed(1)
+    isa, kv_cache, key_cache, value_cache = _cache(dtype, block_size, head_size, 8, 3)
+    layout = CacheLayout.probe(isa, dtype, block_size, head_size)
+    if not all(view is not None and view.plain for view in (layout.key_view, layout.value_view)):
+        pytest.skip(f"{isa} stores {dtype} blocks in tiles: attend reads them in order")
+    table = torch.tensor([[5, 2, 7], [0, 4, 1]])
+    nodes = torch.tensor([6, 2])
+    seq_lens = torch.tensor([block_size + 9, 2 * block_size + 3])
+    keys, values = torch.randn(2, 2, int(seq_lens.max()), 3, head_size, generator=gen).to(dtype)
+    _write(isa, key_cache, value_cache, keys, values, table, block_size)
+    plan = TreePlan.of(TREE, layout, table, seq_lens, nodes)
+    q = torch.randn(2, TREE.num_nodes + 1, 9, head_size, generator=gen).to(dtype)
+    ordered = tree_attention_rows(plan, q, *plan.gather(kv_cache), scale=0.125)
+    for r in range(2):
+        rows = 1 + int(nodes[r])
+        got = blockwise_rows(plan, q, kv_cache, 0.125)[r, :rows].float()
+        torch.testing.assert_close(got, ordered[r, :rows].float(), rtol=1e-5, atol=1e-5)
 
 
 def test_entry_index_moves_a_slot_in_the_kernel_layout():
@@ -135,3 +180,14 @@ def test_strided_half_finds_tiles_and_refuses_a_shuffle():
     assert view == StridedHalf((2, 4, 3, 2), (24, 2, 8, 1), 0)
     shuffled = torch.randperm(48, generator=torch.Generator().manual_seed(0)).view(8, 6)
     assert StridedHalf.find(shuffled) is None
+
+
+def test_plain_names_how_a_block_half_is_stored():
+    """Rows (block, head) row-major and their transpose are plain; tiles and an offset not."""
+    from vllm_clover.integration.tree_attention import StridedHalf
+
+    j, d = torch.arange(8)[:, None], torch.arange(6)[None, :]
+    assert StridedHalf.find(j * 6 + d).plain == "rows"
+    assert StridedHalf.find(j + d * 8).plain == "columns"
+    assert StridedHalf.find((j // 4) * 24 + (d // 2) * 8 + (j % 4) * 2 + d % 2).plain is None
+    assert StridedHalf((8, 1, 6, 1), (6, 0, 1, 0), origin=2).plain is None

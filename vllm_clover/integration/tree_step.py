@@ -32,12 +32,7 @@ from functools import cached_property
 import numpy as np
 import torch
 
-from vllm_clover.integration.tree_attention import (
-    CacheLayout,
-    TreePlan,
-    entry_index,
-    tree_attention_rows,
-)
+from vllm_clover.integration.tree_attention import CacheLayout, TreePlan, entry_index
 from vllm_clover.tree.accept import TreeVerdict
 from vllm_clover.tree.attention import tree_positions
 from vllm_clover.tree.kv import compaction_moves
@@ -131,7 +126,7 @@ class TreeStep:
         rows, _ = self.rows
         dense = self.dense  # then the rows are 0 .. R * T - 1, in order: views, no gathers
         q = query[: rows.numel()].view(*rows.shape, *query.shape[1:]) if dense else query[rows]
-        out = tree_attention_rows(self.plan, q, *self.plan.gather(kv_cache), impl.scale)
+        out = self.plan.attend(q, kv_cache, impl.scale)
         if dense:
             output[: rows.numel()].view_as(out).copy_(out)
         else:
