@@ -122,6 +122,13 @@ class CacheLayout:
             inverse.append(index.view(block_size, head_size))
         return CacheLayout(*inverse, *map(StridedHalf.find, inverse))
 
+    @property
+    def plain(self) -> bool:
+        """Whether both halves are plain matrices per block (``StridedHalf.plain``), which
+        ``blockwise_rows`` multiplies as stored."""
+        views = (self.key_view, self.value_view)
+        return all(view is not None and view.plain is not None for view in views)
+
 
 def entry_index(layout: CacheLayout, slots: torch.Tensor, heads: int, block_size: int):
     """Where each slot's key and value live in a layer's flattened cache: slots (...,) ->
@@ -180,8 +187,7 @@ class TreePlan:
         """One layer's attention of the tree rows: q (R, T, nh, hs) -> (R, T, nh, hs), read
         from the blocks as stored where the layout allows (``blockwise_rows``), else from
         keys and values put in order first (``gather``, ``tree_attention_rows``)."""
-        key_view, value_view = self.layout.key_view, self.layout.value_view
-        if key_view is not None and value_view is not None and key_view.plain and value_view.plain:
+        if self.layout.plain:
             return blockwise_rows(self, q, kv_cache, scale)
         return tree_attention_rows(self, q, *self.gather(kv_cache), scale)
 
@@ -246,14 +252,14 @@ def blockwise_rows(
     n, heads, block_size, _ = kv_cache.shape
     g, dtype = nh // heads, torch.promote_types(q.dtype, torch.float32)
     regions = kv_cache.view(n, heads, 2, block_size * hs)  # each (block, head): keys, values
-    halves = []
-    for half, view in enumerate((plan.layout.key_view, plan.layout.value_view)):
+    halves = []  # keys as (hs, block_size) columns, values as (block_size, hs) rows
+    views = (plan.layout.key_view, plan.layout.value_view)
+    for half, (view, wanted) in enumerate(zip(views, ("columns", "rows"), strict=True)):
         stored = regions[:, :, half].index_select(0, plan.blocks.view(-1)).to(dtype)
         shape = (block_size, hs) if view.plain == "rows" else (hs, block_size)
-        halves.append(stored.view(r, nb, heads, *shape))  # (R, nb, H, *shape)
-    keys, values = halves
-    keys = keys if plan.layout.key_view.plain == "columns" else keys.transpose(-1, -2)
-    values = values if plan.layout.value_view.plain == "rows" else values.transpose(-1, -2)
+        stored = stored.view(r, nb, heads, *shape)  # (R, nb, H, *shape)
+        halves.append(stored if view.plain == wanted else stored.transpose(-1, -2))
+    keys, values = halves  # (R, nb, H, hs, block_size), (R, nb, H, block_size, hs)
     rows = q.view(r, t, heads, g, hs).permute(0, 2, 1, 3, 4).reshape(r, 1, heads, t * g, hs)
     scores = torch.matmul(rows.to(dtype), keys)  # (R, nb, H, T * g, block_size)
     scores = scores.permute(0, 2, 3, 1, 4).reshape(r, heads, t, g, nb * block_size)
