@@ -17,10 +17,12 @@ and drafts with the K of the highest tokens(K) / time(K); K = 0 when no K beats 
 f (the target's forward, sampling and bookkeeping for N scheduled tokens) is a piecewise-
 linear function of N on knots 1, 2, 4, ...; g, c, e price the head loop. `StepCostModel` fits
 them to the measured step times by exponentially weighted least squares, `AcceptanceModel`
-keeps a_i and d_i from the verified drafts. A share of steps (`explore`) tries a K next to
-the best one when the model predicts it within `explore_margin` of the best, so that the
-model keeps being measured where its choice is a close call; Ks predicted clearly worse are
-not tried (their price comes from the model, whose terms are linear in K).
+keeps a_i and d_i from the verified drafts; the choice reads a_i at an upper confidence bound
+(`optimism`), so that a few unlucky early requests cannot hold K at 0. A share of steps
+(`explore`) tries a K next to the best one when the model predicts it within
+`explore_margin` of the best, so that the model keeps being measured where its choice is a
+close call; Ks predicted clearly worse are not tried (their price comes from the model,
+whose terms are linear in K).
 
 Worked example (illustrative figures, not measurements): f(1) = 30 ms, f(2) = 31.5 ms,
 f(5) = 36 ms, f(16) = 60 ms, f(32) = 96 ms, each head step 3 ms (g = e = 0), a = (0.3, 0.1,
@@ -48,6 +50,7 @@ class GoodputConfig:
     max_tokens: int = 8192  # the largest step (max_num_batched_tokens): the last cost knot
     explore: float = 1 / 16  # share of steps that try the best K - 1 or + 1 instead ...
     explore_margin: float = 0.2  # ... if predicted within this fraction of the best goodput
+    optimism: float = 1.0  # z of the acceptance's upper confidence bound the choice reads
     warmup_steps: int = 0  # first steps cycle K = max_k, 0, max_k - 1, ... (0: max_k + 1)
     cost_memory: float = 0.998  # per-step forgetting of the cost fit (about 500 steps)
     acceptance_memory: float = 0.995  # per-step forgetting of the acceptance counters
@@ -156,6 +159,23 @@ class AcceptanceModel:
         """(a, d): per position, accepted and drafted per request offered that position."""
         return self.accepted / self.offered, self.drafted / self.offered
 
+    def optimistic_rates(self, z: float) -> tuple[np.ndarray, np.ndarray]:
+        """(a+, d): a's Wilson upper bound at z standard errors over the (forgotten) counts,
+        kept non-increasing with the position, and d as in ``rates``.
+
+        Choosing K on a's plain mean can stall: an opening that accepts nothing drives it to
+        a few percent, K = 0 wins, and K = 0 steps verify no drafts, so the mean only recovers
+        through exploration or forgetting (about 200 steps). The bound shrinks as counts grow
+        and widens as they are forgotten, so an estimate from a few requests gets checked.
+        Example, z = 1: 0 of 20 accepted -> a+ = 0.048 (the mean 0); 54 of 200 -> 0.30 (0.27).
+        """
+        a, d = self.rates()
+        n = self.offered
+        centre = a + z**2 / (2 * n)
+        spread = z * np.sqrt(a * (1 - a) / n + z**2 / (4 * n**2))
+        upper = np.minimum((centre + spread) / (1 + z**2 / n), 1.0)
+        return np.minimum.accumulate(upper), d
+
 
 @dataclass
 class BudgetLog:
@@ -215,7 +235,8 @@ class GoodputController:
 
     def predicted_goodput(self, batch: int) -> np.ndarray:
         """[K_max + 1] predicted tokens per second of a step with K = 0..K_max."""
-        accepted, drafted = (np.concatenate(([0.0], np.cumsum(r))) for r in self.acceptance.rates())
+        rates = self.acceptance.optimistic_rates(self.config.optimism)
+        accepted, drafted = (np.concatenate(([0.0], np.cumsum(r))) for r in rates)
         goodput = np.zeros(self.config.max_k + 1)
         for k in range(self.config.max_k + 1):
             seconds = self.cost.predict(batch * (1 + drafted[k]), k, batch)
