@@ -4,6 +4,7 @@ on simulated engines whose true costs and acceptance are known."""
 from __future__ import annotations
 
 import random
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -199,3 +200,18 @@ def test_an_unlucky_start_does_not_pin_k_to_zero(seed):
     simulate(controller, (0.27, 0.15, 0.05, 0.02), zen4_like_step, [1], steps=300, seed=seed)
     picked = controller.log.k_by_batch()[1]
     assert picked.get(0, 0) < 0.05 * sum(picked.values()), picked
+
+
+def test_optimism_does_not_keep_retrying_drafts_that_never_pay():
+    """Heads that are never accepted, batch 1, the same cheap drafting: after 200 steps of
+    learning, the bound is below what K = 1 needs and stays there through K = 0 steps
+    (forgetting counts steps that verify drafts), so the model's own choice is K = 0; only
+    exploration, about one step in 16, still tries K = 1. With forgetting per step the bound
+    kept widening again, and K > 0 was 16% of the model's own choices."""
+    controller = GoodputController(GoodputConfig(max_k=4, max_tokens=2048))
+    simulate(controller, (0.0, 0.0, 0.0, 0.0), zen4_like_step, [1], steps=200)
+    learnt = Counter(controller.log.chosen)
+    simulate(controller, (0.0, 0.0, 0.0, 0.0), zen4_like_step, [1], steps=800, seed=1)
+    later = controller.log.chosen - learnt
+    assert later[(1, 0)] > 0.95 * sum(later.values()), later
+    assert sum(controller.log.explored.values()) < 0.1 * 1000

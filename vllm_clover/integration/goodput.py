@@ -53,7 +53,7 @@ class GoodputConfig:
     optimism: float = 1.0  # z of the acceptance's upper confidence bound the choice reads
     warmup_steps: int = 0  # first steps cycle K = max_k, 0, max_k - 1, ... (0: max_k + 1)
     cost_memory: float = 0.998  # per-step forgetting of the cost fit (about 500 steps)
-    acceptance_memory: float = 0.995  # per-step forgetting of the acceptance counters
+    acceptance_memory: float = 0.995  # forgetting per step that verifies drafts
     smoothness: float = 1e-3  # weight of the prior that f is linear between knots
     refit_every: int = 4  # steps between refits of the cost model (a fit takes ~0.2 ms)
     seed: int = 0  # exploration is pseudo-random, reproducible per engine
@@ -137,6 +137,8 @@ class AcceptanceModel:
     the step before), drafted n <= k (the confidence stop) and had m <= n accepted. Example,
     k = 3, n = 2, m = 1: offered (1, 1, 1), drafted (1, 1, 0), accepted (1, 0, 0).
     A weak prior (one request, a_i = 0.5^(i+1), d_i = 1) stands in until drafts are seen.
+    Only steps that verify drafts forget: a stretch of K = 0 steps teaches nothing about the
+    heads, so it leaves the counts, and the confidence in them, as they were.
     """
 
     def __init__(self, config: GoodputConfig) -> None:
@@ -148,6 +150,8 @@ class AcceptanceModel:
 
     def observe(self, verified: list[tuple[int, int, int]]) -> None:
         """verified: (offered k, drafted n, accepted m) for each request of one step."""
+        if not any(offered for offered, _, _ in verified):
+            return
         for counts in (self.offered, self.drafted, self.accepted):
             counts *= self.memory
         for offered, drafted, accepted in verified:
@@ -160,21 +164,26 @@ class AcceptanceModel:
         return self.accepted / self.offered, self.drafted / self.offered
 
     def optimistic_rates(self, z: float) -> tuple[np.ndarray, np.ndarray]:
-        """(a+, d): a's Wilson upper bound at z standard errors over the (forgotten) counts,
-        kept non-increasing with the position, and d as in ``rates``.
+        """(a+, d): the first position's a at its Wilson upper bound (z standard errors over
+        the forgotten counts), the later ones scaled by the same factor; d as in ``rates``.
 
         Choosing K on a's plain mean can stall: an opening that accepts nothing drives it to
-        a few percent, K = 0 wins, and K = 0 steps verify no drafts, so the mean only recovers
-        through exploration or forgetting (about 200 steps). The bound shrinks as counts grow
-        and widens as they are forgotten, so an estimate from a few requests gets checked.
-        Example, z = 1: 0 of 20 accepted -> a+ = 0.048 (the mean 0); 54 of 200 -> 0.30 (0.27).
+        a few percent, K = 0 wins, and K = 0 steps verify no drafts, so the mean recovers
+        only through exploration. The bound shrinks as requests are verified, so a guess
+        from a few of them gets checked and a well-measured rate is taken nearly as is. Only
+        the first position gets its own bound: every chain starts there, and independent
+        bounds for the later positions would each add a full margin, paying for the longest
+        chain even when nothing was ever accepted. Example, z = 1: 0 of 20 accepted ->
+        a+ = (0.048, 0, ...); 54 of 200 at the first position -> 0.30 (the mean 0.27).
         """
         a, d = self.rates()
-        n = self.offered
-        centre = a + z**2 / (2 * n)
-        spread = z * np.sqrt(a * (1 - a) / n + z**2 / (4 * n**2))
-        upper = np.minimum((centre + spread) / (1 + z**2 / n), 1.0)
-        return np.minimum.accumulate(upper), d
+        n, first = self.offered[0], a[0]
+        centre = first + z**2 / (2 * n)
+        spread = z * np.sqrt(first * (1 - first) / n + z**2 / (4 * n**2))
+        upper = (centre + spread) / (1 + z**2 / n)
+        scaled = a * (upper / first) if first > 0 else np.zeros_like(a)
+        scaled[0] = upper
+        return np.minimum.accumulate(np.minimum(scaled, 1.0)), d
 
 
 @dataclass
