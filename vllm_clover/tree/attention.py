@@ -19,13 +19,23 @@ Example, root at position 100 and the tree ``[(0,), (1,), (0, 0)]``::
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from vllm_clover.tree.spec import TokenTree
 
 
-def tree_positions(tree: TokenTree, root_positions: torch.Tensor) -> torch.Tensor:
-    """RoPE positions of the root and the nodes: root positions (M,) -> (M, N + 1)."""
-    return root_positions[:, None] + tree.position_offsets()[None, :]
+def tree_positions(
+    tree: TokenTree, root_positions: torch.Tensor, nodes: torch.Tensor | None = None
+) -> torch.Tensor:
+    """RoPE positions of the root and the nodes: root positions (M,) -> (M, N + 1); or, with
+    ``nodes`` (M, W) (the node of each request's draft row, -1 past its last: a subset of
+    the tree, ``tree.subset``), of the root and those rows (M, W + 1), the root's position
+    past a request's rows. Example, root 100, tree above, nodes [[0, 2, -1]]: [[100, 101,
+    102, 100]]."""
+    offsets = tree.position_offsets()  # (N + 1,): the root, then each node's depth
+    if nodes is not None:
+        offsets = offsets[F.pad(1 + nodes, (1, 0))]  # (M, W + 1); a -1 reads the root's 0
+    return root_positions[:, None] + offsets
 
 
 def tree_attention(

@@ -22,13 +22,24 @@ import torch.nn.functional as F
 from vllm_clover.modeling.head_loop import HeadLoop
 from vllm_clover.modeling.tables import TargetTables
 from vllm_clover.tree.spec import ROOT, TokenTree
+from vllm_clover.tree.subset import PathConfidence
 
 
 @torch.no_grad()
 def propose_tree(
-    loop: HeadLoop, h0: torch.Tensor, t0: torch.Tensor, tree: TokenTree, tables: TargetTables
+    loop: HeadLoop,
+    h0: torch.Tensor,
+    t0: torch.Tensor,
+    tree: TokenTree,
+    tables: TargetTables,
+    min_confidence: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Draft target ids of every node: h0 (M, D), t0 (M,) -> (M, N), breadth-first."""
+    """Draft target ids of every node: h0 (M, D), t0 (M,) -> (M, N), breadth-first.
+
+    ``min_confidence`` (depths,): a request drafts only the nodes whose path probability
+    reaches their depth's threshold (``tree.subset``), the others are -1; a node no request
+    keeps gets no head step for its children.
+    """
     cfg = loop.config
     tree.check_fits(cfg.num_heads, cfg.draft_vocab_size or cfg.vocab_size)
     rows, table = tables.draft_rows(loop.dtype), loop.regressive_table(tables)
@@ -36,20 +47,41 @@ def propose_tree(
     m, n = t0.shape[0], tree.num_nodes
     best = torch.zeros(m, n, dtype=torch.long)  # draft-vocab index of each node
     state = torch.zeros(m, n, h0.shape[-1], dtype=h0.dtype)  # h out of each node's parent step
-    sources = [ROOT]  # the nodes of the previous depth (the root for depth 1)
+    confidence = None if min_confidence is None else PathConfidence(tree, min_confidence, m)
+    has_children = set(tree.parents)
+    sources = [ROOT]  # the nodes whose children the next head step drafts
     for depth in range(1, tree.depth + 1):
-        level = range(tree.num_nodes)[tree.level(depth)]
+        level = tree.level(depth)
         h_in, prev, kv = _step_inputs(tree, sources, h0, t0, state, best, tables, table)
         h_out, z = loop.step(depth - 1, h_in, h0[:, None].expand_as(h_in), prev, tables, kv)
-        width = 1 + max(tree.ranks[i] for i in level)
-        top = rows.scores(z.flatten(0, 1)).topk(width, dim=-1).indices  # (M * S, width)
-        top = top.view(m, len(sources), width)
-        for i in level:
-            s = sources.index(tree.parents[i])
-            best[:, i] = top[:, s, tree.ranks[i]]
-            state[:, i] = h_out[:, s]
-        sources = list(level)
-    return tables.draft_to_target(best).long()  # (M, N)
+        ranks = torch.tensor(tree.ranks[level], dtype=torch.long)
+        top, probs = _top(rows, z.flatten(0, 1), 1 + int(ranks.max()), confidence is not None)
+        top = top.view(m, len(sources), -1)  # (M, S, width)
+        drafted = torch.tensor([p in sources for p in tree.parents[level]])
+        column = {s: c for c, s in enumerate(sources)}
+        source = torch.tensor([column.get(p, 0) for p in tree.parents[level]])
+        best[:, level] = top[:, source, ranks]
+        state[:, level] = h_out[:, source]
+        if confidence is not None:
+            probs = probs.view(m, len(sources), -1)[:, source, ranks] * drafted
+            confidence.add_level(depth, probs)
+        sources = [i for i in range(level.start, level.stop) if i in has_children]
+        if confidence is not None:
+            sources = confidence.kept_by_any(sources)
+        if not sources:
+            break
+    drafts = tables.draft_to_target(best).long()  # (M, N)
+    return drafts if confidence is None else drafts.masked_fill(~confidence.nodes, -1)
+
+
+def _top(rows, z: torch.Tensor, width: int, with_probs: bool):
+    """The ``width`` best draft-vocabulary indices of each row of z (R, D), and their head
+    probabilities (softmax over the draft vocabulary) when asked, else None."""
+    if not with_probs:
+        return rows.scores(z).topk(width, dim=-1).indices, None
+    logits = rows.logits(z).float()  # (R, V_draft)
+    top = logits.topk(width, dim=-1)
+    return top.indices, torch.exp(top.values - torch.logsumexp(logits, dim=-1, keepdim=True))
 
 
 def _step_inputs(
