@@ -393,19 +393,22 @@ class TreeStats:
     verified: int  # requests whose tree was verified
     off_chain: int  # ... whose accepted path used a node of rank > 0 (no chain accepts it)
     accepted_by_depth: tuple[int, ...]  # accepted paths reaching each depth
+    gapped: int = 0  # requests whose drafted nodes were not a breadth-first prefix
+    drafted_by_node: tuple[int, ...] = ()  # times each node was verified
 
 
 def _tree_report(worker) -> tuple:
     trees = getattr(worker.model_runner, "clover_trees", None)
     if trees is None:
-        return 0, 0, ()
-    return trees.verified, trees.off_chain, tuple(trees.accepted_by_depth)
+        return 0, 0, (), 0, ()
+    by_depth, by_node = tuple(trees.accepted_by_depth), tuple(trees.drafted_by_node)
+    return trees.verified, trees.off_chain, by_depth, trees.gapped, by_node
 
 
 def tree_stats(llm) -> TreeStats:
     """The tree verifier's counters of an `in_process_llm` with speculative_token_tree."""
-    ((verified, off_chain, by_depth),) = set(llm.collective_rpc(_tree_report))
-    return TreeStats(verified, off_chain, by_depth)
+    (report,) = set(llm.collective_rpc(_tree_report))
+    return TreeStats(*report)
 
 
 def assert_trees_verified(stats: TreeStats, tree_size: int, spec: Speculation) -> None:
@@ -414,6 +417,17 @@ def assert_trees_verified(stats: TreeStats, tree_size: int, spec: Speculation) -
     assert stats.verified > 0, f"no tree was verified: {stats}"
     assert stats.off_chain > 0, f"no accepted path left the rank-0 chain: {stats}"
     assert spec.drafts_by_length.get(tree_size, 0) > 0, f"no full tree drafted: {spec}"
+    assert_clover_speculated(spec)
+
+
+def assert_trees_pruned(stats: TreeStats, tree_size: int, spec: Speculation) -> None:
+    """Trees were drafted under a confidence threshold and verified: requests drafted
+    subsets of different sizes, some that are not breadth-first prefixes (a node kept while
+    an earlier one was left out), and paths off the rank-0 chain were accepted."""
+    assert stats.verified > 0 and stats.off_chain > 0, f"no tree path off the chain: {stats}"
+    lengths = {n for n, count in spec.drafts_by_length.items() if count and n > 0}
+    assert len(lengths) > 1 and min(lengths) < tree_size, f"no pruned tree: {spec}"
+    assert stats.gapped > 0, f"every drafted subset was a prefix of the tree: {stats}"
     assert_clover_speculated(spec)
 
 

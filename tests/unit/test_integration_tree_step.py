@@ -69,6 +69,51 @@ def test_verifier_counts_paths_off_the_chain_and_by_depth():
     from vllm_clover.integration.tree_step import TreeVerifier
 
     trees = TreeVerifier(TREE)
-    trees.record(TreeVerdict(torch.tensor([[1, -1], [0, 2], [-1, -1]]), torch.zeros(3, 3)))
+    nodes = torch.tensor([[0, 1, 2], [0, 2, -1], [1, -1, -1]])  # the second skips n1
+    trees.record(TreeVerdict(torch.tensor([[1, -1], [0, 2], [-1, -1]]), torch.zeros(3, 3)), nodes)
     assert (trees.verified, trees.off_chain, trees.accepted_by_depth) == (3, 1, [2, 1])
-    assert trees.accepted_by_node == [1, 1, 1]
+    assert trees.accepted_by_node == [1, 1, 1] and trees.drafted_by_node == [2, 2, 2]
+    assert trees.gapped == 2  # [0, 2] and [1] are not breadth-first prefixes
+
+
+WIDE = TokenTree.parse("[(0,), (1,), (0, 0), (0, 1), (1, 0)]")
+
+
+def _subset_step():
+    """One request drafting n1, n4 (row 1: (1,), row 2: (1, 0)) after a root at row 3, and
+    one drafting all five nodes after a root at row 6."""
+    from vllm_clover.integration.tree_step import TreeStep
+
+    return TreeStep.of(WIDE, [0, 2, 5], np.array([0, 3, 6, 12]), [None, [1, 4], [0, 1, 2, 3, 4]])
+
+
+def test_a_subset_gets_the_positions_of_its_own_nodes():
+    step = _subset_step()
+    assert step.nodes.tolist() == [[1, 4, -1, -1, -1], [0, 1, 2, 3, 4]]
+    positions = torch.tensor([0, 1, 2, 50, 51, 52, 80, 81, 82, 83, 84, 85])
+    step.set_positions(positions)
+    assert positions.tolist() == [0, 1, 2, 50, 51, 52, 80, 81, 81, 82, 82, 82]
+    assert step.batch_nodes(3).tolist() == [[-1] * 5, [1, 4, -1, -1, -1], [0, 1, 2, 3, 4]]
+
+
+def test_a_subsets_accepted_path_moves_from_its_own_rows():
+    """n1 -> n4 accepted: in the subset they are draft rows 0 and 1, already where a chain's
+    tokens would be; in the whole tree they are rows 1 and 4 and both move."""
+    step = _subset_step()
+    path = torch.tensor([[1, 4], [1, 4]])
+    step.settle(TreeVerdict(path, torch.tensor([[8, 3, 1]] * 2)))
+    assert step.chain_order(12).tolist() == [0, 1, 2, 3, 4, 5, 6, 8, 11, 9, 10, 11]
+
+
+def test_drafted_subsets_follow_requests_from_proposal_to_verification():
+    from vllm_clover.integration.tree_step import DraftedSubsets
+
+    subsets = DraftedSubsets()
+    subsets.proposed = torch.tensor([[0, 2, 3, -1], [1, -1, -1, -1]])
+    subsets.taken(["a", "b"], [[11, 13, 14], [12]])  # rows cut at their first -1
+    assert subsets.proposed is None
+    # "b" finished; "a" was scheduled a prefix of its drafts; "c" no drafts (a prefill)
+    nodes = subsets.scheduled(["c", "a"], {"a": [11, 13]}, finished={"b"})
+    assert nodes == [None, [0, 2]] and set(subsets.pending) == {"a"}
+    with pytest.raises(RuntimeError, match="request a was scheduled drafts \\[11, 99\\]"):
+        subsets.scheduled(["a"], {"a": [11, 99]}, finished=set())

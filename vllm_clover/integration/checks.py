@@ -130,10 +130,13 @@ def resolve_token_tree(spec_config, config: CloverConfig) -> None:
 
     The tree must fit the heads (one per depth) and the draft vocabulary (one token per
     rank); ``num_speculative_tokens`` is its number of nodes (derived when absent). A tree is
-    its own draft budget: with it, ``draft_budget`` "goodput", ``draft_confidence`` and a
-    per-batch-size table are refused, and the checkpoint's confidence stop is not used.
-    "default" is the checkpoint's own tree (``CloverConfig.token_tree``). ValueError naming
-    the problem. Example: "[(0,), (1,), (0, 0)]" -> K = 3, fixed.
+    its own draft budget: with it, ``draft_budget`` "goodput" and a per-batch-size table are
+    refused. ``draft_confidence`` given with a tree (a number, or one per depth) is the least
+    path probability of the nodes a request drafts (``tree.subset``); the checkpoint's own
+    thresholds, calibrated for chains, are not used. "default" is the checkpoint's own tree
+    (``CloverConfig.token_tree``). ValueError naming the problem. Example: "[(0,), (1,),
+    (0, 0)]" -> K = 3, fixed; with draft_confidence 0.1, each request drafts the nodes whose
+    path probability is at least 0.1.
     """
     if not current_platform.is_cpu():  # elsewhere vLLM's attention would mask causally
         raise CloverCheckpointError(
@@ -159,7 +162,6 @@ def resolve_token_tree(spec_config, config: CloverConfig) -> None:
         )
     conflicts = {
         "draft_budget": spec_config.draft_budget not in (None, "fixed"),
-        "draft_confidence": spec_config.draft_confidence is not None,
         "num_speculative_tokens_per_batch_size": bool(
             spec_config.num_speculative_tokens_per_batch_size
         ),
@@ -168,9 +170,11 @@ def resolve_token_tree(spec_config, config: CloverConfig) -> None:
         named = [name for name, bad in conflicts.items() if bad]
         raise CloverCheckpointError(
             f"speculative_token_tree drafts the same tree at every step; drop {named} "
-            "(they choose chain lengths)"
+            "(they choose chain lengths; draft_confidence prunes a tree per request)"
         )
     spec_config.speculative_token_tree = str(tree)
     spec_config.num_speculative_tokens = tree.num_nodes
     spec_config.draft_budget = "fixed"
-    spec_config.draft_confidence = None
+    if spec_config.draft_confidence is not None:  # the user's own: a tree's threshold
+        given = spec_config.draft_confidence
+        spec_config.draft_confidence = resolve_draft_confidence(given, config)

@@ -34,6 +34,7 @@ from vllm_clover.modeling.checkpoint import CloverCheckpointError, check_target_
 from vllm_clover.modeling.tables import DRAFT_DTYPE_ENV, draft_dtype_setting
 from vllm_clover.modeling.vocab_parallel import VocabParallelTables
 from vllm_clover.tree.draft import propose_tree
+from vllm_clover.tree.subset import pack
 
 logger = init_logger("vllm.clover.proposer")
 
@@ -73,6 +74,8 @@ class CloverProposer(EagleProposer):
         self.draft_log = DraftLog()
         self.trees = getattr(runner, "clover_trees", None)  # a TreeVerifier, or None: chains
         self.min_confidence = _confidence_thresholds(vllm_config, device)  # (K_max,) or None
+        if self.trees is not None and self.min_confidence is None:
+            self.trees.subsets = None  # whole trees (async scheduling turns the threshold off)
         # Read by the draft_lengths patch: rows may end in -1 (a request's chain stopped).
         self.stops_early = self.min_confidence is not None
 
@@ -120,10 +123,8 @@ class CloverProposer(EagleProposer):
             h0 = target_hidden_states[_last_accepted(token_indices_to_sample, common_attn_metadata)]
         if num_speculative_tokens == 0:
             drafts = next_token_ids.new_empty((next_token_ids.shape[0], 0), dtype=torch.int64)
-        elif self.trees is not None:  # a BFS prefix of the tree is a tree
-            tree, tables = self.trees.tree, self.model.tables
-            drafts = propose_tree(self.model.heads, h0, next_token_ids.long(), tree, tables)
-            drafts = drafts[:, :num_speculative_tokens]
+        elif self.trees is not None:
+            drafts = self._propose_tree(h0, next_token_ids.long(), num_speculative_tokens)
         else:
             t0 = next_token_ids.long()
             drafts = self.model.heads.propose(
@@ -133,6 +134,18 @@ class CloverProposer(EagleProposer):
             num_speculative_tokens, drafts, target_token_ids.shape[0], self.stops_early
         )
         return drafts
+
+    def _propose_tree(self, h0: torch.Tensor, t0: torch.Tensor, k: int) -> torch.Tensor:
+        """[num_reqs, k] drafts of the tree's first k nodes (a BFS prefix of a tree is a
+        tree); with ``draft_confidence``, each request's confident nodes packed first, then
+        -1, their tree nodes noted for the step that verifies them (``DraftedSubsets``)."""
+        heads, tables, tree = self.model.heads, self.model.tables, self.trees.tree
+        drafts = propose_tree(heads, h0, t0, tree, tables, self.min_confidence)
+        if self.trees.subsets is None:
+            return drafts[:, :k]
+        drafts, nodes = pack(drafts, drafts >= 0)
+        self.trees.subsets.proposed = nodes[:, :k]
+        return drafts[:, :k]
 
     def _chain_order(self, *rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The step's per-token inputs with each accepted tree path moved right after its

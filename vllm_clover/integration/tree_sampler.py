@@ -14,22 +14,23 @@ bad words, min-tokens, logprobs) is refused at admission (``patches/trees.py``).
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from vllm.v1.outputs import SamplerOutput
 from vllm.v1.sample.rejection_sampler import apply_sampling_constraints
 
 from vllm_clover.tree.accept import TreeVerdict, accept_greedy, accept_sampled
 from vllm_clover.tree.spec import TokenTree
+from vllm_clover.tree.subset import prefix_nodes
 
 GREEDY = 0.0  # vLLM's temperature for greedy requests (GREEDY_TEMPERATURE)
 
 
 def verify_trees(
-    tree: TokenTree, num_draft_tokens: list[int], draft_token_ids, logits, sampling
+    tree: TokenTree, num_draft_tokens: list[int], draft_token_ids, logits, sampling, nodes=None
 ) -> tuple[SamplerOutput, TreeVerdict]:
-    """(vLLM's SamplerOutput for the whole batch, the verdict of every request)."""
-    drafts, rows = _padded(tree, num_draft_tokens, draft_token_ids)  # (M, N), (M, N + 1)
+    """(vLLM's SamplerOutput for the whole batch, the verdict of every request). ``nodes``
+    (M, W): the node of each request's draft rows, None for breadth-first prefixes."""
+    drafts, rows = _padded(tree, num_draft_tokens, draft_token_ids, nodes)  # (M, N), (M, N + 1)
     counts = torch.tensor(num_draft_tokens) + 1
     logits = logits.float()
     if sampling.allowed_token_ids_mask is not None:
@@ -54,21 +55,32 @@ def verify_trees(
     return SamplerOutput(sampled_token_ids=out, logprobs_tensors=None), TreeVerdict(path, tokens)
 
 
-def _padded(tree: TokenTree, num_draft_tokens: list[int], draft_token_ids: torch.Tensor):
-    """Drafts (M, N), -1 where a request has fewer nodes, and the logits row of each
-    request's root and nodes (M, N + 1), clamped to its root where it has none.
+def _padded(
+    tree: TokenTree,
+    num_draft_tokens: list[int],
+    draft_token_ids: torch.Tensor,
+    nodes: torch.Tensor | None = None,
+):
+    """Drafts (M, N), -1 where a request drafted no token for a node, and the logits row of
+    each request's root and nodes (M, N + 1), its root's where it has none. ``nodes`` (M, W)
+    is the node of each request's draft rows (``TreeStep.batch_nodes``); None: breadth-first
+    prefixes.
 
     Example, N = 3, draft counts [2, 0] and flat drafts [7, 8]: drafts [[7, 8, -1],
-    [-1, -1, -1]]; rows [[0, 1, 2, 0], [3, 3, 3, 3]].
+    [-1, -1, -1]]; rows [[0, 1, 2, 0], [3, 3, 3, 3]]. With nodes [[0, 2], [-1, -1]]:
+    drafts [[7, -1, 8], [-1, -1, -1]]; rows [[0, 1, 0, 2], [3, 3, 3, 3]].
     """
-    n = np.asarray(num_draft_tokens)
-    m, width = n.size, tree.num_nodes
-    starts = torch.from_numpy(np.concatenate([[0], np.cumsum(n + 1)[:-1]]))  # (M,) root rows
-    offsets = torch.arange(width + 1)
-    real = offsets[None, :] <= torch.from_numpy(n)[:, None]  # (M, N + 1)
-    rows = torch.where(real, starts[:, None] + offsets[None, :], starts[:, None])
+    n = torch.tensor(num_draft_tokens)
+    m, width = n.numel(), tree.num_nodes
+    starts = torch.cumsum(n + 1, 0) - (n + 1)  # (M,) root rows
+    if nodes is None:
+        nodes = prefix_nodes(n, width)
+    request, j = (nodes >= 0).nonzero(as_tuple=True)  # request-major, as the flat drafts
+    node = nodes[request, j]
     drafts = torch.full((m, width), -1, dtype=torch.long)
-    drafts[real[:, 1:]] = draft_token_ids.long()
+    drafts[request, node] = draft_token_ids.long()
+    rows = starts[:, None].repeat(1, width + 1)
+    rows[request, 1 + node] = starts[request] + 1 + j
     return drafts, rows
 
 

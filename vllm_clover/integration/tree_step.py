@@ -1,12 +1,13 @@
 """One engine step that verifies token trees, from input preparation to compaction.
 
-vLLM schedules a tree request like a chain: its last sampled token (the root) and its N draft
-tokens (the nodes, breadth-first) as N + 1 query rows, with KV slots at positions root + 1 ..
-root + N. ``TreeStep`` changes what those rows mean, in four places of the step
-(``patches/trees.py`` calls each):
+vLLM schedules a tree request like a chain: its last sampled token (the root) and its n draft
+tokens as n + 1 query rows, with KV slots at positions root + 1 .. root + n. The drafts are the
+tree's nodes breadth-first, or, with ``draft_confidence``, the nodes the request's heads were
+confident in (``tree.subset``; ``nodes`` says which node each draft row is). ``TreeStep``
+changes what those rows mean, in four places of the step (``patches/trees.py`` calls each):
 
 1. ``set_positions``: after vLLM computed slots from the row positions, each node gets the
-   RoPE position of its depth (root + depth): node i keeps slot root + 1 + i.
+   RoPE position of its depth (root + depth): draft row j keeps slot root + 1 + j.
 2. ``attend``: the tree requests' rows are computed with the tree mask (``tree_attention``),
    reading keys and values from the cache, where vLLM wrote the step's rows before the
    attention ran; vLLM's causal kernel runs only when other requests share the step. Each
@@ -37,6 +38,7 @@ from vllm_clover.tree.accept import TreeVerdict
 from vllm_clover.tree.attention import tree_positions
 from vllm_clover.tree.kv import compaction_moves
 from vllm_clover.tree.spec import TokenTree
+from vllm_clover.tree.subset import prefix_nodes, rows_of
 
 
 @dataclass
@@ -46,7 +48,7 @@ class TreeStep:
     tree: TokenTree
     requests: torch.Tensor  # (R,) input-batch rows
     roots: torch.Tensor  # (R,) query row of each root
-    num_nodes: torch.Tensor  # (R,) nodes scheduled (a breadth-first prefix of the tree)
+    nodes: torch.Tensor  # (R, T - 1) the tree node of each draft row, -1 past the request's
     caches: list[torch.Tensor] = field(default_factory=list)  # each layer's kv_cache, in order
     slot_mapping: torch.Tensor | None = None  # the step's (tokens,) KV slots
     plan: TreePlan | None = None  # where every layer reads keys and values, and the mask
@@ -54,18 +56,38 @@ class TreeStep:
     moves: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # from settle()
 
     @classmethod
-    def of(cls, tree: TokenTree, num_draft_tokens: list[int], query_start_loc: np.ndarray):
-        """From vLLM's per-request draft counts and query starts (num_reqs + 1,); None when no
-        request has drafts this step."""
+    def of(
+        cls,
+        tree: TokenTree,
+        num_draft_tokens: list[int],
+        query_start_loc: np.ndarray,
+        drafted: list[list[int] | None] | None = None,
+    ):
+        """From vLLM's per-request draft counts and query starts (num_reqs + 1,), and the
+        nodes each request drafted (``TreeVerifier.drafted_nodes``; None: breadth-first
+        prefixes of the tree); None when no request has drafts this step."""
         drafts = np.asarray(num_draft_tokens)
         rows = np.flatnonzero(drafts)
         if rows.size == 0:
             return None
         roots = query_start_loc[rows + 1] - drafts[rows] - 1
-        as_tensor = torch.from_numpy
-        return cls(
-            tree, as_tensor(rows), as_tensor(roots.astype(np.int64)), as_tensor(drafts[rows])
-        )
+        counts = torch.from_numpy(drafts[rows])
+        nodes = prefix_nodes(counts, int(counts.max()))
+        for r, row in enumerate(rows.tolist()):
+            if drafted is not None and drafted[row] is not None:
+                nodes[r, : counts[r]] = torch.tensor(drafted[row][: counts[r]])
+        return cls(tree, torch.from_numpy(rows), torch.from_numpy(roots.astype(np.int64)), nodes)
+
+    def batch_nodes(self, num_reqs: int) -> torch.Tensor:
+        """(num_reqs, T - 1) ``nodes`` by input-batch row, -1 for requests without drafts."""
+        out = torch.full((num_reqs, self.nodes.shape[1]), -1, dtype=torch.long)
+        out[self.requests] = self.nodes
+        return out
+
+    @cached_property
+    def num_nodes(self) -> torch.Tensor:
+        """(R,) nodes scheduled per request."""
+        return (self.nodes >= 0).sum(dim=-1)
 
     @property
     def width(self) -> int:
@@ -81,9 +103,10 @@ class TreeStep:
         return torch.where(real, rows, self.roots[:, None]), real
 
     def set_positions(self, positions: torch.Tensor) -> None:
-        """Node i of each request moves from position root + 1 + i to root + depth(i)."""
+        """Draft row j of each request (node i) moves from position root + 1 + j to
+        root + depth(i)."""
         rows, real = self.rows
-        moved = tree_positions(self.tree, positions[self.roots])[:, : self.width]  # (R, T)
+        moved = tree_positions(self.tree, positions[self.roots], self.nodes)  # (R, T)
         positions[rows[real]] = moved[real]
 
     @cached_property
@@ -120,7 +143,7 @@ class TreeStep:
                 CacheLayout.probe(layer.isa, kv_cache.dtype, block_size, impl.head_size),
                 metadata.block_table[self.requests],
                 metadata.seq_lens[self.requests].long(),
-                self.num_nodes,
+                self.nodes,
             )
             self.slot_mapping = metadata.slot_mapping.clone()
         rows, _ = self.rows
@@ -138,7 +161,9 @@ class TreeStep:
         """Take the sampler's verdict on this step's tree requests, and the (request, source
         offset, target offset) moves it implies, which ``compact`` and ``chain_order`` follow."""
         self.verdict = verdict
-        self.moves = compaction_moves(verdict.path)
+        rows = rows_of(self.nodes, self.tree.num_nodes)  # (R, N) draft row of each node
+        path = torch.where(verdict.path >= 0, rows.gather(1, verdict.path.clamp(min=0)), -1)
+        self.moves = compaction_moves(path)
 
     def compact(self) -> None:
         """Copy each accepted path's KV entries to the slots of consecutive positions, in
@@ -168,34 +193,88 @@ class TreeStep:
 
 
 @dataclass
+class DraftedSubsets:
+    """Which tree nodes each request's drafts are, where requests draft the nodes their heads
+    are confident in (``draft_confidence``; ``tree.subset``): the proposer's rows of a step
+    (``proposed``), then, once vLLM has handed the drafts to its scheduler, the same by
+    request (``taken``), until the step that verifies them (``scheduled``)."""
+
+    proposed: torch.Tensor | None = None  # (num_reqs, K) node of each draft row, by batch row
+    pending: dict[str, tuple[list[int], list[int]]] = field(default_factory=dict)
+
+    def taken(self, req_ids: list[str], draft_token_ids: list[list[int]]) -> None:
+        """The drafts vLLM took (rows in the proposer's order, each cut at its first -1)."""
+        if self.proposed is None:
+            return
+        rows = self.proposed.tolist()
+        for req_id, nodes, tokens in zip(req_ids, rows, draft_token_ids, strict=True):
+            self.pending[req_id] = (nodes[: len(tokens)], list(tokens))
+        self.proposed = None
+
+    def scheduled(
+        self, req_ids: list[str], drafts: dict[str, list[int]], finished: set[str]
+    ) -> list[list[int] | None]:
+        """The nodes of the drafts vLLM scheduled for each batch row (None: no drafts).
+        vLLM schedules a request's latest drafts, or a prefix of them."""
+        for req_id in finished:
+            self.pending.pop(req_id, None)
+        nodes = []
+        for req_id in req_ids:
+            tokens = list(drafts.get(req_id, ()))
+            pending = self.pending.get(req_id, ([], []))
+            if tokens != pending[1][: len(tokens)]:
+                raise RuntimeError(
+                    f"Clover tree: request {req_id} was scheduled drafts {tokens}, not the "
+                    f"{pending[1]} drafted for it (the drafts' tree nodes are unknown)"
+                )
+            nodes.append(pending[0][: len(tokens)] if tokens else None)
+        return nodes
+
+
+@dataclass
 class TreeVerifier:
     """A runner's token tree and the step in flight (None between steps and on steps
     without drafts). Built by the runner when ``speculative_token_tree`` is set."""
 
     tree: TokenTree
+    subsets: DraftedSubsets | None = None  # with draft_confidence: requests draft subsets
     step: TreeStep | None = None
     verified: int = 0  # requests whose tree was verified
     off_chain: int = 0  # ... whose accepted path left the rank-0 chain (a tree's gain)
+    gapped: int = 0  # ... whose drafted nodes were not a breadth-first prefix of the tree
     accepted_by_depth: list[int] = field(default_factory=list)  # paths reaching each depth
     accepted_by_node: list[int] = field(default_factory=list)  # times each node was accepted
+    drafted_by_node: list[int] = field(default_factory=list)  # times each node was verified
 
-    def record(self, verdict: TreeVerdict) -> None:
-        """Count a step's verdicts (diagnostics and tests: what a chain could not accept)."""
+    def record(self, verdict: TreeVerdict, nodes: torch.Tensor) -> None:
+        """Count a step's verdicts and drafted nodes (R, W) (diagnostics and tests: what a
+        chain could not accept, what the confidence threshold left out)."""
         ranks = torch.tensor((0, *self.tree.ranks))[verdict.path + 1]  # (R, depth), -1 -> 0
         self.verified += verdict.path.shape[0]
         self.off_chain += int((ranks > 0).any(dim=-1).sum())
+        prefixes = prefix_nodes((nodes >= 0).sum(dim=-1), nodes.shape[1])
+        self.gapped += int((nodes != prefixes).any(dim=-1).sum())
         reached = (verdict.path >= 0).sum(dim=0).tolist()
-        nodes = torch.bincount(verdict.path[verdict.path >= 0], minlength=self.tree.num_nodes)
         if not self.accepted_by_depth:
             self.accepted_by_depth = [0] * self.tree.depth
             self.accepted_by_node = [0] * self.tree.num_nodes
+            self.drafted_by_node = [0] * self.tree.num_nodes
         self.accepted_by_depth = _added(self.accepted_by_depth, reached)
-        self.accepted_by_node = _added(self.accepted_by_node, nodes.tolist())
+        self.accepted_by_node = _added(self.accepted_by_node, _counts(verdict.path, self.tree))
+        self.drafted_by_node = _added(self.drafted_by_node, _counts(nodes, self.tree))
 
     @classmethod
     def of(cls, speculative_config) -> TreeVerifier | None:
         text = getattr(speculative_config, "speculative_token_tree", None)
-        return None if text is None else cls(TokenTree.parse(text))
+        if text is None:
+            return None
+        pruned = getattr(speculative_config, "draft_confidence", None) is not None
+        return cls(TokenTree.parse(text), DraftedSubsets() if pruned else None)
+
+
+def _counts(nodes: torch.Tensor, tree: TokenTree) -> list[int]:
+    """How often each tree node appears in ``nodes`` (any shape, -1 ignored)."""
+    return torch.bincount(nodes[nodes >= 0], minlength=tree.num_nodes).tolist()
 
 
 def _added(totals: list[int], counts: list[int]) -> list[int]:

@@ -122,11 +122,13 @@ PATCHES = (
         "draft_lengths",
         "patch",
         "the runner hands every request K drafts from a proposer's tensor; "
-        "Clover's confidence stop marks the unused ones -1",
+        "Clover's confidence stop marks the unused ones -1, and a pruned tree's drafts are "
+        "noted by request id here, where the rows still follow the proposer's (DraftTokenIds)",
         "patches/method.py",
         {
             f"{RUNNER}.take_draft_token_ids": "21e3697c8c5f",
             f"{RUNNER}._get_draft_token_ids_cpu": "48bdeff52e00",
+            "vllm.v1.outputs:DraftTokenIds": "695352e02c33",
             "vllm.v1.core.sched.scheduler:Scheduler.update_draft_token_ids": "f05dcf1d7891",
         },
         apply=method.patch_draft_lengths,
@@ -205,10 +207,14 @@ PATCHES = (
         "patch",
         "vLLM 0.32 verifies one chain per request: a tree step needs depth positions after "
         "the slots are computed, its step marked in the attention metadata, and its own "
-        "sampler (greedy or multi-draft rejection) followed by KV compaction",
+        "sampler (greedy or multi-draft rejection) followed by KV compaction; a pruned tree's "
+        "nodes are found by request id from the scheduled drafts (the scheduler schedules a "
+        "request's latest drafts or a prefix of them, SchedulerOutput names finished requests)",
         "patches/trees.py",
         {
             f"{RUNNER}._prepare_inputs": "c31a77c123a0",
+            f"{SCHEDULER}.schedule": "da4f2cf2fc39",
+            "vllm.v1.core.sched.output:SchedulerOutput": "97fb4463a2ed",
             f"{RUNNER}._build_attention_metadata": "6015ffa2b3ec",
             f"{RUNNER}._sample": "5cb5c1da02cf",
             "vllm.v1.spec_decode.metadata:SpecDecodeMetadata": "029a5a8fb86c",

@@ -236,10 +236,13 @@ def patch_draft_lengths() -> None:
     """Cut each request's Clover draft at its first -1 before the scheduler sees it.
 
     The proposer returns [num_reqs, K] with -1 after a request's confidence stop
-    (`HeadLoop.propose`); vLLM's scheduler takes per-request draft lists of any length (ngram
-    relies on it), so a row [12, 7, -1, -1] becomes [12, 7] and that request verifies two
-    drafts next step. Under async scheduling the runner reads the on-device draft tensor
-    instead, so the proposer never stops early there (see `CloverProposer`).
+    (`HeadLoop.propose`) or after the tree nodes it is confident in (`tree.subset`); vLLM's
+    scheduler takes per-request draft lists of any length (ngram relies on it), so a row
+    [12, 7, -1, -1] becomes [12, 7] and that request verifies two drafts next step. For a
+    tree, the request's drafted nodes are noted by request id here (`DraftedSubsets.taken`),
+    where the rows still line up with the proposer's. Under async scheduling the runner
+    reads the on-device draft tensor instead, so the proposer never stops early there (see
+    `CloverProposer`).
     """
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
@@ -254,6 +257,9 @@ def patch_draft_lengths() -> None:
             for row in drafts.draft_token_ids:
                 if -1 in row:
                     del row[row.index(-1) :]
+            subsets = getattr(getattr(self, "clover_trees", None), "subsets", None)
+            if subsets is not None:  # which tree nodes the drafts are, by request
+                subsets.taken(drafts.req_ids, drafts.draft_token_ids)
         return drafts
 
     GPUModelRunner.take_draft_token_ids = mark(take_draft_token_ids, "draft_lengths")

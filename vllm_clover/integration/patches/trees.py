@@ -45,8 +45,14 @@ def patch_tree_steps() -> None:
 
             spec = result[1]
             num_reqs = self.input_batch.num_reqs
+            drafted = None if trees.subsets is None else trees.subsets.scheduled(
+                self.input_batch.req_ids[:num_reqs],
+                scheduler_output.scheduled_spec_decode_tokens,
+                scheduler_output.finished_req_ids,
+            )  # fmt: skip
             trees.step = None if spec is None else TreeStep.of(
-                trees.tree, spec.num_draft_tokens, self.query_start_loc.np[: num_reqs + 1]
+                trees.tree, spec.num_draft_tokens, self.query_start_loc.np[: num_reqs + 1],
+                drafted,
             )  # fmt: skip
             if trees.step is not None:
                 trees.step.set_positions(self.positions)
@@ -76,10 +82,11 @@ def patch_tree_steps() -> None:
             spec_decode_metadata.draft_token_ids,
             logits,
             self.input_batch.sampling_metadata,
+            step.batch_nodes(len(spec_decode_metadata.num_draft_tokens)),
         )
         step.settle(verdict.select(step.requests))
         step.compact()
-        trees.record(step.verdict)
+        trees.record(step.verdict, step.nodes)
         return output
 
     GPUModelRunner._prepare_inputs = mark(_prepare_inputs, "tree_steps")
