@@ -142,13 +142,13 @@ def test_markdown_table_rendering():
     table = markdown_table(summarize(build_rows(_results())))
     lines = table.splitlines()
     assert lines[0].startswith("| method | engine | batch | T | tokens/s | vs vanilla | tau |")
-    assert len(lines) == 2 + 4 and all(line.count("|") == 12 for line in lines)
+    assert len(lines) == 2 + 4 and all(line.count("|") == 13 for line in lines)
     assert lines[2] == (
-        "| vanilla | in-process | 2 | 0 | 2.0 | 1.00x | - | - | - | - | reference |"
+        "| vanilla | in-process | 2 | 0 | 2.0 | 1.00x | - | - | - | - | - | reference |"
     )
     assert lines[4] == (
-        "| clover | in-process | 2 | 0 | 4.0 | 2.00x | 2.00 | 0.75 0.25 0.00 0.00 | 20% | 1.00 "
-        "| 1/2 |"
+        "| clover | in-process | 2 | 0 | 4.0 | 2.00x | 2.00 | 4.00 | 0.75 0.25 0.00 0.00 | 20% "
+        "| 1.00 | 1/2 |"
     )
     assert lines[5].endswith("| n/a |")
 
@@ -344,6 +344,14 @@ def test_each_tree_is_a_method_next_to_the_chain():
     assert [m.name for m in methods] == ["vanilla", "clover", "clover-tree3"]
     spec = methods[-1].speculative_config()
     assert spec["speculative_token_tree"] == tree and spec["num_speculative_tokens"] == 3
+    pruned = resolve_methods(
+        [], str(REFERENCE_HEADS), "", 4, [], trees=(tree,), tree_confidences=(0.0, 0.05)
+    )
+    assert [m.name for m in pruned] == ["vanilla", "clover-tree3", "clover-tree3-c0.05"]
+    assert pruned[2].speculative_config()["draft_confidence"] == 0.05
+    assert "draft_confidence" not in pruned[1].speculative_config()
+    with pytest.raises(BenchError, match=r"--tree-confidence \[1.5\]"):
+        resolve_methods([], str(REFERENCE_HEADS), "", 4, [], trees=(tree,), tree_confidences=(1.5,))
     with pytest.raises(BenchError, match=r"--tree: path \(1, 0\) has no parent"):
         resolve_methods(["clover"], str(REFERENCE_HEADS), "", 4, [], trees=("[(0,), (1, 0)]",))
     with pytest.raises(BenchError, match="--tree: path .* is 5 deep"):

@@ -156,12 +156,14 @@ def resolve_methods(
     extra_clover: list[str],
     draft_budgets: tuple[str, ...] = DRAFT_BUDGETS[:1],
     trees: tuple[str, ...] = (),
+    tree_confidences: tuple[float, ...] = (0.0,),
 ) -> tuple[Method, ...]:
     """Methods to run, vanilla first; checkpoints are checked here, not at engine start.
 
     Each Clover checkpoint runs once per draft budget: ("goodput", "fixed") gives "clover"
-    and "clover-fixed". Each token tree runs the --clover-heads checkpoint as
-    "clover-tree<nodes>".
+    and "clover-fixed". Each token tree runs the --clover-heads checkpoint once per tree
+    confidence: "clover-tree<nodes>" (0: the whole tree) and "clover-tree<nodes>-c<C>"
+    (``draft_confidence`` C: each request drafts the nodes of path probability >= C).
     """
     unknown = [n for n in names if n not in STANDARD_METHODS]
     if unknown:
@@ -184,12 +186,17 @@ def resolve_methods(
     for text in extra_clover:
         name, folder = parse_named_dir(text)
         methods += _clover_methods(name, folder, f"--clover {name}", draft_budgets)
-    methods += [_tree_method(text, clover_heads) for text in trees]
+    bad = [c for c in tree_confidences if not 0.0 <= c <= 1.0]
+    if bad or not tree_confidences:
+        raise BenchError(f"--tree-confidence {bad}: path probabilities in [0, 1]")
+    for text in trees:
+        methods += [_tree_method(text, clover_heads, c) for c in dict.fromkeys(tree_confidences)]
     return tuple(methods)
 
 
-def _tree_method(text: str, folder: str) -> Method:
-    """The Clover checkpoint drafting the token tree ``text`` ("[(0,), (1,), (0, 0)]")."""
+def _tree_method(text: str, folder: str, confidence: float) -> Method:
+    """The Clover checkpoint drafting the token tree ``text`` ("[(0,), (1,), (0, 0)]"),
+    pruned per request at path probability ``confidence`` (0: the whole tree)."""
     from vllm_clover.tree import TokenTree, TokenTreeError
 
     try:
@@ -197,9 +204,11 @@ def _tree_method(text: str, folder: str) -> Method:
         tree.check_fits(checkpoint_heads(folder, "clover", "--tree"), 1 << 30)
     except TokenTreeError as err:
         raise BenchError(f"--tree: {err}") from None
-    options = (("speculative_token_tree", str(tree)),)
+    name, options = f"clover-tree{tree.num_nodes}", (("speculative_token_tree", str(tree)),)
+    if confidence > 0:
+        name, options = f"{name}-c{confidence:g}", (*options, ("draft_confidence", confidence))
     path = str(Path(folder).resolve())
-    return Method(f"clover-tree{tree.num_nodes}", "clover", path, tree.num_nodes, options)
+    return Method(name, "clover", path, tree.num_nodes, options)
 
 
 def _clover_methods(
@@ -263,6 +272,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "run as clover-tree<nodes>; repeatable",
     )
     parser.add_argument(
+        "--tree-confidence",
+        type=float,
+        nargs="+",
+        default=[0.0],
+        metavar="C",
+        help="run each --tree once per C: 0 drafts the whole tree, C > 0 only the nodes whose "
+        "path probability is at least C (draft_confidence), as clover-tree<nodes>-c<C>",
+    )
+    parser.add_argument(
         "--batch-sizes", type=int, nargs="+", help="max_num_seqs values (default 1 4 16 64)"
     )
     parser.add_argument("--temperatures", type=float, nargs="+", help="default 0 1")
@@ -316,6 +334,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         args.clover,
         tuple(args.draft_budgets),
         tuple(args.tree),
+        tuple(args.tree_confidence),
     )
     return BenchConfig(
         methods=methods,

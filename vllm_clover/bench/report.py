@@ -185,11 +185,13 @@ def _fmt(value: float | None, pattern: str) -> str:
 
 def markdown_table(summary: list[dict[str, Any]]) -> str:
     """One line per configuration: medians over rounds with their [min-max] range, tau,
-    acceptance, overheads, T=0 equality (``summarize`` rows)."""
+    drafts verified per request and step that had drafts (a tree's nodes, after its
+    confidence threshold), acceptance, overheads, T=0 equality (``summarize`` rows)."""
     lines = [
-        "| method | engine | batch | T | tokens/s | vs vanilla | tau | acceptance per position "
-        "| drafting overhead | step time vs vanilla | T=0 equal to vanilla |",
-        "|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|",
+        "| method | engine | batch | T | tokens/s | vs vanilla | tau | drafts verified "
+        "| acceptance per position | drafting overhead | step time vs vanilla "
+        "| T=0 equal to vanilla |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|",
     ]
     for row in summary:
         rates = " ".join(f"{rate:.2f}" for rate in row["acceptance_rates"]) or "-"
@@ -200,11 +202,12 @@ def markdown_table(summary: list[dict[str, Any]]) -> str:
             if "equal_prompts" in row
             else "n/a"
         )
+        verified = row["draft_tokens"] / row["drafts"] if row["drafts"] else None
         lines.append(
             f"| {row['method']} | {row['engine_mode']} | {row['batch_size']} | "
             f"{row['temperature']:g} | {_spread(row, 'tokens_per_second', '.1f')} | "
             f"{_spread(row, 'ratio_to_vanilla', '.2f', 'x')} | {_fmt(row['tau'], '.2f')} | "
-            f"{rates} | {_fmt(row.get('drafting_overhead'), '.0%')} | "
+            f"{_fmt(verified, '.2f')} | {rates} | {_fmt(row.get('drafting_overhead'), '.0%')} | "
             f"{_fmt(row.get('step_time_ratio'), '.2f')} | {equal} |"
         )
     return "\n".join(lines)
