@@ -63,17 +63,23 @@ def test_a_tree_deeper_than_the_heads_is_refused():
 def test_a_threshold_drafts_the_confident_subset_of_the_same_tree():
     """With draft_confidence, each request's kept nodes carry the same tokens as the whole
     tree's, the others are -1, and which are kept is confident_nodes of the heads' own
-    probabilities at each node (softmax over the draft vocabulary, at the node's rank)."""
-    from vllm_clover.tree.subset import confident_nodes
+    probabilities at each node (softmax over the draft vocabulary, at the node's rank); the
+    path probabilities come back for the drafted nodes."""
+    from vllm_clover.tree.draft import propose_confident_tree
+    from vllm_clover.tree.subset import PathConfidence, confident_nodes
 
     model, _ = random_clover(tiny_config(draft_vocab_size=50), seed=3, scale=0.5)
     loop, tables = model.heads, model.tables
     h0, t0 = _inputs(8)
     thresholds = torch.tensor([0.05, 0.02, 0.01])
     whole = propose_tree(loop, h0, t0, TREE, tables)
-    pruned = propose_tree(loop, h0, t0, TREE, tables, thresholds)
+    pruned, chances = propose_confident_tree(loop, h0, t0, TREE, tables, thresholds)
     kept = pruned >= 0
     assert torch.equal(pruned[kept], whole[kept])
     assert 0 < kept.sum() < kept.numel() and (kept.sum(dim=-1) > 0).all()
     probs = torch.stack([_walk(model, h0, t0, p)[1] for p in TREE.paths], dim=1)
     assert torch.equal(kept, confident_nodes(TREE, probs, thresholds))
+    expected = PathConfidence(TREE, thresholds, 8)
+    for depth in range(1, TREE.depth + 1):
+        expected.add_level(depth, probs[:, TREE.level(depth)])
+    torch.testing.assert_close(chances[kept], expected.chance[:, 1:][kept])

@@ -27,19 +27,33 @@ from vllm_clover.tree.subset import PathConfidence
 
 @torch.no_grad()
 def propose_tree(
+    loop: HeadLoop, h0: torch.Tensor, t0: torch.Tensor, tree: TokenTree, tables: TargetTables
+) -> torch.Tensor:
+    """Draft target ids of every node: h0 (M, D), t0 (M,) -> (M, N), breadth-first."""
+    return _draft(loop, h0, t0, tree, tables, None)
+
+
+@torch.no_grad()
+def propose_confident_tree(
     loop: HeadLoop,
     h0: torch.Tensor,
     t0: torch.Tensor,
     tree: TokenTree,
     tables: TargetTables,
-    min_confidence: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Draft target ids of every node: h0 (M, D), t0 (M,) -> (M, N), breadth-first.
+    thresholds: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draft the nodes each request is confident in (``tree.subset``): h0 (M, D), t0 (M,),
+    thresholds (depths,) the least path probability per depth -> (target ids (M, N), -1 for
+    the nodes not drafted; path probabilities (M, N)). A node no request keeps gets no head
+    step for its children."""
+    confidence = PathConfidence(tree, thresholds, t0.shape[0])
+    drafts = _draft(loop, h0, t0, tree, tables, confidence)
+    return drafts.masked_fill(~confidence.nodes, -1), confidence.chance[:, 1:]
 
-    ``min_confidence`` (depths,): a request drafts only the nodes whose path probability
-    reaches their depth's threshold (``tree.subset``), the others are -1; a node no request
-    keeps gets no head step for its children.
-    """
+
+def _draft(loop, h0, t0, tree, tables, confidence: PathConfidence | None) -> torch.Tensor:
+    """The target ids of the nodes, one head step per depth over its source nodes (those
+    with children, and with ``confidence`` those some request keeps): (M, N)."""
     cfg = loop.config
     tree.check_fits(cfg.num_heads, cfg.draft_vocab_size or cfg.vocab_size)
     rows, table = tables.draft_rows(loop.dtype), loop.regressive_table(tables)
@@ -47,7 +61,6 @@ def propose_tree(
     m, n = t0.shape[0], tree.num_nodes
     best = torch.zeros(m, n, dtype=torch.long)  # draft-vocab index of each node
     state = torch.zeros(m, n, h0.shape[-1], dtype=h0.dtype)  # h out of each node's parent step
-    confidence = None if min_confidence is None else PathConfidence(tree, min_confidence, m)
     has_children = set(tree.parents)
     sources = [ROOT]  # the nodes whose children the next head step drafts
     for depth in range(1, tree.depth + 1):
@@ -56,22 +69,18 @@ def propose_tree(
         h_out, z = loop.step(depth - 1, h_in, h0[:, None].expand_as(h_in), prev, tables, kv)
         ranks = torch.tensor(tree.ranks[level], dtype=torch.long)
         top, probs = _top(rows, z.flatten(0, 1), 1 + int(ranks.max()), confidence is not None)
-        top = top.view(m, len(sources), -1)  # (M, S, width)
-        drafted = torch.tensor([p in sources for p in tree.parents[level]])
         column = {s: c for c, s in enumerate(sources)}
         source = torch.tensor([column.get(p, 0) for p in tree.parents[level]])
-        best[:, level] = top[:, source, ranks]
+        best[:, level] = top.view(m, len(sources), -1)[:, source, ranks]
         state[:, level] = h_out[:, source]
-        if confidence is not None:
-            probs = probs.view(m, len(sources), -1)[:, source, ranks] * drafted
-            confidence.add_level(depth, probs)
         sources = [i for i in range(level.start, level.stop) if i in has_children]
         if confidence is not None:
+            drafted = torch.tensor([p in column for p in tree.parents[level]])
+            confidence.add_level(depth, probs.view(m, len(column), -1)[:, source, ranks] * drafted)
             sources = confidence.kept_by_any(sources)
         if not sources:
             break
-    drafts = tables.draft_to_target(best).long()  # (M, N)
-    return drafts if confidence is None else drafts.masked_fill(~confidence.nodes, -1)
+    return tables.draft_to_target(best).long()  # (M, N)
 
 
 def _top(rows, z: torch.Tensor, width: int, with_probs: bool):
