@@ -395,14 +395,18 @@ class TreeStats:
     accepted_by_depth: tuple[int, ...]  # accepted paths reaching each depth
     gapped: int = 0  # requests whose drafted nodes were not a breadth-first prefix
     drafted_by_node: tuple[int, ...] = ()  # times each node was verified
+    budget_steps: int = 0  # decoding steps the tree budget learned from (draft_budget goodput)
+    threshold: float | None = None  # the tree budget's threshold at the end
 
 
 def _tree_report(worker) -> tuple:
     trees = getattr(worker.model_runner, "clover_trees", None)
     if trees is None:
-        return 0, 0, (), 0, ()
+        return 0, 0, (), 0, (), 0, None
     by_depth, by_node = tuple(trees.accepted_by_depth), tuple(trees.drafted_by_node)
-    return trees.verified, trees.off_chain, by_depth, trees.gapped, by_node
+    budget = trees.budget
+    learned = (0, None) if budget is None else (budget.steps, budget.threshold())
+    return trees.verified, trees.off_chain, by_depth, trees.gapped, by_node, *learned
 
 
 def tree_stats(llm) -> TreeStats:

@@ -169,3 +169,22 @@ def test_pruned_trees_under_preemption_and_aborts(reference_target, tree_spec, c
         preemptions = metric_total(llm, "vllm:num_preemptions")
     assert preemptions > 0
     assert all(len(finished.get(int(i), [])) < MAX_TOKENS for i in aborted)
+
+
+def test_goodput_budget_prunes_trees_alone_and_equals_vanilla(reference_target, cases):
+    """draft_budget "goodput" with a tree: the runner prices a verification row from the
+    steps it times, and each request drafts the nodes whose path probability is worth that
+    price. Alone (batch 1) a row is cheap, so trees are drafted, pruned per request."""
+    from vllm_clover.bundled import REFERENCE_HEADS
+    from vllm_clover.integration.tree_budget import TreeBudgetConfig
+
+    spec = {"method": "clover", "model": str(REFERENCE_HEADS), "draft_budget": "goodput"}
+    spec["speculative_token_tree"] = TEST_TREE
+    prompts, expected = cases["plain"]
+    with in_process_llm(reference_target, speculative_config=spec, max_num_seqs=1) as llm:
+        outputs = _generate(llm, prompts[:3])
+        stats, trees = speculation(llm), tree_stats(llm)
+    assert outputs == expected[:3]
+    assert trees.budget_steps > TreeBudgetConfig().warmup_steps and trees.threshold > 0
+    assert set(stats.steps_by_k) == {TEST_TREE_SIZE}  # the scheduler leaves a tree's K alone
+    assert_trees_pruned(trees, TEST_TREE_SIZE, stats)

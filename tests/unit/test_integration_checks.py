@@ -95,6 +95,10 @@ def test_draft_confidence_prunes_a_tree_and_the_checkpoints_chain_thresholds_do_
         spec = _spec("[(0,), (1,), (0, 0)]", draft_confidence=given)
         resolve_token_tree(spec, heads)
         assert (spec.draft_confidence, spec.num_speculative_tokens) == (resolved, 3)
+        assert spec.draft_budget == "fixed"
+    goodput = _spec("[(0,), (1,), (0, 0)]", draft_budget="goodput")
+    resolve_token_tree(goodput, heads)  # the threshold is chosen per step instead
+    assert (goodput.draft_budget, goodput.draft_confidence) == ("goodput", None)
 
 
 def test_default_is_the_checkpoints_own_tree():
@@ -112,9 +116,9 @@ def test_default_is_the_checkpoints_own_tree():
     ("tree", "fields", "message"),
     [
         ("[(0,), (0, 1)]", {"num_speculative_tokens": 3}, "num_speculative_tokens=3 but"),
-        ("[(0,)]", {"draft_budget": "goodput"}, r"drop \['draft_budget'\]"),
+        ("[(0,)]", {"draft_budget": "goodput", "draft_confidence": 0.1}, "drop draft_confidence"),
         ("[(0,)]", {"draft_confidence": [0.1, 0.2]}, r"one threshold per head \(3\), got 2"),
-        ("[(0,)]", {"num_speculative_tokens_per_batch_size": [[1, 4, 1]]}, "per_batch_size"),
+        ("[(0,)]", {"num_speculative_tokens_per_batch_size": [[1, 4, 1]]}, "chain lengths"),
         ("[(0,), (0, 0), (0, 0, 0), (0, 0, 0, 0)]", {}, "4 deep but the Clover heads have 3"),
         ("[(0,), (1, 0)]", {}, r"\(1, 0\) has no parent"),
         ("[(200,)]", {}, "asks for rank 200 but the heads draft from 120 tokens"),

@@ -84,12 +84,14 @@ def _subset_step():
     one drafting all five nodes after a root at row 6."""
     from vllm_clover.integration.tree_step import TreeStep
 
-    return TreeStep.of(WIDE, [0, 2, 5], np.array([0, 3, 6, 12]), [None, [1, 4], [0, 1, 2, 3, 4]])
+    drafted = [None, ([1, 4], [0.5, 0.25]), ([0, 1, 2, 3, 4], [0.5] * 5)]
+    return TreeStep.of(WIDE, [0, 2, 5], np.array([0, 3, 6, 12]), drafted)
 
 
 def test_a_subset_gets_the_positions_of_its_own_nodes():
     step = _subset_step()
     assert step.nodes.tolist() == [[1, 4, -1, -1, -1], [0, 1, 2, 3, 4]]
+    assert step.chances.tolist() == [[0.5, 0.25, 0, 0, 0], [0.5] * 5]
     positions = torch.tensor([0, 1, 2, 50, 51, 52, 80, 81, 82, 83, 84, 85])
     step.set_positions(positions)
     assert positions.tolist() == [0, 1, 2, 50, 51, 52, 80, 81, 81, 82, 82, 82]
@@ -109,11 +111,13 @@ def test_drafted_subsets_follow_requests_from_proposal_to_verification():
     from vllm_clover.integration.tree_step import DraftedSubsets
 
     subsets = DraftedSubsets()
-    subsets.proposed = torch.tensor([[0, 2, 3, -1], [1, -1, -1, -1]])
+    nodes = torch.tensor([[0, 2, 3, -1], [1, -1, -1, -1]])
+    subsets.proposed = (nodes, torch.tensor([[0.75, 0.5, 0.25, 0.0], [0.5, 0.0, 0.0, 0.0]]))
     subsets.taken(["a", "b"], [[11, 13, 14], [12]])  # rows cut at their first -1
     assert subsets.proposed is None
-    # "b" finished; "a" was scheduled a prefix of its drafts; "c" no drafts (a prefill)
-    nodes = subsets.scheduled(["c", "a"], {"a": [11, 13]}, finished={"b"})
-    assert nodes == [None, [0, 2]] and set(subsets.pending) == {"a"}
+    subsets.forget({"b"})  # finished
+    # "a" was scheduled a prefix of its drafts; "c" no drafts (a prefill)
+    assert subsets.scheduled(["c", "a"], {"a": [11, 13]}) == [None, ([0, 2], [0.75, 0.5])]
+    assert set(subsets.pending) == {"a"}
     with pytest.raises(RuntimeError, match="request a was scheduled drafts \\[11, 99\\]"):
-        subsets.scheduled(["a"], {"a": [11, 99]}, finished=set())
+        subsets.scheduled(["a"], {"a": [11, 99]})

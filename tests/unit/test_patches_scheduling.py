@@ -17,10 +17,15 @@ from vllm_clover.integration.patches.scheduling import (
 pytestmark = pytest.mark.unit
 
 
-def vllm_config(method="clover", budget="goodput", async_scheduling=False, dp=1, batches=1):
+def vllm_config(
+    method="clover", budget="goodput", async_scheduling=False, dp=1, batches=1, tree=None
+):
     return SimpleNamespace(
         speculative_config=SimpleNamespace(
-            method=method, draft_budget=budget, num_speculative_tokens=4
+            method=method,
+            draft_budget=budget,
+            num_speculative_tokens=4,
+            speculative_token_tree=tree,
         ),
         scheduler_config=SimpleNamespace(
             async_scheduling=async_scheduling, max_num_batched_tokens=2048
@@ -35,6 +40,7 @@ def test_only_a_synchronous_clover_engine_with_goodput_gets_a_controller():
     assert controller is not None and controller.config.max_k == 4
     assert controller.config.max_tokens == 2048
     assert goodput_controller(vllm_config(budget="fixed")) is None
+    assert goodput_controller(vllm_config(tree="[(0,), (1,)]")) is None  # the runner's budget
     assert goodput_controller(vllm_config(method="ngram")) is None
     assert goodput_controller(SimpleNamespace(speculative_config=None)) is None
     for unsupported in ({"async_scheduling": True}, {"dp": 2}, {"batches": 2}):

@@ -36,6 +36,8 @@ class CloverStartupError(RuntimeError):
 ROUTED_PATH_SUBSTRINGS = ("eagle-", "eagle3", "dflash", "dspark")
 # speculative_token_tree's value that asks for the checkpoint's own tree (CloverConfig.token_tree)
 DEFAULT_TREE = "default"
+# a tree's draft_budget when none is given: "fixed" drafts the whole tree at every step
+TREE_DRAFT_BUDGET = "fixed"
 
 
 def is_clover_checkpoint(model: str | None) -> bool:
@@ -130,9 +132,9 @@ def resolve_token_tree(spec_config, config: CloverConfig) -> None:
 
     The tree must fit the heads (one per depth) and the draft vocabulary (one token per
     rank); ``num_speculative_tokens`` is its number of nodes (derived when absent). A tree is
-    its own draft budget: with it, ``draft_budget`` "goodput" and a per-batch-size table are
-    refused. ``draft_confidence`` given with a tree (a number, or one per depth) is the least
-    path probability of the nodes a request drafts (``tree.subset``); the checkpoint's own
+    the most a request drafts, and ``resolve_tree_budget`` how much of it it does.
+    ``draft_confidence`` given with a tree (a number, or one per depth) is the least path
+    probability of the nodes a request drafts (``tree.subset``); the checkpoint's own
     thresholds, calibrated for chains, are not used. "default" is the checkpoint's own tree
     (``CloverConfig.token_tree``). ValueError naming the problem. Example: "[(0,), (1,),
     (0, 0)]" -> K = 3, fixed; with draft_confidence 0.1, each request drafts the nodes whose
@@ -160,21 +162,29 @@ def resolve_token_tree(spec_config, config: CloverConfig) -> None:
             f"num_speculative_tokens={given} but speculative_token_tree has {tree.num_nodes} "
             "nodes (drop num_speculative_tokens: a tree sets it)"
         )
-    conflicts = {
-        "draft_budget": spec_config.draft_budget not in (None, "fixed"),
-        "num_speculative_tokens_per_batch_size": bool(
-            spec_config.num_speculative_tokens_per_batch_size
-        ),
-    }
-    if any(conflicts.values()):
-        named = [name for name, bad in conflicts.items() if bad]
-        raise CloverCheckpointError(
-            f"speculative_token_tree drafts the same tree at every step; drop {named} "
-            "(they choose chain lengths; draft_confidence prunes a tree per request)"
-        )
     spec_config.speculative_token_tree = str(tree)
     spec_config.num_speculative_tokens = tree.num_nodes
-    spec_config.draft_budget = "fixed"
-    if spec_config.draft_confidence is not None:  # the user's own: a tree's threshold
-        given = spec_config.draft_confidence
-        spec_config.draft_confidence = resolve_draft_confidence(given, config)
+    resolve_tree_budget(spec_config, config)
+
+
+def resolve_tree_budget(spec_config, config: CloverConfig) -> None:
+    """How much of its tree each request drafts, in place: ``draft_budget`` "goodput" (a
+    path-probability threshold chosen per step from measured step cost, throughput and
+    calibration: ``integration/tree_budget.py``), a fixed threshold (``draft_confidence``),
+    or the whole tree ("fixed" without a threshold, the default). A per-batch-size table
+    chooses chain lengths and is refused. ValueError naming the problem."""
+    budget, confidence = spec_config.draft_budget, spec_config.draft_confidence
+    if spec_config.num_speculative_tokens_per_batch_size:
+        raise CloverCheckpointError(
+            "speculative_token_tree drafts one tree per request; drop "
+            "num_speculative_tokens_per_batch_size (it chooses chain lengths; draft_budget "
+            '"goodput" or draft_confidence prune a tree)'
+        )
+    if budget == "goodput" and confidence is not None:
+        raise CloverCheckpointError(
+            'draft_budget "goodput" chooses the tree\'s confidence threshold per step; drop '
+            'draft_confidence, or give draft_budget "fixed" to keep it'
+        )
+    spec_config.draft_budget = budget or TREE_DRAFT_BUDGET
+    if confidence is not None:  # the user's own: a tree's threshold
+        spec_config.draft_confidence = resolve_draft_confidence(confidence, config)

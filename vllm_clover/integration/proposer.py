@@ -33,7 +33,7 @@ from vllm_clover.integration.checks import CloverStartupError
 from vllm_clover.modeling.checkpoint import CloverCheckpointError, check_target_fits
 from vllm_clover.modeling.tables import DRAFT_DTYPE_ENV, draft_dtype_setting
 from vllm_clover.modeling.vocab_parallel import VocabParallelTables
-from vllm_clover.tree.draft import propose_tree
+from vllm_clover.tree.draft import propose_confident_tree, propose_tree
 from vllm_clover.tree.subset import pack
 
 logger = init_logger("vllm.clover.proposer")
@@ -74,10 +74,11 @@ class CloverProposer(EagleProposer):
         self.draft_log = DraftLog()
         self.trees = getattr(runner, "clover_trees", None)  # a TreeVerifier, or None: chains
         self.min_confidence = _confidence_thresholds(vllm_config, device)  # (K_max,) or None
-        if self.trees is not None and self.min_confidence is None:
+        if self.trees is not None and self.min_confidence is None and self.trees.budget is None:
             self.trees.subsets = None  # whole trees (async scheduling turns the threshold off)
-        # Read by the draft_lengths patch: rows may end in -1 (a request's chain stopped).
-        self.stops_early = self.min_confidence is not None
+        pruned = self.trees is not None and self.trees.subsets is not None
+        # Read by the draft_lengths patch: rows may end in -1 (a chain stopped, a tree pruned).
+        self.stops_early = self.min_confidence is not None or pruned
 
     def propose(
         self,
@@ -137,14 +138,19 @@ class CloverProposer(EagleProposer):
 
     def _propose_tree(self, h0: torch.Tensor, t0: torch.Tensor, k: int) -> torch.Tensor:
         """[num_reqs, k] drafts of the tree's first k nodes (a BFS prefix of a tree is a
-        tree); with ``draft_confidence``, each request's confident nodes packed first, then
-        -1, their tree nodes noted for the step that verifies them (``DraftedSubsets``)."""
-        heads, tables, tree = self.model.heads, self.model.tables, self.trees.tree
-        drafts = propose_tree(heads, h0, t0, tree, tables, self.min_confidence)
-        if self.trees.subsets is None:
-            return drafts[:, :k]
+        tree); with a confidence threshold (fixed, or the tree budget's for this step), each
+        request's confident nodes packed first, then -1, their tree nodes and path
+        probabilities noted for the step that verifies them (``DraftedSubsets``)."""
+        heads, tables, trees = self.model.heads, self.model.tables, self.trees
+        if trees.subsets is None:
+            return propose_tree(heads, h0, t0, trees.tree, tables)[:, :k]
+        thresholds = self.min_confidence
+        if trees.budget is not None:
+            thresholds = torch.full((trees.tree.depth,), trees.budget.threshold())
+        drafts, chances = propose_confident_tree(heads, h0, t0, trees.tree, tables, thresholds)
         drafts, nodes = pack(drafts, drafts >= 0)
-        self.trees.subsets.proposed = nodes[:, :k]
+        chances = torch.where(nodes >= 0, chances.gather(1, nodes.clamp(min=0)), 0.0)
+        trees.subsets.proposed = (nodes[:, :k], chances[:, :k])
         return drafts[:, :k]
 
     def _chain_order(self, *rows: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from vllm_clover.integration.tree_attention import CacheLayout, TreePlan, entry_index
+from vllm_clover.integration.tree_budget import TreeBudget, TreeBudgetConfig
 from vllm_clover.tree.accept import TreeVerdict
 from vllm_clover.tree.attention import tree_positions
 from vllm_clover.tree.kv import compaction_moves
@@ -49,6 +50,7 @@ class TreeStep:
     requests: torch.Tensor  # (R,) input-batch rows
     roots: torch.Tensor  # (R,) query row of each root
     nodes: torch.Tensor  # (R, T - 1) the tree node of each draft row, -1 past the request's
+    chances: torch.Tensor | None = None  # (R, T - 1) their path probabilities, when pruned
     caches: list[torch.Tensor] = field(default_factory=list)  # each layer's kv_cache, in order
     slot_mapping: torch.Tensor | None = None  # the step's (tokens,) KV slots
     plan: TreePlan | None = None  # where every layer reads keys and values, and the mask
@@ -61,11 +63,11 @@ class TreeStep:
         tree: TokenTree,
         num_draft_tokens: list[int],
         query_start_loc: np.ndarray,
-        drafted: list[list[int] | None] | None = None,
+        drafted: list[tuple[list[int], list[float]] | None] | None = None,
     ):
         """From vLLM's per-request draft counts and query starts (num_reqs + 1,), and the
-        nodes each request drafted (``TreeVerifier.drafted_nodes``; None: breadth-first
-        prefixes of the tree); None when no request has drafts this step."""
+        nodes and path probabilities each request drafted (``DraftedSubsets.scheduled``;
+        None: breadth-first prefixes of the tree); None when no request has drafts."""
         drafts = np.asarray(num_draft_tokens)
         rows = np.flatnonzero(drafts)
         if rows.size == 0:
@@ -73,10 +75,13 @@ class TreeStep:
         roots = query_start_loc[rows + 1] - drafts[rows] - 1
         counts = torch.from_numpy(drafts[rows])
         nodes = prefix_nodes(counts, int(counts.max()))
+        chances = None if drafted is None else torch.zeros(nodes.shape)
         for r, row in enumerate(rows.tolist()):
             if drafted is not None and drafted[row] is not None:
-                nodes[r, : counts[r]] = torch.tensor(drafted[row][: counts[r]])
-        return cls(tree, torch.from_numpy(rows), torch.from_numpy(roots.astype(np.int64)), nodes)
+                nodes[r, : counts[r]] = torch.tensor(drafted[row][0][: counts[r]])
+                chances[r, : counts[r]] = torch.tensor(drafted[row][1][: counts[r]])
+        requests, roots = torch.from_numpy(rows), torch.from_numpy(roots.astype(np.int64))
+        return cls(tree, requests, roots, nodes, chances)
 
     def batch_nodes(self, num_reqs: int) -> torch.Tensor:
         """(num_reqs, T - 1) ``nodes`` by input-batch row, -1 for requests without drafts."""
@@ -195,49 +200,57 @@ class TreeStep:
 @dataclass
 class DraftedSubsets:
     """Which tree nodes each request's drafts are, where requests draft the nodes their heads
-    are confident in (``draft_confidence``; ``tree.subset``): the proposer's rows of a step
-    (``proposed``), then, once vLLM has handed the drafts to its scheduler, the same by
-    request (``taken``), until the step that verifies them (``scheduled``)."""
+    are confident in (``draft_confidence`` or the tree budget; ``tree.subset``): the
+    proposer's rows of a step (``proposed``: nodes and path probabilities), then, once vLLM
+    has handed the drafts to its scheduler, the same by request (``taken``), until the step
+    that verifies them (``scheduled``)."""
 
-    proposed: torch.Tensor | None = None  # (num_reqs, K) node of each draft row, by batch row
-    pending: dict[str, tuple[list[int], list[int]]] = field(default_factory=dict)
+    proposed: tuple[torch.Tensor, torch.Tensor] | None = None  # (num_reqs, K) each, by row
+    pending: dict[str, tuple[list[int], list[int], list[float]]] = field(default_factory=dict)
 
     def taken(self, req_ids: list[str], draft_token_ids: list[list[int]]) -> None:
         """The drafts vLLM took (rows in the proposer's order, each cut at its first -1)."""
         if self.proposed is None:
             return
-        rows = self.proposed.tolist()
-        for req_id, nodes, tokens in zip(req_ids, rows, draft_token_ids, strict=True):
-            self.pending[req_id] = (nodes[: len(tokens)], list(tokens))
+        nodes, chances = (x.tolist() for x in self.proposed)
+        for row, (req_id, tokens) in enumerate(zip(req_ids, draft_token_ids, strict=True)):
+            n = len(tokens)
+            self.pending[req_id] = (nodes[row][:n], list(tokens), chances[row][:n])
         self.proposed = None
 
-    def scheduled(
-        self, req_ids: list[str], drafts: dict[str, list[int]], finished: set[str]
-    ) -> list[list[int] | None]:
-        """The nodes of the drafts vLLM scheduled for each batch row (None: no drafts).
-        vLLM schedules a request's latest drafts, or a prefix of them."""
+    def forget(self, finished: set[str]) -> None:
+        """Drop the drafts of finished (or aborted) requests."""
         for req_id in finished:
             self.pending.pop(req_id, None)
-        nodes = []
+
+    def scheduled(
+        self, req_ids: list[str], drafts: dict[str, list[int]]
+    ) -> list[tuple[list[int], list[float]] | None]:
+        """The nodes and path probabilities of the drafts vLLM scheduled for each batch row
+        (None: no drafts). vLLM schedules a request's latest drafts, or a prefix of them."""
+        out = []
         for req_id in req_ids:
             tokens = list(drafts.get(req_id, ()))
-            pending = self.pending.get(req_id, ([], []))
-            if tokens != pending[1][: len(tokens)]:
+            nodes, drafted, chances = self.pending.get(req_id, ([], [], []))
+            if tokens != drafted[: len(tokens)]:
                 raise RuntimeError(
                     f"Clover tree: request {req_id} was scheduled drafts {tokens}, not the "
-                    f"{pending[1]} drafted for it (the drafts' tree nodes are unknown)"
+                    f"{drafted} drafted for it (the drafts' tree nodes are unknown)"
                 )
-            nodes.append(pending[0][: len(tokens)] if tokens else None)
-        return nodes
+            out.append((nodes[: len(tokens)], chances[: len(tokens)]) if tokens else None)
+        return out
 
 
 @dataclass
 class TreeVerifier:
     """A runner's token tree and the step in flight (None between steps and on steps
-    without drafts). Built by the runner when ``speculative_token_tree`` is set."""
+    without drafts). Built by the runner when ``speculative_token_tree`` is set; with a
+    confidence threshold it keeps which nodes each request drafted (``subsets``), and with
+    draft_budget "goodput" it times every step for the tree budget that sets the threshold."""
 
     tree: TokenTree
-    subsets: DraftedSubsets | None = None  # with draft_confidence: requests draft subsets
+    subsets: DraftedSubsets | None = None  # requests draft subsets (a threshold is set)
+    budget: TreeBudget | None = None  # the threshold is chosen per step (draft_budget goodput)
     step: TreeStep | None = None
     verified: int = 0  # requests whose tree was verified
     off_chain: int = 0  # ... whose accepted path left the rank-0 chain (a tree's gain)
@@ -245,31 +258,56 @@ class TreeVerifier:
     accepted_by_depth: list[int] = field(default_factory=list)  # paths reaching each depth
     accepted_by_node: list[int] = field(default_factory=list)  # times each node was accepted
     drafted_by_node: list[int] = field(default_factory=list)  # times each node was verified
+    chance_drafted: float = 0.0  # sum of the verified nodes' path probabilities (pruned)
+    chance_accepted: int = 0  # ... and how many of those nodes were accepted
+    in_flight: tuple[float, int, int, bool] | None = None  # (start, rows, requests, decoding)
+    accepted_in_flight: int = 0  # nodes accepted by the step in flight
 
-    def record(self, verdict: TreeVerdict, nodes: torch.Tensor) -> None:
-        """Count a step's verdicts and drafted nodes (R, W) (diagnostics and tests: what a
-        chain could not accept, what the confidence threshold left out)."""
+    def begin_step(self, now: float, rows: int, requests: int, decoding: bool) -> None:
+        """A step starts: the one before it ends, and the budget learns from it if every
+        request of it decoded (one token, plus drafts to verify)."""
+        if self.budget is not None and self.in_flight is not None and self.in_flight[3]:
+            start, last_rows, last_requests, _ = self.in_flight
+            tokens = last_requests + self.accepted_in_flight
+            self.budget.observe_step(now - start, last_rows, tokens)
+        self.in_flight, self.accepted_in_flight = (now, rows, requests, decoding), 0
+
+    def record(self, verdict: TreeVerdict, nodes: torch.Tensor, chances=None) -> None:
+        """Count a step's verdicts, drafted nodes (R, W) and, for subsets, their path
+        probabilities (R, W) (diagnostics, tests, and the budget's calibration)."""
         ranks = torch.tensor((0, *self.tree.ranks))[verdict.path + 1]  # (R, depth), -1 -> 0
         self.verified += verdict.path.shape[0]
         self.off_chain += int((ranks > 0).any(dim=-1).sum())
         prefixes = prefix_nodes((nodes >= 0).sum(dim=-1), nodes.shape[1])
         self.gapped += int((nodes != prefixes).any(dim=-1).sum())
-        reached = (verdict.path >= 0).sum(dim=0).tolist()
+        accepted = int(verdict.num_accepted.sum())
+        self.accepted_in_flight += accepted
+        if chances is not None:
+            self.chance_drafted += float(chances.sum())
+            self.chance_accepted += accepted
+            if self.budget is not None:
+                self.budget.observe_nodes(float(chances.sum()), accepted)
         if not self.accepted_by_depth:
             self.accepted_by_depth = [0] * self.tree.depth
             self.accepted_by_node = [0] * self.tree.num_nodes
             self.drafted_by_node = [0] * self.tree.num_nodes
+        reached = (verdict.path >= 0).sum(dim=0).tolist()
         self.accepted_by_depth = _added(self.accepted_by_depth, reached)
         self.accepted_by_node = _added(self.accepted_by_node, _counts(verdict.path, self.tree))
         self.drafted_by_node = _added(self.drafted_by_node, _counts(nodes, self.tree))
 
     @classmethod
-    def of(cls, speculative_config) -> TreeVerifier | None:
-        text = getattr(speculative_config, "speculative_token_tree", None)
+    def of(cls, vllm_config) -> TreeVerifier | None:
+        spec = vllm_config.speculative_config
+        text = getattr(spec, "speculative_token_tree", None)
         if text is None:
             return None
-        pruned = getattr(speculative_config, "draft_confidence", None) is not None
-        return cls(TokenTree.parse(text), DraftedSubsets() if pruned else None)
+        budget = None
+        if getattr(spec, "draft_budget", None) == "goodput":
+            max_tokens = vllm_config.scheduler_config.max_num_batched_tokens
+            budget = TreeBudget(TreeBudgetConfig(max_tokens=max_tokens))
+        pruned = budget is not None or getattr(spec, "draft_confidence", None) is not None
+        return cls(TokenTree.parse(text), DraftedSubsets() if pruned else None, budget)
 
 
 def _counts(nodes: torch.Tensor, tree: TokenTree) -> list[int]:

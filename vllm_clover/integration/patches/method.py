@@ -181,7 +181,7 @@ def patch_runner_drafter() -> None:
             from vllm_clover.integration.proposer import CloverProposer
             from vllm_clover.integration.tree_step import TreeVerifier
 
-            self.clover_trees = TreeVerifier.of(spec)  # None unless speculative_token_tree
+            self.clover_trees = TreeVerifier.of(vllm_config)  # None unless a token tree
             self.drafter = CloverProposer(vllm_config, device, self)
             logger.info(
                 "Clover: drafting with CloverProposer on the V1 model runner (%s)",

@@ -37,9 +37,13 @@ class GoodputLookup:
 
 def goodput_controller(vllm_config) -> GoodputController | None:
     """The controller for this engine's scheduler, or None where K stays vLLM's (not Clover,
-    draft_budget "fixed", or a scheduler that does not run one step at a time)."""
+    draft_budget "fixed", or a scheduler that does not run one step at a time). A token tree
+    keeps its K, its node count: its goodput budget is the runner's confidence threshold
+    (``tree_budget.py``)."""
     spec = vllm_config.speculative_config
     if spec is None or spec.method != CLOVER_METHOD or spec.draft_budget != "goodput":
+        return None
+    if getattr(spec, "speculative_token_tree", None) is not None:
         return None
     why_not = [
         reason

@@ -6,6 +6,9 @@ here is only where it plugs in. Every patch is a no-op for engines without a tre
 from __future__ import annotations
 
 import functools
+import time
+
+import numpy as np
 
 from vllm_clover.integration.patches.marking import is_patched, mark
 
@@ -41,19 +44,7 @@ def patch_tree_steps() -> None:
         result = prepare(self, scheduler_output, num_scheduled_tokens)
         trees = getattr(self, "clover_trees", None)
         if trees is not None:
-            from vllm_clover.integration.tree_step import TreeStep
-
-            spec = result[1]
-            num_reqs = self.input_batch.num_reqs
-            drafted = None if trees.subsets is None else trees.subsets.scheduled(
-                self.input_batch.req_ids[:num_reqs],
-                scheduler_output.scheduled_spec_decode_tokens,
-                scheduler_output.finished_req_ids,
-            )  # fmt: skip
-            trees.step = None if spec is None else TreeStep.of(
-                trees.tree, spec.num_draft_tokens, self.query_start_loc.np[: num_reqs + 1],
-                drafted,
-            )  # fmt: skip
+            trees.step = _tree_step(self, trees, result[1], scheduler_output, num_scheduled_tokens)
             if trees.step is not None:
                 trees.step.set_positions(self.positions)
         return result
@@ -86,12 +77,33 @@ def patch_tree_steps() -> None:
         )
         step.settle(verdict.select(step.requests))
         step.compact()
-        trees.record(step.verdict, step.nodes)
+        trees.record(step.verdict, step.nodes, step.chances)
         return output
 
     GPUModelRunner._prepare_inputs = mark(_prepare_inputs, "tree_steps")
     GPUModelRunner._build_attention_metadata = mark(_build_attention_metadata, "tree_steps")
     GPUModelRunner._sample = mark(_sample, "tree_steps")
+
+
+def _tree_step(runner, trees, spec, scheduler_output, num_scheduled_tokens):
+    """The step's TreeStep (None without drafts), after timing the step for the tree budget
+    and looking up which tree nodes each request's scheduled drafts are."""
+    from vllm_clover.integration.tree_step import TreeStep
+
+    num_reqs = runner.input_batch.num_reqs
+    drafts = np.zeros(num_reqs) if spec is None else np.asarray(spec.num_draft_tokens)
+    scheduled = np.asarray(num_scheduled_tokens)[:num_reqs]
+    decoding = bool((scheduled == 1 + drafts).all())  # no prefill chunk in the step
+    trees.begin_step(time.perf_counter(), int(scheduled.sum()), num_reqs, decoding)
+    if trees.subsets is not None:
+        trees.subsets.forget(scheduler_output.finished_req_ids)
+    if spec is None:
+        return None
+    drafted = None if trees.subsets is None else trees.subsets.scheduled(
+        runner.input_batch.req_ids[:num_reqs], scheduler_output.scheduled_spec_decode_tokens
+    )  # fmt: skip
+    starts = runner.query_start_loc.np[: num_reqs + 1]
+    return TreeStep.of(trees.tree, spec.num_draft_tokens, starts, drafted)
 
 
 def patch_tree_attention() -> None:
