@@ -345,11 +345,13 @@ def test_each_tree_is_a_method_next_to_the_chain():
     spec = methods[-1].speculative_config()
     assert spec["speculative_token_tree"] == tree and spec["num_speculative_tokens"] == 3
     pruned = resolve_methods(
-        [], str(REFERENCE_HEADS), "", 4, [], trees=(tree,), tree_confidences=(0.0, 0.05)
+        [], str(REFERENCE_HEADS), "", 4, [], trees=(tree,), tree_confidences=(0.0, 0.05, "goodput")
     )
-    assert [m.name for m in pruned] == ["vanilla", "clover-tree3", "clover-tree3-c0.05"]
+    names = ["vanilla", "clover-tree3", "clover-tree3-c0.05", "clover-tree3-goodput"]
+    assert [m.name for m in pruned] == names
     assert pruned[2].speculative_config()["draft_confidence"] == 0.05
     assert "draft_confidence" not in pruned[1].speculative_config()
+    assert pruned[3].speculative_config()["draft_budget"] == "goodput"
     with pytest.raises(BenchError, match=r"--tree-confidence \[1.5\]"):
         resolve_methods([], str(REFERENCE_HEADS), "", 4, [], trees=(tree,), tree_confidences=(1.5,))
     with pytest.raises(BenchError, match=r"--tree: path \(1, 0\) has no parent"):

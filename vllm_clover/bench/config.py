@@ -156,14 +156,15 @@ def resolve_methods(
     extra_clover: list[str],
     draft_budgets: tuple[str, ...] = DRAFT_BUDGETS[:1],
     trees: tuple[str, ...] = (),
-    tree_confidences: tuple[float, ...] = (0.0,),
+    tree_confidences: tuple[float | str, ...] = (0.0,),
 ) -> tuple[Method, ...]:
     """Methods to run, vanilla first; checkpoints are checked here, not at engine start.
 
     Each Clover checkpoint runs once per draft budget: ("goodput", "fixed") gives "clover"
     and "clover-fixed". Each token tree runs the --clover-heads checkpoint once per tree
-    confidence: "clover-tree<nodes>" (0: the whole tree) and "clover-tree<nodes>-c<C>"
-    (``draft_confidence`` C: each request drafts the nodes of path probability >= C).
+    confidence: "clover-tree<nodes>" (0: the whole tree), "clover-tree<nodes>-c<C>"
+    (``draft_confidence`` C: each request drafts the nodes of path probability >= C) and
+    "clover-tree<nodes>-goodput" (``draft_budget`` "goodput": the threshold chosen per step).
     """
     unknown = [n for n in names if n not in STANDARD_METHODS]
     if unknown:
@@ -186,17 +187,18 @@ def resolve_methods(
     for text in extra_clover:
         name, folder = parse_named_dir(text)
         methods += _clover_methods(name, folder, f"--clover {name}", draft_budgets)
-    bad = [c for c in tree_confidences if not 0.0 <= c <= 1.0]
+    bad = [c for c in tree_confidences if c != "goodput" and not 0.0 <= float(c) <= 1.0]
     if bad or not tree_confidences:
-        raise BenchError(f"--tree-confidence {bad}: path probabilities in [0, 1]")
+        raise BenchError(f"--tree-confidence {bad}: path probabilities in [0, 1], or goodput")
     for text in trees:
         methods += [_tree_method(text, clover_heads, c) for c in dict.fromkeys(tree_confidences)]
     return tuple(methods)
 
 
-def _tree_method(text: str, folder: str, confidence: float) -> Method:
+def _tree_method(text: str, folder: str, confidence: float | str) -> Method:
     """The Clover checkpoint drafting the token tree ``text`` ("[(0,), (1,), (0, 0)]"),
-    pruned per request at path probability ``confidence`` (0: the whole tree)."""
+    pruned per request at path probability ``confidence`` (0: the whole tree; "goodput":
+    chosen per step)."""
     from vllm_clover.tree import TokenTree, TokenTreeError
 
     try:
@@ -205,7 +207,9 @@ def _tree_method(text: str, folder: str, confidence: float) -> Method:
     except TokenTreeError as err:
         raise BenchError(f"--tree: {err}") from None
     name, options = f"clover-tree{tree.num_nodes}", (("speculative_token_tree", str(tree)),)
-    if confidence > 0:
+    if confidence == "goodput":
+        name, options = f"{name}-goodput", (*options, ("draft_budget", "goodput"))
+    elif confidence > 0:
         name, options = f"{name}-c{confidence:g}", (*options, ("draft_confidence", confidence))
     path = str(Path(folder).resolve())
     return Method(name, "clover", path, tree.num_nodes, options)
@@ -273,12 +277,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--tree-confidence",
-        type=float,
+        type=_confidence,
         nargs="+",
         default=[0.0],
         metavar="C",
         help="run each --tree once per C: 0 drafts the whole tree, C > 0 only the nodes whose "
-        "path probability is at least C (draft_confidence), as clover-tree<nodes>-c<C>",
+        "path probability is at least C (draft_confidence), as clover-tree<nodes>-c<C>; "
+        'goodput chooses C per step (draft_budget "goodput"), as clover-tree<nodes>-goodput',
     )
     parser.add_argument(
         "--batch-sizes", type=int, nargs="+", help="max_num_seqs values (default 1 4 16 64)"
@@ -316,6 +321,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="bench-results", help="results folder")
     parser.add_argument("--no-plots", action="store_true")
     parser.add_argument("--cache-dir")
+
+
+def _confidence(text: str) -> float | str:
+    """A --tree-confidence value: "goodput" or a number."""
+    if text == "goodput":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a number nor goodput") from None
 
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
