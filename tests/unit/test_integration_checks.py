@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from helpers import tiny_config
@@ -117,6 +119,11 @@ def test_default_is_the_checkpoints_own_tree():
     [
         ("[(0,), (0, 1)]", {"num_speculative_tokens": 3}, "num_speculative_tokens=3 but"),
         ("[(0,)]", {"draft_budget": "goodput", "draft_confidence": 0.1}, "drop draft_confidence"),
+        (
+            "[(0,)]",
+            {"draft_budget": "goodput", "target_parallel_config": SimpleNamespace(world_size=2)},
+            "each of the 2 ranks would do on its own",
+        ),
         ("[(0,)]", {"draft_confidence": [0.1, 0.2]}, r"one threshold per head \(3\), got 2"),
         ("[(0,)]", {"num_speculative_tokens_per_batch_size": [[1, 4, 1]]}, "chain lengths"),
         ("[(0,), (0, 0), (0, 0, 0), (0, 0, 0, 0)]", {}, "4 deep but the Clover heads have 3"),

@@ -185,6 +185,14 @@ def resolve_tree_budget(spec_config, config: CloverConfig) -> None:
             'draft_budget "goodput" chooses the tree\'s confidence threshold per step; drop '
             'draft_confidence, or give draft_budget "fixed" to keep it'
         )
+    parallel = getattr(spec_config, "target_parallel_config", None)
+    ranks = 1 if parallel is None else parallel.world_size
+    if budget == "goodput" and ranks > 1:
+        raise CloverCheckpointError(
+            'draft_budget "goodput" with a token tree times each step in the model runner, '
+            f"which each of the {ranks} ranks would do on its own (their drafts must agree); "
+            "give draft_confidence instead"
+        )
     spec_config.draft_budget = budget or TREE_DRAFT_BUDGET
     if confidence is not None:  # the user's own: a tree's threshold
         spec_config.draft_confidence = resolve_draft_confidence(confidence, config)
