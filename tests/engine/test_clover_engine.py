@@ -7,9 +7,11 @@ import json
 import shutil
 
 import pytest
+import torch
 
 from helpers import assert_clover_speculated, goodput_budget, in_process_llm, speculation
 from vllm_clover.assets.data import mtbench_questions
+from vllm_clover.modeling.tables import scoring_dtype_for
 
 pytestmark = pytest.mark.engine
 
@@ -32,10 +34,13 @@ def _tokens(outputs) -> list[list[int]]:
     return [list(o.outputs[0].token_ids) for o in outputs]
 
 
+MAX_TOKENS = 32
+
+
 @pytest.fixture(scope="module")
 def vanilla_tokens(reference_target, mtbench_path):
     with in_process_llm(reference_target, max_num_seqs=16) as llm:
-        return _tokens(llm.chat(_chats(mtbench_path, 16), _greedy(48), use_tqdm=False))
+        return _tokens(llm.chat(_chats(mtbench_path, 16), _greedy(MAX_TOKENS), use_tqdm=False))
 
 
 def _drafter_facts(worker) -> tuple[str, int]:
@@ -69,13 +74,14 @@ def test_greedy_output_equals_vanilla(
     the Clover-2 ones through the next-token fusion and their block."""
     k = _num_heads(shipped_heads)
     spec = {"method": "clover", "model": str(shipped_heads), "num_speculative_tokens": k}
-    num_prompts = 8 if max_num_seqs == 1 else 16
+    num_prompts = 4 if max_num_seqs == 1 else 16
+    chats = _chats(mtbench_path, num_prompts)
     with in_process_llm(
         reference_target, speculative_config=spec, max_num_seqs=max_num_seqs
     ) as llm:
         ((rows_dtype, draft_layers),) = set(llm.collective_rpc(_drafter_facts))
         llm.collective_rpc(_count_fused_rows)
-        outputs = _tokens(llm.chat(_chats(mtbench_path, num_prompts), _greedy(48), use_tqdm=False))
+        outputs = _tokens(llm.chat(chats, _greedy(MAX_TOKENS), use_tqdm=False))
         stats, budget = speculation(llm), goodput_budget(llm)
         (fused_rows,) = llm.collective_rpc(_fused_rows)
     assert outputs == vanilla_tokens[:num_prompts]
@@ -85,7 +91,7 @@ def test_greedy_output_equals_vanilla(
     assert (draft_layers > 0) == config["use_augmenting_block"]
     # Clover-2 fuses every scheduled position with its next token before the block
     assert (fused_rows >= stats.drafts) if config.get("fuse_next_token") else fused_rows == 0
-    assert rows_dtype == "torch.int8"  # the CPU default ("auto")
+    assert rows_dtype == str(scoring_dtype_for("auto", torch.float32, "cpu"))  # the default
     assert budget is not None and budget.steps > 0  # the default: K chosen per step
 
 
@@ -99,7 +105,7 @@ def test_float32_draft_scoring_on_request(
     spec.update(draft_confidence=0, draft_budget="fixed")
     with in_process_llm(reference_target, speculative_config=spec, max_num_seqs=4) as llm:
         ((rows_dtype, _),) = set(llm.collective_rpc(_drafter_facts))
-        outputs = _tokens(llm.chat(_chats(mtbench_path, 8), _greedy(48), use_tqdm=False))
+        outputs = _tokens(llm.chat(_chats(mtbench_path, 8), _greedy(MAX_TOKENS), use_tqdm=False))
         stats = speculation(llm)
     assert rows_dtype == "torch.float32"
     assert outputs == vanilla_tokens[:8]
@@ -133,7 +139,7 @@ def test_method_is_detected_from_the_checkpoint(
 ):
     spec = {"model": str(clover_heads), "num_speculative_tokens": 2, "draft_budget": "fixed"}
     with in_process_llm(reference_target, speculative_config=spec, max_num_seqs=4) as llm:
-        outputs = _tokens(llm.chat(_chats(mtbench_path, 4), _greedy(48), use_tqdm=False))
+        outputs = _tokens(llm.chat(_chats(mtbench_path, 4), _greedy(MAX_TOKENS), use_tqdm=False))
         stats = speculation(llm)
     assert outputs == vanilla_tokens[:4]
     assert_clover_speculated(stats, k=2)
@@ -223,26 +229,35 @@ def _first_difference(a: list[int], b: list[int]) -> int | None:
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
 
 
+BF16 = {"dtype": "bfloat16", "max_num_seqs": 4}
+
+
+@pytest.fixture(scope="module")
+def vanilla_bf16(reference_target, mtbench_path):
+    """8 chats and their greedy outputs with logprobs, bfloat16, without speculation (once
+    for every configuration)."""
+    from vllm import SamplingParams
+
+    chats = _chats(mtbench_path, 8)
+    with in_process_llm(reference_target, **BF16) as llm:
+        params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, logprobs=2)
+        return chats, llm.chat(chats, params, use_tqdm=False)
+
+
 def test_bf16_target_differs_from_vanilla_only_at_rounding_ties(
-    reference_target, shipped_heads, mtbench_path
+    reference_target, shipped_heads, vanilla_bf16
 ):
     """The dtype users serve by default (the target's own, bfloat16). Its numerics depend on
     the batch shape: vanilla decoding itself changes its greedy output with the batch size,
     diverging where the top two logits are within 0.25 (docs/equivalence.md). Clover's
     verification steps are other shapes again, so its output may diverge from vanilla's, but
     only at such rounding ties (gap <= 0.5, four bf16 steps); anywhere else it must not."""
-    from vllm import SamplingParams
-
-    chats = _chats(mtbench_path, 8)
-    args = {"dtype": "bfloat16", "max_num_seqs": 4}
-    with in_process_llm(reference_target, **args) as llm:
-        params = SamplingParams(temperature=0.0, max_tokens=48, logprobs=2)
-        vanilla = llm.chat(chats, params, use_tqdm=False)
+    chats, vanilla = vanilla_bf16
     k = _num_heads(shipped_heads)
     spec = {"method": "clover", "model": str(shipped_heads), "num_speculative_tokens": k}
     spec["draft_budget"] = "fixed"  # drafts at every step: the most shapes, the most ties
-    with in_process_llm(reference_target, speculative_config=spec, **args) as llm:
-        clover = _tokens(llm.chat(chats, _greedy(48), use_tqdm=False))
+    with in_process_llm(reference_target, speculative_config=spec, **BF16) as llm:
+        clover = _tokens(llm.chat(chats, _greedy(MAX_TOKENS), use_tqdm=False))
         stats = speculation(llm)
     assert_clover_speculated(stats, k=k)
     for expected, got in zip(vanilla, clover, strict=True):

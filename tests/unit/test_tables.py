@@ -126,9 +126,16 @@ def test_drafting_scores_its_own_copy_of_the_rows(scoring: torch.dtype) -> None:
     assert set(drafts.flatten().tolist()) <= set(IDS.tolist())
 
 
-def test_auto_scoring_is_int8_on_cpu_and_the_target_dtype_elsewhere() -> None:
+def test_auto_scoring_follows_the_cpus_int8_units_and_the_target_dtype_elsewhere() -> None:
+    from vllm_clover.modeling.tables import cpu_flags, cpu_scoring_dtype
+
+    assert cpu_scoring_dtype(frozenset({"avx2", "avx512f", "avx512_vnni"})) == torch.int8
+    assert cpu_scoring_dtype(frozenset({"avx2", "amx_int8"})) == torch.int8
+    assert cpu_scoring_dtype(frozenset({"avx2", "f16c"})) == torch.float16
+    assert cpu_scoring_dtype(frozenset()) == torch.int8  # flags unknown: as before
+    here = cpu_scoring_dtype(cpu_flags())
     for target in (torch.float32, torch.bfloat16):
-        assert scoring_dtype_for("auto", target, "cpu") == torch.int8
+        assert scoring_dtype_for("auto", target, "cpu") == here
     assert scoring_dtype_for("auto", torch.float16, "cuda") == torch.float16
     assert scoring_dtype_for("auto", torch.float32, "cuda") == torch.float32
     assert scoring_dtype_for("float32", torch.float32, "cpu") == torch.float32
@@ -137,7 +144,7 @@ def test_auto_scoring_is_int8_on_cpu_and_the_target_dtype_elsewhere() -> None:
     with pytest.raises(ValueError, match="CLOVER_DRAFT_DTYPE=int8 scores draft rows with CPU"):
         scoring_dtype_for("int8", torch.bfloat16, "cuda")
     tables = tables_with(torch.randn(V, D))
-    assert tables.choose_scoring("auto") == torch.int8 == tables.scoring_dtype
+    assert tables.choose_scoring("auto") == here == tables.scoring_dtype
 
 
 def test_draft_dtype_setting_reads_the_environment(monkeypatch) -> None:

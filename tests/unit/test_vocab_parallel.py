@@ -93,7 +93,8 @@ def _sharded(cfg: CloverConfig, low_ids: bool = False, scoring=None) -> dict:
         return dict(out)
 
 
-# scoring: the format draft rows are scored in (None: the heads' float32; int8: the CPU default)
+# scoring: the format draft rows are scored in (None: the heads' float32; int8: the CPU default
+# where it has int8 dot-product units)
 @pytest.mark.parametrize(
     "draft_vocab_size,scoring", [(None, None), (20, None), (5, None), (20, torch.int8)]
 )

@@ -22,8 +22,10 @@ Worked example, draft_vocab_ids = [2, 5, 9] (N = 3) of V = 10:
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -63,19 +65,44 @@ def check_draft_dtype_fits(setting: str, device_type: str) -> None:
         )
 
 
+# CPU flags of int8 dot-product units, where int8 draft scoring is the fastest format measured
+INT8_DOT_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
+    """This CPU's feature flags (the "flags" line of /proc/cpuinfo); empty where unknown."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    line = next((x for x in text.splitlines() if x.startswith("flags")), "")
+    return frozenset(line.partition(":")[2].split())
+
+
+def cpu_scoring_dtype(flags: frozenset[str]) -> torch.dtype:
+    """The CPU's "auto" scoring format: int8 where the CPU multiplies int8 in hardware (VNNI,
+    AMX: a quarter of fp32's bytes, the fastest format measured on Zen 4 and on Sapphire
+    Rapids), float16 where it does not (on an AVX2-only EPYC, int8 matmuls emulated on
+    AVX2 run 4-9x slower than float16, which halves fp32's bytes; docs/drafting-cost.md).
+    Unknown flags keep int8. Example: {"avx2", "f16c"} -> float16."""
+    return torch.int8 if not flags or flags & INT8_DOT_FLAGS else torch.float16
+
+
 def scoring_dtype_for(setting: str, target_dtype: torch.dtype, device_type: str) -> torch.dtype:
     """The format drafting scores the draft-vocabulary rows in.
 
     Scoring N x D LM-head rows is the one large read of a head step; the head network runs
-    in the target's dtype. "auto" picks int8 on a CPU (rows and head features quantized per
-    row, int8 matmul: a quarter of an fp32 target's bytes, modeling/scoring.py) and the
+    in the target's dtype. "auto" picks, on a CPU, int8 where it has int8 dot-product units
+    (rows and head features quantized per row, int8 matmul: a quarter of an fp32 target's
+    bytes, modeling/scoring.py) and float16 where it has not (``cpu_scoring_dtype``), and the
     target's dtype elsewhere; any other setting is a key of DRAFT_DTYPES. Drafts only
     propose: vLLM verifies them against the target, so this never changes the output.
-    Examples: ("auto", float32, "cpu") -> int8; ("auto", bfloat16, "cuda") -> bfloat16;
-    ("bfloat16", float32, "cpu") -> bfloat16; ("int8", ..., "cuda") -> ValueError.
+    Examples: ("auto", float32, "cpu") -> int8 with VNNI; ("auto", bfloat16, "cuda") ->
+    bfloat16; ("bfloat16", float32, "cpu") -> bfloat16; ("int8", ..., "cuda") -> ValueError.
     """
     if setting == "auto":
-        return torch.int8 if device_type == "cpu" else target_dtype
+        return cpu_scoring_dtype(cpu_flags()) if device_type == "cpu" else target_dtype
     check_draft_dtype_fits(setting, device_type)
     return DRAFT_DTYPES[setting]
 

@@ -1,0 +1,77 @@
+"""Draft-row scoring formats on this CPU: the time of one head step's scoring (z (M, D)
+against the N x D draft-vocabulary rows, ``DraftRows.logits``) in float32, bfloat16,
+float16 and int8, for M = 1..16 rows (requests, or a tree's source nodes), medians of
+alternating rounds, and the format "auto" picks here (``tables.cpu_scoring_dtype``).
+
+    python benchmarks/scoring_formats.py --json docs/bench/scoring/formats_zen3.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+
+import torch
+
+from vllm_clover.modeling.scoring import DraftRows
+from vllm_clover.modeling.tables import cpu_flags, cpu_scoring_dtype
+
+FORMATS = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+FORMATS["int8"] = torch.int8
+
+
+def measure(rows: int, hidden: int, ms: list[int], rounds: int, calls: int) -> dict:
+    """{format: {M: [ms per call, one per round]}}, formats alternating within each round."""
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(rows, hidden, generator=gen) * 0.05
+    formats = {name: DraftRows.of(weight, dtype) for name, dtype in FORMATS.items()}
+    times: dict = {name: {m: [] for m in ms} for name in formats}
+    for _ in range(rounds):
+        for m in ms:
+            z = torch.randn(m, hidden, generator=gen) * 3
+            for name, draft_rows in formats.items():
+                draft_rows.logits(z)  # warm
+                start = time.perf_counter()
+                for _ in range(calls):
+                    draft_rows.logits(z)
+                times[name][m].append((time.perf_counter() - start) / calls * 1e3)
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=8192, help="draft vocabulary size")
+    parser.add_argument("--hidden", type=int, default=576)
+    parser.add_argument("--m", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--calls", type=int, default=20)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    times = measure(args.rows, args.hidden, args.m, args.rounds, args.calls)
+    print("| M | " + " | ".join(f"{name} (ms)" for name in FORMATS) + " |")
+    print("|---:|" + "---:|" * len(FORMATS))
+    for m in args.m:
+        cells = [f"{statistics.median(times[name][m]):.2f}" for name in FORMATS]
+        print(f"| {m} | " + " | ".join(cells) + " |")
+    flags = cpu_flags()
+    auto = str(cpu_scoring_dtype(flags)).removeprefix("torch.")
+    print(f"auto picks {auto} here ({platform.processor() or platform.machine()})")
+    if args.json:
+        report = {
+            "args": vars(args),
+            "cpu_flags_int8_dot": sorted(flags & {"avx512_vnni", "avx_vnni", "amx_int8"}),
+            "avx512f": "avx512f" in flags,
+            "auto": auto,
+            "ms_per_call": times,
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+        }
+        with open(args.json, "w") as out:
+            json.dump(report, out, indent=1)
+
+
+if __name__ == "__main__":
+    main()
