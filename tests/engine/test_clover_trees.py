@@ -22,7 +22,7 @@ from helpers import (
 
 pytestmark = pytest.mark.engine
 
-MAX_TOKENS = 32
+MAX_TOKENS = 24
 SYSTEM = "You are a meticulous assistant. Answer in plain English, in short paragraphs. " * 30
 
 
@@ -61,7 +61,7 @@ def _check(llm, outputs, expected, tree_size=TEST_TREE_SIZE):
 @pytest.mark.parametrize("max_num_seqs", [1, 4, 16])
 def test_greedy_tree_output_equals_vanilla(reference_target, tree_spec, cases, max_num_seqs):
     prompts, expected = cases["plain"]
-    n = {1: 3, 4: 8, 16: 16}[max_num_seqs]
+    n = {1: 2, 4: 8, 16: 16}[max_num_seqs]
     with in_process_llm(
         reference_target, speculative_config=tree_spec, max_num_seqs=max_num_seqs
     ) as llm:
@@ -108,7 +108,7 @@ def test_tree_with_forced_preemption(reference_target, tree_spec, cases):
         speculative_config=tree_spec,
         max_num_seqs=16,
         block_size=32,
-        num_gpu_blocks_override=40,
+        num_gpu_blocks_override=30,
         max_model_len=512,
     ) as llm:
         _check(llm, _generate(llm, prompts), expected)
@@ -159,7 +159,7 @@ def test_pruned_trees_under_preemption_and_aborts(reference_target, tree_spec, c
         speculative_config={**tree_spec, "draft_confidence": 0.05},
         max_num_seqs=16,
         block_size=32,
-        num_gpu_blocks_override=40,
+        num_gpu_blocks_override=30,
         max_model_len=512,
     ) as llm:
         finished, _ = run_with_aborts(llm, prompts, [params] * len(prompts), aborted, 4)

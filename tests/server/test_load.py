@@ -2,7 +2,7 @@
 
 One `vllm-clover serve` (reference target, each shipped Clover configuration in turn, K=3,
 float32, eager) gets
-64 concurrent streaming chat requests at once: 56 valid ones with max_tokens from 8 to 96
+64 concurrent streaming chat requests at once: 56 valid ones with max_tokens from 8 to 48
 (some carrying unknown fields, which vLLM ignores, as the OpenAI API does), 8 that the
 client closes after a few chunks, and alongside them 8 malformed requests (bad JSON, a field
 of the wrong type, a prompt longer than max_model_len, negative max_tokens). Checked: every
@@ -45,7 +45,7 @@ MODEL = "smollm2-135m-instruct"
 MAX_MODEL_LEN = 2048
 SPEC_TOKENS = 3
 NUM_VALID, NUM_CANCELLED = 56, 8
-MAX_TOKENS = (8, 16, 24, 32, 48, 64, 80, 96)
+MAX_TOKENS = (8, 12, 16, 20, 24, 32, 40, 48)
 UNKNOWN_FIELDS = {"frobnicate": 3, "x_client_tag": "load-test"}  # in 8 valid requests
 CANCEL_AFTER_CHUNKS = 3
 # Far beyond what the test waits for: a stream the server failed to abort would still be
@@ -218,7 +218,7 @@ def _wait_until_idle(base: str, idle_usage: float) -> tuple[str, float]:
 
 @pytest.fixture(scope="module")
 def valid_bodies(mtbench_path) -> list[dict]:
-    """56 MT-Bench first turns, max_tokens cycling over 8..96, some with unknown fields."""
+    """56 MT-Bench first turns, max_tokens cycling over 8..48, some with unknown fields."""
     from vllm_clover.assets.data import mtbench_questions
 
     questions = [q.turns[0] for q in mtbench_questions(mtbench_path)[:NUM_VALID]]
@@ -291,7 +291,7 @@ def test_valid_streams_complete_with_the_tokens_of_decoding_without_speculation(
         assert result["finish"] in ("stop", "length"), result
         assert 0 < len(result["tokens"]) <= body["max_tokens"]
     assert [r["tokens"] for r in results] == vanilla_tokens
-    assert max(len(t) for t in vanilla_tokens) > 64, "no long answer among the requests"
+    assert max(len(t) for t in vanilla_tokens) > 40, "no long answer among the requests"
 
 
 def test_malformed_requests_get_400_with_vllms_error_body(load_run):
