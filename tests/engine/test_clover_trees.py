@@ -159,7 +159,7 @@ def test_pruned_trees_under_preemption_and_aborts(reference_target, tree_spec, c
         speculative_config={**tree_spec, "draft_confidence": 0.05},
         max_num_seqs=16,
         block_size=32,
-        num_gpu_blocks_override=30,
+        num_gpu_blocks_override=24,  # fewer than above: the aborts free blocks
         max_model_len=512,
     ) as llm:
         finished, _ = run_with_aborts(llm, prompts, [params] * len(prompts), aborted, 4)
