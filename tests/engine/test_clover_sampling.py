@@ -23,7 +23,6 @@ import torch
 
 from helpers import (
     TEST_TREE,
-    TEST_TREE_SIZE,
     assert_clover_speculated,
     assert_trees_verified,
     in_process_llm,
@@ -47,6 +46,12 @@ PROMPT = [
     {"role": "user", "content": "Tell me a short story about a dragon."},
 ]
 ENGINE = {"max_num_seqs": 64, "block_size": 32}
+# Three tokens are sampled, so positions 1 and 2 come from verifying the first two drafts of a
+# step; deeper drafts would be verified and cut off by max_tokens. Clover drafts two tokens
+# (and the tree is TEST_TREE's first two levels): the same test, with half the verification.
+SAMPLED_DRAFTS = 2
+SAMPLED_TREE = "[(0,), (1,), (2,), (0, 0), (0, 1), (1, 0)]"
+SAMPLED_TREE_SIZE = 6
 
 
 def chi_square_homogeneity(a: list[int], b: list[int], min_expected: float = 10.0):
@@ -112,7 +117,7 @@ def vanilla_samples(reference_target) -> dict[str, tuple[list, list]]:
 def clover_samples(reference_target, shipped_heads) -> tuple[dict[str, list], object]:
     """sampler -> Clover's samples at T = 1 (seeds disjoint from vanilla's), and the engine's
     speculation."""
-    k = json.loads((shipped_heads / "config.json").read_text())["num_heads"]
+    k = min(SAMPLED_DRAFTS, json.loads((shipped_heads / "config.json").read_text())["num_heads"])
     spec = {"method": "clover", "model": str(shipped_heads), "num_speculative_tokens": k}
     spec["draft_budget"] = "fixed"  # drafts at every step, at batch 64 too: the test's power
     with in_process_llm(reference_target, speculative_config=spec, **ENGINE) as llm:
@@ -122,10 +127,11 @@ def clover_samples(reference_target, shipped_heads) -> tuple[dict[str, list], ob
 
 @pytest.fixture(scope="module")
 def tree_samples(reference_target) -> tuple[dict[str, list], object, object]:
-    """The same with the reference heads drafting TEST_TREE (verified by the plugin's
+    """The same with the reference heads drafting a tree (verified by the plugin's
     multi-draft rule instead of vLLM's chain sampler), and the engine's tree counters."""
+    assert TEST_TREE.startswith(SAMPLED_TREE[:-1])  # TEST_TREE's first two levels
     spec = {"method": "clover", "model": str(REFERENCE_HEADS)}
-    spec["speculative_token_tree"] = TEST_TREE
+    spec["speculative_token_tree"] = SAMPLED_TREE
     with in_process_llm(reference_target, speculative_config=spec, **ENGINE) as llm:
         samples = {name: _sample(llm, 2 * NUM_SAMPLES, 1.0, **s) for name, s in SAMPLERS.items()}
         return samples, speculation(llm), tree_stats(llm)
@@ -156,7 +162,7 @@ def test_tree_samples_follow_the_target_distribution(vanilla_samples, tree_sampl
     """T = 1 (and with top-k, top-p) with a token tree: the samples are distributed as
     vanilla's, and paths off the rank-0 chain were accepted (the multi-draft rule at work)."""
     samples, stats, trees = tree_samples
-    assert_trees_verified(trees, TEST_TREE_SIZE, stats)
+    assert_trees_verified(trees, SAMPLED_TREE_SIZE, stats)
     p_values = _p_values(vanilla_samples[sampler][0], samples[sampler])
     assert min(p_values) > ALPHA / 2, p_values
 
