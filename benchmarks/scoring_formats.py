@@ -17,17 +17,19 @@ import time
 import torch
 
 from vllm_clover.modeling.scoring import DraftRows
-from vllm_clover.modeling.tables import cpu_flags, cpu_scoring_dtype
-
-FORMATS = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-FORMATS["int8"] = torch.int8
+from vllm_clover.modeling.tables import (
+    DRAFT_DTYPES,
+    INT8_DOT_FLAGS,
+    cpu_flags,
+    cpu_scoring_dtype,
+)
 
 
 def measure(rows: int, hidden: int, ms: list[int], rounds: int, calls: int) -> dict:
     """{format: {M: [ms per call, one per round]}}, formats alternating within each round."""
     gen = torch.Generator().manual_seed(0)
     weight = torch.randn(rows, hidden, generator=gen) * 0.05
-    formats = {name: DraftRows.of(weight, dtype) for name, dtype in FORMATS.items()}
+    formats = {name: DraftRows.of(weight, dtype) for name, dtype in DRAFT_DTYPES.items()}
     times: dict = {name: {m: [] for m in ms} for name in formats}
     for _ in range(rounds):
         for m in ms:
@@ -51,10 +53,10 @@ def main() -> None:
     parser.add_argument("--json")
     args = parser.parse_args()
     times = measure(args.rows, args.hidden, args.m, args.rounds, args.calls)
-    print("| M | " + " | ".join(f"{name} (ms)" for name in FORMATS) + " |")
-    print("|---:|" + "---:|" * len(FORMATS))
+    print("| M | " + " | ".join(f"{name} (ms)" for name in DRAFT_DTYPES) + " |")
+    print("|---:|" + "---:|" * len(DRAFT_DTYPES))
     for m in args.m:
-        cells = [f"{statistics.median(times[name][m]):.2f}" for name in FORMATS]
+        cells = [f"{statistics.median(times[name][m]):.2f}" for name in DRAFT_DTYPES]
         print(f"| {m} | " + " | ".join(cells) + " |")
     flags = cpu_flags()
     auto = str(cpu_scoring_dtype(flags)).removeprefix("torch.")
@@ -62,7 +64,7 @@ def main() -> None:
     if args.json:
         report = {
             "args": vars(args),
-            "cpu_flags_int8_dot": sorted(flags & {"avx512_vnni", "avx_vnni", "amx_int8"}),
+            "cpu_flags_int8_dot": sorted(flags & INT8_DOT_FLAGS),
             "avx512f": "avx512f" in flags,
             "auto": auto,
             "ms_per_call": times,
