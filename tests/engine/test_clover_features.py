@@ -229,10 +229,9 @@ def _stop_candidate(llm, tokenizer, params) -> tuple[dict, list[int], int]:
         prompt = _ids(tokenizer, text)
         emitted, drafts = _steps(llm, prompt, params)
         answer = [t for step in emitted for t in step]
-        first_seen = {t: answer.index(t) for t in set(answer)}
         for s, i in _accepted_drafts(emitted, drafts):
             token = emitted[s][i]
-            if i >= 1 and first_seen[token] == sum(map(len, emitted[:s])) + i:
+            if i >= 1 and answer.index(token) == sum(map(len, emitted[:s])) + i:
                 return prompt, answer, token
     raise AssertionError("no token was accepted inside a draft: heads too weak for this test")
 
