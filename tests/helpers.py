@@ -5,6 +5,7 @@ Fixtures live in conftest.py; everything a test calls directly lives here.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import os
 import re
@@ -381,9 +382,15 @@ def run_with_aborts(llm, prompts, params, aborted: list[str], at_step: int):
     return finished, running_when_aborted
 
 
+def tree_paths(tree: str) -> list[tuple[int, ...]]:
+    """A token tree as written for vLLM ("[(0,), (1,), (0, 0)]"), read without the plugin's
+    parser: one path of top-k ranks per node."""
+    return ast.literal_eval(tree)
+
+
 # The token tree the engine tests verify: 8 nodes, three ranks at depth 1, four deep.
 TEST_TREE = "[(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 0, 0)]"
-TEST_TREE_SIZE = 8
+TEST_TREE_SIZE = len(tree_paths(TEST_TREE))
 
 
 @dataclass(frozen=True)
