@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -170,3 +171,29 @@ def test_dropped_records_are_named_with_their_reason(capsys) -> None:
         "dropped 9 of 20 record(s): 2 with no assistant turn (a, b); "
         "7 with x (0, 1, 2, 3, 4, ... 2 more)"
     )
+
+
+def test_parallel_tokenising_equals_one_process(tokenizer, monkeypatch) -> None:
+    """Many conversations go to a process pool; the sequences and their order are those of
+    one process (drops included)."""
+    from vllm_clover.training import data
+
+    conversations = synthetic_conversations(30) + [conv(("user", "prompt only"))]
+    serial = tokenize_all(tokenizer, conversations, 96, "syn")
+    monkeypatch.setattr(data, "PARALLEL_MIN_CONVERSATIONS", 8)
+    monkeypatch.setattr(data, "PARALLEL_CHUNK", 4)
+    monkeypatch.setattr(data.os, "cpu_count", lambda: 2)
+    pools = []
+
+    def pool(*args, **kwargs):
+        pools.append(args)
+        return ProcessPoolExecutor(*args, **kwargs)
+
+    monkeypatch.setattr(data, "ProcessPoolExecutor", pool)
+    many = data.tokenize_many(tokenizer, conversations, 96)
+    assert pools == [(2,)]  # the pool ran it
+    assert many[-1] is None and len(many) == len(conversations)
+    parallel = tokenize_all(tokenizer, conversations, 96, "syn")
+    assert [s.key for s in parallel] == [s.key for s in serial]
+    for a, b in zip(parallel, serial, strict=True):
+        assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.loss_mask, b.loss_mask)
