@@ -25,9 +25,10 @@ from vllm_clover.training.data import (
 )
 from vllm_clover.training.pipeline import DataSpec, prepare
 from vllm_clover.training.runtime import Runtime
+from vllm_clover.training.schedule import PROBE_STEPS
 from vllm_clover.training.teacher import load_teacher
 from vllm_clover.training.tiny import tiny_workspace, torch_threads
-from vllm_clover.training.trainer import TrainLoop, lr_factor, parameter_groups
+from vllm_clover.training.trainer import TrainLoop, parameter_groups
 
 pytestmark = pytest.mark.unit
 
@@ -89,6 +90,24 @@ def test_stop_and_resume_equals_one_run(tiny, tmp_path: Path) -> None:
     assert resumed.steps == whole.steps and resumed.tokens_seen == whole.tokens_seen
     a, b = weights(tmp_path / "whole"), weights(tmp_path / "part")
     assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-6
+
+
+def test_time_budget_cuts_the_plan_and_the_run_still_anneals(tiny, tmp_path: Path) -> None:
+    """A budget spent before the first estimate: the plan is cut to the probe's steps plus
+    one, the lr schedule follows the cut (its last step near 0), the checkpoint is written,
+    and the state remembers the cut so that a resumed run keeps it."""
+    kwargs = dict(epochs=12, batch_size=2)  # 9 steps an epoch, 108 planned
+    whole = train(config(tiny, tmp_path / "whole", **kwargs, time_budget=1e6))
+    assert whole.steps == 108  # a budget that fits cuts nothing
+    cut = train(config(tiny, tmp_path / "cut", **kwargs, time_budget=1e-3))
+    assert cut.out == tmp_path / "cut" and cut.steps == PROBE_STEPS + 1
+    lrs = [h["lr"] for h in cut.history]
+    assert lrs[-1] < 0.05 * max(lrs) and lrs[-1] < whole.history[cut.steps - 1]["lr"]
+    info = json.loads((tmp_path / "cut.train-state" / "trainer.json").read_text())
+    assert (info["total_steps"], info["planned_steps"]) == (PROBE_STEPS + 1, 108)
+    assert "| planned steps | 108 |" in (tmp_path / "cut" / "README.md").read_text()
+    again = train(config(tiny, tmp_path / "cut", **kwargs, resume="auto", overwrite=True))
+    assert again.steps == PROBE_STEPS + 1  # the resumed run keeps the cut plan
 
 
 def test_streamed_signal_trains_the_same_heads_and_resumes(tiny, tmp_path: Path) -> None:
@@ -383,10 +402,3 @@ def test_trainer_never_imports_vllm() -> None:
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
-
-
-def test_lr_schedule_warmup_then_cosine() -> None:
-    values = [lr_factor(s, 10, 2) for s in range(10)]
-    assert values[:3] == [0.5, 1.0, 1.0]
-    assert math.isclose(values[6], 0.5) and values[9] < 0.05
-    assert all(a >= b for a, b in zip(values[1:], values[2:], strict=False))

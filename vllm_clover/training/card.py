@@ -69,6 +69,7 @@ LLM(
 | sequences | {summary["train_sequences"]} train / {summary["eval_sequences"]} held-out, \
 max {cfg.max_seq_len} tokens |
 | steps | {summary["steps"]} optimizer steps, {summary["tokens_seen"]} tokens |
+| planned steps | {summary.get("planned_steps", summary["steps"])} |
 | processes | {summary["world_size"]} x batch {cfg.batch_size} x grad accum {cfg.grad_accum} |
 | loss | {"soft-label CE vs target" if cfg.soft_labels else "hard-label CE vs data"}, \
 head weights {cfg.head_weight_base}^i; \

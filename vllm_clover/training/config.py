@@ -80,6 +80,12 @@ class TrainConfig:
     # optimisation
     epochs: int = opt(1, "passes over the training sequences")
     max_tokens: int | None = opt(None, "stop after this many training tokens (budget)")
+    time_budget: float | None = opt(
+        None,
+        "seconds this command may take in all (start-up, data and teacher included): after "
+        "the first steps the plan is cut to the steps that fit, and the lr schedule follows "
+        "the shorter plan, so the run still ends annealed",
+    )
     batch_size: int = opt(4, "sequences per micro-batch per process")
     grad_accum: int = opt(1, "micro-batches per optimizer step")
     lr: float = opt(1e-3, "peak learning rate (AdamW, betas 0.9/0.999)")
@@ -202,6 +208,7 @@ class TrainConfig:
                 "--fuse-next-token and --augmenting-gate need the Augmenting Block",
             ),
             (self.max_tokens is None or self.max_tokens > 0, "--max-tokens must be > 0"),
+            (self.time_budget is None or self.time_budget > 0, "--time-budget must be > 0"),
             (self.max_samples is None or self.max_samples > 0, "--max-samples must be > 0"),
             (
                 self.draft_vocab_size is None or self.draft_vocab_size >= 1,
@@ -309,6 +316,7 @@ RUN_ONLY_FIELDS = (
     "eval_every",
     "save_every",
     "stop_after",
+    "time_budget",  # a cut plan is stored with the state, and a resumed run keeps it
     "resume",
     "overwrite",
     "progress",

@@ -30,15 +30,19 @@ def save_state(
     cfg: TrainConfig,
     modules: dict[str, Any],
     step: int,
-    total_steps: int,
     tokens_seen: int,
+    total_steps: int,
+    planned_steps: int,
 ) -> None:
-    """modules: {"model": heads, "optimizer": ..., "scheduler": ...} (anything with state_dict)."""
+    """modules: {"model": heads, "optimizer": ..., "scheduler": ...} (anything with state_dict).
+    ``total_steps`` is the plan's length, ``planned_steps`` what it was before --time-budget
+    cut it (equal without a cut)."""
     payload = {name: m.state_dict() for name, m in modules.items()}
     payload.update(step=step, tokens_seen=tokens_seen, rng=rng_state())
     info = {
         "step": step,
         "total_steps": total_steps,
+        "planned_steps": planned_steps,
         "tokens_seen": tokens_seen,
         "config": dataclasses.asdict(cfg),
     }
@@ -74,4 +78,5 @@ def load_state(folder: str | Path, cfg: TrainConfig) -> dict[str, Any]:
             f"run: {', '.join(differ)}"
         )
     payload["total_steps"] = info["total_steps"]
+    payload["planned_steps"] = info.get("planned_steps", info["total_steps"])
     return payload

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +49,7 @@ from vllm_clover.training.runtime import (
     set_rng_state,
     shutdown_runtime,
 )
+from vllm_clover.training.schedule import TimeBudget, warmup_cosine
 from vllm_clover.training.state import load_state, save_state
 from vllm_clover.training.teacher import augmenting_init, check_block_mirrors
 from vllm_clover.training.warm_start import InitCheckpoint
@@ -77,17 +77,6 @@ class HeadFeatures(nn.Module):
 
     def forward(self, hidden: torch.Tensor, head_input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.head_features(hidden, head_input_ids)
-
-
-def lr_factor(step: int, total: int, warmup: int) -> float:
-    """Linear warmup over ``warmup`` steps to 1, then cosine to 0 at ``total``.
-
-    Example (total 10, warmup 2): step 0 -> 0.5, 1 -> 1.0, 2 -> 1.0, 6 -> 0.5, 9 -> ~0.04.
-    """
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = (step - warmup) / max(1, total - warmup)
-    return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 def parameter_groups(model: CloverModel, cfg: TrainConfig) -> list[dict[str, Any]]:
@@ -142,14 +131,15 @@ def build_model(cfg: TrainConfig, prepared: Prepared, device: torch.device) -> C
 
 def train(cfg: TrainConfig) -> TrainResult:
     """Run (or resume) one training job; see the module docstring."""
+    started = time.monotonic()  # --time-budget counts from here
     runtime = init_runtime(cfg.device)
     try:
-        return _train(cfg, runtime)
+        return _train(cfg, runtime, started)
     finally:
         shutdown_runtime(runtime)
 
 
-def _train(cfg: TrainConfig, runtime: Runtime) -> TrainResult:
+def _train(cfg: TrainConfig, runtime: Runtime, started: float) -> TrainResult:
     if Path(cfg.out).exists() and not cfg.overwrite:
         raise TrainingError(f"output folder {cfg.out} already exists (pass --overwrite)")
     resumed = load_state(cfg.state_dir, cfg) if cfg.resume else None
@@ -169,23 +159,23 @@ def _train(cfg: TrainConfig, runtime: Runtime) -> TrainResult:
     optimizer = torch.optim.AdamW(
         parameter_groups(model, cfg), betas=(0.9, 0.999), weight_decay=cfg.weight_decay
     )
-    warmup = max(1, round(cfg.warmup_fraction * len(plan)))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: lr_factor(s, len(plan), warmup)
-    )
+    planned = len(plan)  # before --time-budget cuts it
+    scheduler = warmup_cosine(optimizer, plan, cfg.warmup_fraction)
     modules = {"model": model, "optimizer": optimizer, "scheduler": scheduler}
     start, tokens_seen = 0, 0
     if resumed is not None:
-        if resumed["total_steps"] != len(plan):
+        if resumed["planned_steps"] != planned:
             raise TrainingError(
-                f"cannot resume: the saved run planned {resumed['total_steps']} "
-                f"steps, this one {len(plan)} (different data?)"
+                f"cannot resume: the saved run planned {resumed['planned_steps']} "
+                f"steps, this one {planned} (different data?)"
             )
+        del plan[resumed["total_steps"] :]  # a cut made by --time-budget stays
         for name, module in modules.items():
             module.load_state_dict(resumed[name])
         start, tokens_seen = resumed["step"], resumed["tokens_seen"]
         set_rng_state(resumed["rng"])
-    loop = TrainLoop(cfg, runtime, prepared, model, optimizer, scheduler, plan)
+    budget = TimeBudget(cfg.time_budget, started)
+    loop = TrainLoop(cfg, runtime, prepared, model, optimizer, scheduler, plan, planned, budget)
     return loop.run(start, tokens_seen, modules)
 
 
@@ -213,9 +203,12 @@ class TrainLoop:
         optimizer: torch.optim.Optimizer,
         scheduler: Any,
         plan: list[list[int]],
+        planned: int,
+        budget: TimeBudget,
     ) -> None:
         self.cfg, self.runtime, self.prepared, self.model = cfg, runtime, prepared, model
         self.optimizer, self.scheduler, self.plan = optimizer, scheduler, plan
+        self.planned, self.budget = planned, budget
         self.weights = head_weights(cfg.num_heads, cfg.head_weight_base).to(runtime.device)
         self.cross_entropy = (
             torch.compile(head_cross_entropy, dynamic=True)
@@ -310,7 +303,15 @@ class TrainLoop:
 
     def save(self, modules: dict[str, Any], step: int, tokens_seen: int) -> None:
         if self.runtime.is_main:
-            save_state(self.cfg.state_dir, self.cfg, modules, step, len(self.plan), tokens_seen)
+            save_state(
+                self.cfg.state_dir,
+                self.cfg,
+                modules,
+                step,
+                tokens_seen,
+                len(self.plan),
+                self.planned,
+            )
         self.runtime.barrier()
 
     def run(self, start: int, tokens_seen: int, modules: dict[str, Any]) -> TrainResult:
@@ -338,6 +339,7 @@ class TrainLoop:
             tokens_seen, tokens_now = tokens_seen + step_tokens, tokens_now + step_tokens
             entry = self.log_step(step, stats, tokens_seen, step_seconds)
             step += 1
+            stop = min(stop, self.fit_budget(step, step - start, bar))
             show_progress(bar, entry, tokens_now / max(seconds, 1e-9))
             evaluation = self.between_steps(step, stop, modules, tokens_seen, bar) or evaluation
         bar.close()
@@ -351,6 +353,18 @@ class TrainLoop:
         return TrainResult(
             out, step, tokens_seen, seconds, rate, start_memory, peak, evaluation, self.history
         )
+
+    def fit_budget(self, step: int, done: int, bar: Any) -> int:
+        """Cut the plan to what --time-budget allows (rank 0 decides for all); its length."""
+        fit = self.budget.plan_length(step, done, len(self.plan))
+        if self.runtime.distributed and self.budget.checks_at(done):
+            mine = torch.tensor([fit if self.runtime.is_main else 0], device=self.runtime.device)
+            fit = int(self.runtime.all_reduce_sum(mine).item())
+        if fit < len(self.plan):
+            bar.write(f"--time-budget: plan cut from {len(self.plan)} to {fit} steps")
+            del self.plan[fit:]
+            bar.total = fit
+        return len(self.plan)
 
     def between_steps(
         self, step: int, stop: int, modules: dict[str, Any], tokens_seen: int, bar: Any
@@ -374,6 +388,7 @@ class TrainLoop:
         summary = {
             "eval": evaluation,
             "steps": steps,
+            "planned_steps": self.planned,  # more than steps when --time-budget cut the plan
             "tokens_seen": tokens_seen,
             "seconds": seconds,
             "hardware": describe_hardware(self.runtime.device),
