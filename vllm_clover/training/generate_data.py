@@ -20,6 +20,7 @@ and ``hf`` (transformers ``generate``; slow, for machines without vLLM).
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -94,6 +95,10 @@ def vllm_generator(target_path: str, cfg: GenerateConfig) -> Generate:
 
     # CPU: the project's float32 eager settings; GPU: the model's dtype and CUDA graphs.
     gpu = {"dtype": "auto", "enforce_eager": False} if torch.cuda.is_available() else {}
+    if not torch.cuda.is_available():
+        # vLLM-CPU keeps a core for a separate engine-core process, so on a small machine the
+        # model gets fewer threads: in this process (unless the user chose) on all of them
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     if cfg.dtype != "auto":
         gpu["dtype"] = cfg.dtype
     llm = start_llm(target_path, max_model_len=cfg.max_model_len, seed=cfg.seed, **gpu)
