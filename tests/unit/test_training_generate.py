@@ -11,7 +11,7 @@ import pytest
 from vllm_clover.assets.data import Conversation, Message
 from vllm_clover.cli import main
 from vllm_clover.training.data import load_conversations
-from vllm_clover.training.generate_data import regenerate
+from vllm_clover.training.generate_data import length_batches, regenerate
 from vllm_clover.training.tiny import tiny_workspace, torch_threads
 
 pytestmark = pytest.mark.unit
@@ -69,6 +69,12 @@ def test_regenerate_round_by_round() -> None:
     }
     limited = regenerate(data[:1], fake, max_turns=1)[0][0]
     assert [m.content for m in limited.messages] == ["s", "a", "r3:a"]
+
+
+def test_length_batches_group_similar_prompts() -> None:
+    assert length_batches([9, 3, 7, 4], 2) == [[1, 3], [2, 0]]
+    assert length_batches([5, 5, 1], 2) == [[2, 0], [1]]  # ties keep their order
+    assert length_batches([], 4) == []
 
 
 def test_hf_engine_end_to_end_then_train(tmp_path: Path, capsys) -> None:

@@ -305,8 +305,8 @@ class GenerateConfig:
     device: str = opt("auto", "device of the hf engine")
     dtype: str = opt(
         "auto",
-        "vllm engine dtype: auto (float32 on CPU, the model's on GPU), "
-        "float32 or bfloat16 (several times faster on CPUs with AMX)",
+        "model dtype: auto (vllm engine: float32 on CPU, the model's on GPU; hf engine: "
+        "float32), float32 or bfloat16 (several times faster on CPUs with AMX and on GPUs)",
         choices=("auto", "float32", "bfloat16"),
     )
 

@@ -14,7 +14,8 @@ engine's context ends its conversation after the previous reply; a conversation 
 any assistant turn is dropped. Output: our ``{"id", "messages"}`` JSONL, written atomically.
 
 Backends: ``vllm`` (default; fast, batched; vLLM is imported only inside ``vllm_generator``)
-and ``hf`` (transformers ``generate``; slow, for machines without vLLM).
+and ``hf`` (transformers ``generate`` in batches of similar prompt length; for machines
+without vLLM, such as a GPU box with PyTorch alone: its speed is in docs/training.md).
 """
 
 from __future__ import annotations
@@ -115,45 +116,58 @@ def vllm_generator(target_path: str, cfg: GenerateConfig) -> Generate:
 
 
 def hf_generator(target: str, cfg: GenerateConfig) -> Generate:
-    """Batched ``model.generate`` with left padding (no vLLM needed)."""
+    """Batched ``model.generate`` with left padding (no vLLM needed), in batches of similar
+    prompt length (``length_batches``), replies returned in the callers' order."""
     import torch
 
     from vllm_clover.training.runtime import resolve_device
     from vllm_clover.training.teacher import load_teacher
 
     device = resolve_device(cfg.device)
-    teacher = load_teacher(target, device, torch.float32)
+    dtype = torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32
+    teacher = load_teacher(target, device, dtype)
     model, tokenizer = teacher.model, teacher.tokenizer
     torch.manual_seed(cfg.seed)
 
+    def run_batch(texts: list[str]) -> list[str]:
+        enc = tokenizer(
+            texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False
+        ).to(device)
+        out = model.generate(
+            **enc,
+            max_new_tokens=cfg.max_new_tokens,
+            do_sample=cfg.temperature > 0,
+            temperature=cfg.temperature or None,
+            top_p=None,
+            top_k=None,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+        new = out[:, enc["input_ids"].shape[1] :]  # (B, new tokens)
+        return tokenizer.batch_decode(new, skip_special_tokens=True)
+
     def run(chats: list[list[dict[str, str]]]) -> list[str]:
-        replies = []
-        for start in range(0, len(chats), cfg.batch_size):
-            texts = [
-                tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True)
-                for c in chats[start : start + cfg.batch_size]
-            ]
-            enc = tokenizer(
-                texts,
-                return_tensors="pt",
-                padding=True,
-                padding_side="left",
-                add_special_tokens=False,
-            ).to(device)
-            out = model.generate(
-                **enc,
-                max_new_tokens=cfg.max_new_tokens,
-                do_sample=cfg.temperature > 0,
-                temperature=cfg.temperature or None,
-                top_p=None,
-                top_k=None,
-                pad_token_id=tokenizer.pad_token_id,
-            )
-            new = out[:, enc["input_ids"].shape[1] :]  # (B, new tokens)
-            replies += tokenizer.batch_decode(new, skip_special_tokens=True)
+        texts = [
+            tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True)
+            for c in chats
+        ]
+        lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+        replies = [""] * len(texts)
+        for batch in length_batches(lengths, cfg.batch_size):
+            for i, reply in zip(batch, run_batch([texts[i] for i in batch]), strict=True):
+                replies[i] = reply
         return replies
 
     return lambda chats: only_fitting(chats, tokenizer, cfg, run)
+
+
+def length_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
+    """Indices grouped into batches of similar length, shortest first, so that a left-padded
+    batch wastes little (one long prompt would otherwise pad all the others to its length).
+
+    Example, batch size 2, lengths [9, 3, 7, 4] -> [[1, 3], [2, 0]].
+    """
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)  # stable: ties keep order
+    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
 
 
 def only_fitting(
