@@ -275,9 +275,9 @@ def test_read_config_json_is_the_one_reader(saved, tmp_path: Path) -> None:
 def test_checkpoints_written_by_the_single_module_network_load(
     folder: Path, reference_target, tmp_path: Path
 ) -> None:
-    """The bundled heads were written before the network was split into Augmenting Block, head
-    loop and tables (format version 1, flat names): they load, draft, and save back to the
-    same names and tensors."""
+    """The bundled heads are stored in format version 1, the flat names of the single-module
+    network (-clover-full was written before the network was split into Augmenting Block,
+    head loop and tables): they load, draft, and save back to the same names and tensors."""
     lm_head = load_file(reference_target / "model.safetensors")["model.embed_tokens.weight"]
     model = load_clover(folder, lm_head.float(), dtype=torch.float32)
     stored = load_file(folder / "model.safetensors")
