@@ -129,9 +129,9 @@ def hf_generator(target: str, cfg: GenerateConfig) -> Generate:
     model, tokenizer = teacher.model, teacher.tokenizer
     torch.manual_seed(cfg.seed)
 
-    def run_batch(texts: list[str]) -> list[str]:
-        enc = tokenizer(
-            texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False
+    def run_batch(ids: list[list[int]]) -> list[str]:
+        enc = tokenizer.pad(
+            {"input_ids": ids}, padding=True, padding_side="left", return_tensors="pt"
         ).to(device)
         out = model.generate(
             **enc,
@@ -150,10 +150,10 @@ def hf_generator(target: str, cfg: GenerateConfig) -> Generate:
             tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True)
             for c in chats
         ]
-        lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+        ids = tokenizer(texts, add_special_tokens=False)["input_ids"]  # once: sort and batch
         replies = [""] * len(texts)
-        for batch in length_batches(lengths, cfg.batch_size):
-            for i, reply in zip(batch, run_batch([texts[i] for i in batch]), strict=True):
+        for batch in length_batches([len(x) for x in ids], cfg.batch_size):
+            for i, reply in zip(batch, run_batch([ids[i] for i in batch]), strict=True):
                 replies[i] = reply
         return replies
 
