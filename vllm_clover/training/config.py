@@ -301,7 +301,14 @@ class GenerateConfig:
         "vllm", "vllm (fast) or hf (transformers, no vLLM needed)", choices=("vllm", "hf")
     )
     max_model_len: int = opt(2048, "context length (prompt + reply) of the engine")
-    batch_size: int = opt(16, "prompts per generate call (hf engine)")
+    batch_size: int = opt(16, "prompts per generate call (hf engine, padded batching)")
+    hf_batching: str = opt(
+        "padded",
+        "hf engine: padded (model.generate on batches of similar prompt length) or "
+        "continuous (transformers' generate_batch: paged KV cache, a finished reply's slot "
+        "goes to the next prompt)",
+        choices=("padded", "continuous"),
+    )
     device: str = opt("auto", "device of the hf engine")
     dtype: str = opt(
         "auto",

@@ -14,8 +14,9 @@ engine's context ends its conversation after the previous reply; a conversation 
 any assistant turn is dropped. Output: our ``{"id", "messages"}`` JSONL, written atomically.
 
 Backends: ``vllm`` (default; fast, batched; vLLM is imported only inside ``vllm_generator``)
-and ``hf`` (transformers ``generate`` in batches of similar prompt length; for machines
-without vLLM, such as a GPU box with PyTorch alone: its speed is in docs/training.md).
+and ``hf`` (transformers, ``generate`` in batches of similar prompt length or continuous
+batching; for machines without vLLM, such as a GPU box with PyTorch alone: its speed is in
+docs/training.md).
 """
 
 from __future__ import annotations
@@ -116,8 +117,8 @@ def vllm_generator(target_path: str, cfg: GenerateConfig) -> Generate:
 
 
 def hf_generator(target: str, cfg: GenerateConfig) -> Generate:
-    """Batched ``model.generate`` with left padding (no vLLM needed), in batches of similar
-    prompt length (``length_batches``), replies returned in the callers' order."""
+    """The transformers engine (no vLLM needed): ``padded`` or ``continuous`` batching (see
+    ``padded_replies`` and ``continuous_replies``), replies in the callers' order."""
     import torch
 
     from vllm_clover.training.runtime import resolve_device
@@ -128,22 +129,7 @@ def hf_generator(target: str, cfg: GenerateConfig) -> Generate:
     teacher = load_teacher(target, device, dtype)
     model, tokenizer = teacher.model, teacher.tokenizer
     torch.manual_seed(cfg.seed)
-
-    def run_batch(ids: list[list[int]]) -> list[str]:
-        enc = tokenizer.pad(
-            {"input_ids": ids}, padding=True, padding_side="left", return_tensors="pt"
-        ).to(device)
-        out = model.generate(
-            **enc,
-            max_new_tokens=cfg.max_new_tokens,
-            do_sample=cfg.temperature > 0,
-            temperature=cfg.temperature or None,
-            top_p=None,
-            top_k=None,
-            pad_token_id=tokenizer.pad_token_id,
-        )
-        new = out[:, enc["input_ids"].shape[1] :]  # (B, new tokens)
-        return tokenizer.batch_decode(new, skip_special_tokens=True)
+    replies = padded_replies if cfg.hf_batching == "padded" else continuous_replies
 
     def run(chats: list[list[dict[str, str]]]) -> list[str]:
         texts = [
@@ -151,13 +137,86 @@ def hf_generator(target: str, cfg: GenerateConfig) -> Generate:
             for c in chats
         ]
         ids = tokenizer(texts, add_special_tokens=False)["input_ids"]  # once: sort and batch
-        replies = [""] * len(texts)
-        for batch in length_batches([len(x) for x in ids], cfg.batch_size):
-            for i, reply in zip(batch, run_batch([ids[i] for i in batch]), strict=True):
-                replies[i] = reply
-        return replies
+        new = replies(model, tokenizer, ids, cfg)
+        return tokenizer.batch_decode(new, skip_special_tokens=True)
 
     return lambda chats: only_fitting(chats, tokenizer, cfg, run)
+
+
+def decoding(model, tokenizer, cfg: GenerateConfig):
+    """The model's generation config (its EOS ids) with our length and sampling: plain
+    sampling at ``cfg.temperature`` (no top-p/top-k the checkpoint may suggest), or greedy."""
+    import copy
+
+    config = copy.deepcopy(model.generation_config)
+    config.update(
+        max_new_tokens=cfg.max_new_tokens,
+        do_sample=cfg.temperature > 0,
+        temperature=cfg.temperature or None,
+        top_p=None,
+        top_k=None,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return config
+
+
+def padded_replies(model, tokenizer, ids: list[list[int]], cfg: GenerateConfig) -> list[list[int]]:
+    """``model.generate`` on left-padded batches of similar prompt length (``length_batches``):
+    a batch runs until its longest reply ends. The new token ids of each prompt, in order."""
+    replies: list[list[int]] = [[] for _ in ids]
+    for batch in length_batches([len(x) for x in ids], cfg.batch_size):
+        enc = tokenizer.pad(
+            {"input_ids": [ids[i] for i in batch]},
+            padding=True,
+            padding_side="left",
+            return_tensors="pt",
+        ).to(model.device)
+        out = model.generate(**enc, generation_config=decoding(model, tokenizer, cfg))
+        new = out[:, enc["input_ids"].shape[1] :]  # (B, new tokens), padded after EOS
+        for i, row in zip(batch, new.tolist(), strict=True):
+            replies[i] = row
+    return replies
+
+
+def continuous_replies(
+    model, tokenizer, ids: list[list[int]], cfg: GenerateConfig
+) -> list[list[int]]:
+    """transformers' continuous batching (``generate_batch``: a paged KV cache, and a reply
+    that ends gives its slot to the next prompt at once, where a padded batch waits for its
+    longest reply). The cache: ``cpu_cache_sizing`` on a CPU, transformers' own sizing
+    elsewhere; ``--batch-size`` is not used.
+    The new token ids of each prompt, in order; an error names any prompt left without one
+    (``generate_batch`` logs its errors and returns what it has)."""
+    config = decoding(model, tokenizer, cfg)
+    sizing = {}
+    if model.device.type == "cpu":  # elsewhere transformers sizes it from free memory
+        sizing["continuous_batching_config"] = cpu_cache_sizing(ids, cfg)
+    results = list(model.generate_batch(ids, generation_config=config, **sizing).values())
+    failed = [r.error for r in results if r.error is not None]
+    if len(results) != len(ids) or failed:
+        raise TrainingError(
+            f"continuous batching returned {len(results) - len(failed)} of {len(ids)} "
+            f"replies ({failed[:1] or 'see the transformers error logged above'}); "
+            "--hf-batching padded avoids it"
+        )
+    return [list(r.generated_tokens) for r in results]  # generate_batch keeps input order
+
+
+def cpu_cache_sizing(ids: list[list[int]], cfg: GenerateConfig, replies_at_once: int = 64):
+    """Continuous batching's cache, sized from the workload for a CPU run.
+
+    transformers sizes the paged KV cache and the attention masks from the free memory of
+    the device, on a CPU all of RAM: filling those tensors alone took ~20 s for ten prompts.
+    Here the cache holds ``replies_at_once`` of the longest prompt + reply, and a forward
+    reads at most 512 tokens. Example: 100 prompts of at most 90 tokens, 38 new tokens,
+    page size 256 -> 64 * 128 tokens = 32 blocks.
+    """
+    from transformers import ContinuousBatchingConfig
+
+    longest = max(len(x) for x in ids) + cfg.max_new_tokens
+    tokens = min(len(ids), replies_at_once) * longest
+    page = ContinuousBatchingConfig().page_size
+    return ContinuousBatchingConfig(num_blocks=-(-tokens // page), max_batch_tokens=512)
 
 
 def length_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
