@@ -163,7 +163,7 @@ def decoding(model, tokenizer, cfg: GenerateConfig):
 def padded_replies(model, tokenizer, ids: list[list[int]], cfg: GenerateConfig) -> list[list[int]]:
     """``model.generate`` on left-padded batches of similar prompt length (``length_batches``):
     a batch runs until its longest reply ends. The new token ids of each prompt, in order."""
-    replies: list[list[int]] = [[] for _ in ids]
+    config, replies = decoding(model, tokenizer, cfg), [[] for _ in ids]
     for batch in length_batches([len(x) for x in ids], cfg.batch_size):
         enc = tokenizer.pad(
             {"input_ids": [ids[i] for i in batch]},
@@ -171,7 +171,7 @@ def padded_replies(model, tokenizer, ids: list[list[int]], cfg: GenerateConfig) 
             padding_side="left",
             return_tensors="pt",
         ).to(model.device)
-        out = model.generate(**enc, generation_config=decoding(model, tokenizer, cfg))
+        out = model.generate(**enc, generation_config=config)
         new = out[:, enc["input_ids"].shape[1] :]  # (B, new tokens), padded after EOS
         for i, row in zip(batch, new.tolist(), strict=True):
             replies[i] = row
