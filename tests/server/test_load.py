@@ -42,18 +42,21 @@ from helpers import (
 pytestmark = pytest.mark.server
 
 MODEL = "smollm2-135m-instruct"
-MAX_MODEL_LEN = 2048
+MAX_MODEL_LEN = 8192  # the target's own limit: room for the long streams below
 SPEC_TOKENS = 3
 NUM_VALID, NUM_CANCELLED = 56, 8
 MAX_TOKENS = (8, 12, 16, 20, 24, 32, 40, 48)
 UNKNOWN_FIELDS = {"frobnicate": 3, "x_client_tag": "load-test"}  # in 8 valid requests
 CANCEL_AFTER_CHUNKS = 3
 # Far beyond what the test waits for: a stream the server failed to abort would still be
-# decoding (with EOS ignored) when the idle check below gives up.
-LONG_MAX_TOKENS = 1500
+# decoding (with EOS ignored) when the idle check below gives up. It also bounds how late a
+# busy client may close a stream (or send SIGTERM) and still find it running: far longer
+# than the stalls seen on shared CI machines (docs/serving.md, "Stalls on shared machines").
+LONG_MAX_TOKENS = 8000
 LONG_PROMPT = "Count from one to two thousand, one number per line."
 IDLE_TIMEOUT_S = 30
 HEALTH_TIMEOUT_S = 30
+STREAMS_START_TIMEOUT_S = 240
 SHUTDOWN_TIMEOUT_S = 10
 REQUEST_TIMEOUT_S = 300
 NUM_RESTART_CHECKS = 8
@@ -62,7 +65,7 @@ MALFORMED = {
     "bad_json": (b'{"model": "smollm2-135m-instruct", "messages": [', None),
     "wrong_type": ({"temperature": "hot"}, "body.temperature"),
     "prompt_too_long": (
-        {"messages": [{"role": "user", "content": "hello " * 2100}]},
+        {"messages": [{"role": "user", "content": "hello " * (MAX_MODEL_LEN + 50)}]},
         "input_tokens",
     ),
     "negative_max_tokens": ({"max_tokens": -5}, "max_tokens"),
@@ -108,11 +111,16 @@ def _metric(text: str, name: str, **labels: str) -> float:
 
 
 async def _stream(
-    client: httpx.AsyncClient, base: str, body: dict | bytes, cancel_after: int | None = None
+    client: httpx.AsyncClient,
+    base: str,
+    body: dict | bytes,
+    cancel_after: int | None = None,
+    started: asyncio.Event | None = None,
 ) -> dict:
     """POST one chat request; collect the streamed token ids and the finish reason.
 
     With `cancel_after`, close the stream after that many chunks (the client goes away).
+    `started`, if given, is set at the first chunk (the request is running on the server).
     A non-200 answer is returned as {"status", "body"} (the parsed error body).
     """
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
@@ -134,6 +142,8 @@ async def _stream(
                 tokens += choice.get("token_ids") or []
                 finish = choice.get("finish_reason") or finish
             chunks += 1
+            if started is not None:
+                started.set()
             if cancel_after is not None and chunks >= cancel_after:
                 break
     return {"status": 200, "tokens": tokens, "finish": finish, "chunks": chunks}
@@ -337,7 +347,8 @@ def test_malformed_requests_get_400_with_vllms_error_body(load_run):
         else:
             assert error["param"] == expected_param, (kind, error)
     too_long = [r for kind, r in load_run["malformed"] if kind == "prompt_too_long"]
-    assert all("maximum context length is 2048" in r["body"]["error"]["message"] for r in too_long)
+    limit = f"maximum context length is {MAX_MODEL_LEN}"
+    assert all(limit in r["body"]["error"]["message"] for r in too_long), too_long
 
 
 def test_cancelled_streams_are_aborted_and_free_their_kv_blocks(load_run):
@@ -403,6 +414,22 @@ async def _seconds_until(condition, timeout: float) -> float | None:
     return time.monotonic() - start
 
 
+async def _all_streaming(streams: list[asyncio.Task], started: list[asyncio.Event]) -> None:
+    """Wait until every stream got its first chunk; fail if one ended or none came in time.
+
+    Seen by the client, not polled from /metrics: a poll answered late by a busy server
+    would make a deadline measure the poll, not the streams.
+    """
+    waiting = asyncio.gather(*(event.wait() for event in started))
+    try:
+        await asyncio.wait_for(waiting, STREAMS_START_TIMEOUT_S)
+    except TimeoutError:
+        count = sum(event.is_set() for event in started)
+        pytest.fail(f"{count} of {len(streams)} streams started in {STREAMS_START_TIMEOUT_S} s")
+    ended = [stream.result() for stream in streams if stream.done()]
+    assert not ended, f"streams ended before SIGTERM: {ended}"
+
+
 async def _sigterm_mid_load(base: str, server, num_streams: int) -> dict:
     """Start long streams, SIGTERM the server once they all run, and time how it stops.
 
@@ -413,14 +440,11 @@ async def _sigterm_mid_load(base: str, server, num_streams: int) -> dict:
     """
     body = _chat_body(LONG_PROMPT, LONG_MAX_TOKENS, ignore_eos=True)
     async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S) as client:
-        streams = [asyncio.create_task(_stream(client, base, body)) for _ in range(num_streams)]
-        deadline = time.monotonic() + 60
-        while (
-            _metric((await client.get(base + "/metrics")).text, "vllm:num_requests_running")
-            < num_streams
-        ):
-            assert time.monotonic() < deadline, "the streams never all ran"
-            await asyncio.sleep(0.2)
+        started = [asyncio.Event() for _ in range(num_streams)]
+        streams = [
+            asyncio.create_task(_stream(client, base, body, started=event)) for event in started
+        ]
+        await _all_streaming(streams, started)
         assert _engine_processes(server), "no engine process found in the server's group"
         server.send_signal(signal.SIGTERM)
         times = {
