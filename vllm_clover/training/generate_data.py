@@ -91,7 +91,7 @@ def regenerate(
 def vllm_generator(target_path: str, cfg: GenerateConfig) -> Generate:
     """Batched generation with vLLM (call under an ``if __name__ == "__main__"`` guard)."""
     import torch
-    from vllm import SamplingParams
+    from vllm import SamplingParams, TokensPrompt
 
     from vllm_clover.engine import start_llm
 
@@ -110,8 +110,10 @@ def vllm_generator(target_path: str, cfg: GenerateConfig) -> Generate:
         temperature=cfg.temperature, max_tokens=cfg.max_new_tokens, seed=cfg.seed
     )
 
-    def run(chats: list[list[dict[str, str]]]) -> list[str]:
-        return [o.outputs[0].text for o in llm.chat(chats, params)]
+    def run(ids: list[list[int]]) -> list[str]:
+        # the ids of prompt_ids: what llm.chat would render and tokenise again
+        prompts = [TokensPrompt(prompt_token_ids=x) for x in ids]
+        return [o.outputs[0].text for o in llm.generate(prompts, params)]
 
     return lambda chats: only_fitting(chats, tokenizer, cfg, run)
 
@@ -131,12 +133,7 @@ def hf_generator(target: str, cfg: GenerateConfig) -> Generate:
     torch.manual_seed(cfg.seed)
     replies = padded_replies if cfg.hf_batching == "padded" else continuous_replies
 
-    def run(chats: list[list[dict[str, str]]]) -> list[str]:
-        texts = [
-            tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True)
-            for c in chats
-        ]
-        ids = tokenizer(texts, add_special_tokens=False)["input_ids"]  # once: sort and batch
+    def run(ids: list[list[int]]) -> list[str]:
         new = replies(model, tokenizer, ids, cfg)
         return tokenizer.batch_decode(new, skip_special_tokens=True)
 
@@ -233,18 +230,26 @@ def only_fitting(
     chats: list[list[dict[str, str]]],
     tokenizer: object,
     cfg: GenerateConfig,
-    run: Callable[[list[list[dict[str, str]]]], list[str]],
+    run: Callable[[list[list[int]]], list[str]],
 ) -> list[str | None]:
-    """``run`` on the chats whose prompt + reply fit ``max_model_len``; None for the others."""
-    fits = [prompt_length(tokenizer, c) + cfg.max_new_tokens <= cfg.max_model_len for c in chats]
-    kept = [c for c, ok in zip(chats, fits, strict=True) if ok]
+    """Each chat's prompt tokenised once (``prompt_ids``); ``run`` on the prompts whose
+    prompt + reply fit ``max_model_len``, None for the others.
+
+    Example: max_model_len 10, max_new_tokens 4, prompts of 5, 7 and 6 tokens
+    -> run([ids0, ids2]) = [r0, r2] -> [r0, None, r2].
+    """
+    ids = [prompt_ids(tokenizer, c) for c in chats]
+    fits = [len(x) + cfg.max_new_tokens <= cfg.max_model_len for x in ids]
+    kept = [x for x, ok in zip(ids, fits, strict=True) if ok]
     outputs = iter(run(kept) if kept else [])
     return [next(outputs) if ok else None for ok in fits]
 
 
-def prompt_length(tokenizer: object, chat: list[dict[str, str]]) -> int:
+def prompt_ids(tokenizer: object, chat: list[dict[str, str]]) -> list[int]:
+    """The token ids the target answers: the chat template with the generation prompt, as
+    vLLM's ``LLM.chat`` renders it (the template's own special tokens, none added)."""
     text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
-    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 def generate_data(cfg: GenerateConfig) -> Path:
