@@ -424,7 +424,7 @@ async def _all_streaming(streams: list[asyncio.Task], started: list[asyncio.Even
     waiting = asyncio.gather(*(event.wait() for event in started))
     try:
         await asyncio.wait_for(waiting, STREAMS_START_TIMEOUT_S)
-    except TimeoutError:
+    except asyncio.TimeoutError:  # the builtin TimeoutError from Python 3.11 on, not on 3.10
         count = sum(event.is_set() for event in started)
         pytest.fail(f"{count} of {len(streams)} streams started in {STREAMS_START_TIMEOUT_S} s")
     ended = [stream.result() for stream in streams if stream.done()]
