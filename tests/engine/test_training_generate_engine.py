@@ -49,6 +49,5 @@ def test_vllm_engine_answers_as_transformers_and_drops_what_does_not_fit(
         dtype="float32",
     )
     chats = [[{"role": "user", "content": q}] for q in questions]
-    assert [c.messages[1].content for c in answers] == hf_generator(str(reference_target), cfg)(
-        chats
-    )
+    transformers_replies = hf_generator(str(reference_target), cfg)(chats)
+    assert [c.messages[1].content for c in answers] == transformers_replies

@@ -232,24 +232,29 @@ def only_fitting(
     cfg: GenerateConfig,
     run: Callable[[list[list[int]]], list[str]],
 ) -> list[str | None]:
-    """Each chat's prompt tokenised once (``prompt_ids``); ``run`` on the prompts whose
+    """The chats' prompts tokenised once (``prompt_ids``); ``run`` on the prompts whose
     prompt + reply fit ``max_model_len``, None for the others.
 
     Example: max_model_len 10, max_new_tokens 4, prompts of 5, 7 and 6 tokens
     -> run([ids0, ids2]) = [r0, r2] -> [r0, None, r2].
     """
-    ids = [prompt_ids(tokenizer, c) for c in chats]
+    ids = prompt_ids(tokenizer, chats)
     fits = [len(x) + cfg.max_new_tokens <= cfg.max_model_len for x in ids]
     kept = [x for x, ok in zip(ids, fits, strict=True) if ok]
     outputs = iter(run(kept) if kept else [])
     return [next(outputs) if ok else None for ok in fits]
 
 
-def prompt_ids(tokenizer: object, chat: list[dict[str, str]]) -> list[int]:
-    """The token ids the target answers: the chat template with the generation prompt, as
-    vLLM's ``LLM.chat`` renders it (the template's own special tokens, none added)."""
-    text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+def prompt_ids(tokenizer: object, chats: list[list[dict[str, str]]]) -> list[list[int]]:
+    """The token ids the target answers, per chat: the chat template with the generation
+    prompt, as vLLM's ``LLM.chat`` renders it (the template's own special tokens, none
+    added), tokenised in one batched call."""
+    if not chats:
+        return []
+    texts = [
+        tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in chats
+    ]
+    return tokenizer(texts, add_special_tokens=False)["input_ids"]
 
 
 def generate_data(cfg: GenerateConfig) -> Path:
