@@ -57,7 +57,8 @@ LONG_PROMPT = "Count from one to two thousand, one number per line."
 IDLE_TIMEOUT_S = 30
 HEALTH_TIMEOUT_S = 30
 STREAMS_START_TIMEOUT_S = 240
-# Stopping takes 0.3-2.5 s (the times are printed); vLLM alone never exits (docs/serving.md).
+# Stopping takes seconds (the test prints the times); vLLM 0.32 alone waits for the clients
+# to hang up (docs/serving.md, section 2).
 SHUTDOWN_TIMEOUT_S = 30
 REQUEST_TIMEOUT_S = 300
 NUM_RESTART_CHECKS = 8
@@ -416,7 +417,7 @@ async def _seconds_until(condition, timeout: float) -> float | None:
 
 
 async def _all_streaming(streams: list[asyncio.Task], started: list[asyncio.Event]) -> None:
-    """Wait until every stream got its first chunk; fail if one ended or none came in time.
+    """Wait until every stream got its first chunk; fail if not all came in time or one ended.
 
     Seen by the client, not polled from /metrics: a poll answered late by a busy server
     would make a deadline measure the poll, not the streams.
