@@ -337,6 +337,16 @@ def speculation(llm) -> Speculation:
     )
 
 
+def _drawn(worker) -> int:
+    return worker.model_runner.drafter.draft_log.drawn
+
+
+def drawn_drafts(llm) -> int:
+    """Requests whose drafts the proposer drew at random (draft_sample_method
+    "probabilistic") in an `in_process_llm`, summed over drafting calls."""
+    return sum(llm.collective_rpc(_drawn))
+
+
 def goodput_budget(llm):
     """The scheduler's GoodputController of an `in_process_llm` (None where K is fixed)."""
     return llm.llm_engine.engine_core.engine_core.scheduler.clover_budget

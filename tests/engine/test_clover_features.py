@@ -16,7 +16,13 @@ import json
 
 import pytest
 
-from helpers import Speculation, assert_clover_speculated, in_process_llm, speculation
+from helpers import (
+    Speculation,
+    assert_clover_speculated,
+    drawn_drafts,
+    in_process_llm,
+    speculation,
+)
 from vllm_clover.assets.data import mtbench_questions
 
 pytestmark = pytest.mark.engine
@@ -161,22 +167,49 @@ def test_generation_reaches_max_model_len_with_drafts_pending(vanilla, clover):
     assert_clover_speculated(stats)
 
 
-def test_seeded_sampling_is_reproduced_by_a_second_engine(reference_target, clover_heads, features):
-    """T = 0.8 with a seed per request, n = 2: two Clover engines give the same samples."""
+@pytest.mark.parametrize("draft_sampling", ["greedy", "probabilistic"])
+def test_seeded_sampling_is_reproduced_by_a_second_engine(
+    reference_target, clover_heads, features, draft_sampling
+):
+    """T = 0.8 with a seed per request, n = 2: two Clover engines give the same samples,
+    with greedy drafts and with drafts drawn from the heads (each request's own generator)."""
     from vllm import SamplingParams
 
     prompts = features["n"][0]
     params = [SamplingParams(temperature=0.8, max_tokens=24, n=2, seed=7 + i) for i in range(2)]
+    spec = {**_spec(clover_heads), "draft_sample_method": draft_sampling}
     runs = []
     for _ in range(2):
-        with in_process_llm(
-            reference_target, speculative_config=_spec(clover_heads), max_num_seqs=8
-        ) as llm:
+        with in_process_llm(reference_target, speculative_config=spec, max_num_seqs=8) as llm:
             outputs = llm.generate(prompts, params, use_tqdm=False)
-            runs.append((_tokens(outputs), speculation(llm)))
+            runs.append((_tokens(outputs), speculation(llm), drawn_drafts(llm)))
     assert runs[0][0] == runs[1][0]
     assert len({tuple(c) for c in runs[0][0][0]}) == 2  # the two samples of a prompt differ
     assert_clover_speculated(runs[0][1])
+    assert (runs[0][2] > 0) == (draft_sampling == "probabilistic"), runs[0][2]
+
+
+def test_drawn_drafts_leave_greedy_requests_of_the_batch_equal_to_vanilla(
+    reference_target, clover_heads, features, vanilla
+):
+    """draft_sample_method "probabilistic" on a batch mixing greedy requests with T = 1 ones:
+    the sampled requests draw their drafts, the greedy ones keep argmax drafts (a one-hot q)
+    and their tokens equal vanilla's."""
+    from vllm import SamplingParams
+
+    greedy_prompts, (greedy,) = features["logprobs"]
+    sampled_prompts = features["penalties"][0]  # other questions, here sampled at T = 1
+    params = [greedy] * len(greedy_prompts) + [SamplingParams(temperature=1.0, max_tokens=32)] * 4
+    spec = {**_spec(clover_heads), "draft_sample_method": "probabilistic"}
+    with in_process_llm(
+        reference_target, speculative_config=spec, max_num_seqs=8, max_model_len=MAX_MODEL_LEN
+    ) as llm:
+        outputs = llm.generate(greedy_prompts + sampled_prompts, params, use_tqdm=False)
+        stats, drawn = speculation(llm), drawn_drafts(llm)
+    expected = _tokens(vanilla["logprobs"][0])
+    assert _tokens(outputs[: len(greedy_prompts)]) == expected
+    assert drawn > 0
+    assert_clover_speculated(stats)
 
 
 def _steps(llm, prompt: dict, params) -> tuple[list[list[int]], list[list[int]]]:

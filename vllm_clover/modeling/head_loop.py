@@ -33,6 +33,8 @@ import torch.nn.functional as F
 
 from vllm_clover.modeling.augmenting import RMSNorm
 from vllm_clover.modeling.config import CloverConfig
+from vllm_clover.modeling.draft_sampling import DraftSampler
+from vllm_clover.modeling.scoring import DraftRows
 from vllm_clover.modeling.tables import TargetTables
 
 
@@ -210,12 +212,14 @@ class HeadLoop(nn.Module):
         num_steps: int,
         tables: TargetTables,
         min_confidence: torch.Tensor | None = None,
+        sampler: DraftSampler | None = None,
     ) -> torch.Tensor:
-        """Greedy regressive drafting: h0 (M, D), t0 (M,) -> draft target ids (M, num_steps).
+        """Regressive drafting: h0 (M, D), t0 (M,) -> draft target ids (M, num_steps).
 
         h0 is the (augmented) hidden state at the last accepted position, t0 the token the
-        target produced there; each step feeds its own argmax to the next, whose decoder
-        [k | v] comes from ``regressive_table`` when there is one.
+        target produced there; each step feeds its own draft (the argmax, or with a
+        ``sampler`` a draw from the head's distribution, which the sampler records) to the
+        next, whose decoder [k | v] comes from ``regressive_table`` when there is one.
 
         ``min_confidence`` (num_steps,): a request's chain stops at the first head whose
         best draft token has probability below that head's entry; the rest of its row is
@@ -230,11 +234,10 @@ class HeadLoop(nn.Module):
         alive = torch.ones(t0.shape, dtype=torch.bool, device=t0.device)  # (M,)
         for i in range(num_steps):
             h, z = self.step(i, h, h0, prev, tables, kv)
-            if min_confidence is None:
-                best = tables.greedy_draft_ids(z, rows)  # (M,) draft-vocab indices
-            else:
-                best, prob = tables.best_draft(z, rows)  # (M,), (M,)
-                alive &= prob >= min_confidence[i]
+            threshold = None if min_confidence is None else min_confidence[i]
+            best, confident = _pick(z, rows, tables, threshold, sampler)  # (M,), (M,) or None
+            if confident is not None:
+                alive &= confident
             ids = tables.draft_to_target(best)  # (M,) target ids
             drafts.append(ids if min_confidence is None else ids.masked_fill(~alive, -1))
             if min_confidence is not None and not bool(alive.any()):
@@ -268,3 +271,25 @@ class HeadLoop(nn.Module):
                 f"{self.config.num_heads} trained heads (num_speculative_tokens must be in "
                 f"[1, {self.config.num_heads}])"
             )
+
+
+def _pick(
+    z: torch.Tensor,
+    rows: DraftRows,
+    tables: TargetTables,
+    threshold: torch.Tensor | None,
+    sampler: DraftSampler | None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One head step's drafts from its features z (M, D): (draft-vocab indices (M,), whether
+    the head's best token reaches ``threshold`` (M,) bool, None without one). The argmax, or
+    a draw by ``sampler``; the confidence is the best token's probability either way. A
+    sampler scores the rows here, on one process (checks.check_draft_sampling refuses it
+    under tensor parallelism, where ``tables`` would gather the best row over ranks)."""
+    if sampler is None and threshold is None:
+        return tables.greedy_draft_ids(z, rows), None
+    if sampler is None:
+        best, prob = tables.best_draft(z, rows)
+        return best, prob >= threshold
+    logits = rows.logits(z)  # (M, N)
+    confident = None if threshold is None else tables.best_of(logits)[1] >= threshold
+    return sampler.pick(logits), confident

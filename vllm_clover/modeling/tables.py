@@ -262,7 +262,11 @@ class TargetTables(nn.Module):
         p = exp(l_best - logsumexp_j l_j). Example: logits [2, 0, 0] -> index 0,
         p = e^2 / (e^2 + 2) = 0.787.
         """
-        logits = rows.logits(z)  # (M, N)
+        return self.best_of(rows.logits(z))
+
+    @staticmethod
+    def best_of(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``best_draft`` from draft logits (M, N) already scored."""
         best = logits.max(dim=-1)
         return best.indices, torch.exp(best.values - torch.logsumexp(logits, dim=-1))
 

@@ -76,6 +76,7 @@ def _clover_post_init(original: Callable) -> Callable:
         from vllm_clover.integration.checks import (
             CloverStartupError,
             check_clover_spec,
+            check_draft_sampling,
             is_clover_checkpoint,
             resolve_draft_budget,
             resolve_draft_confidence,
@@ -105,6 +106,7 @@ def _clover_post_init(original: Callable) -> Callable:
                 None if tree else self.num_speculative_tokens,
                 self.target_model_config.hf_config,
             )
+            check_draft_sampling(self)
             if tree:
                 resolve_token_tree(self, config)
             else:

@@ -46,14 +46,22 @@ RELIANCES = (
         "proposer_propose",
         "override",
         "the runner calls propose() with these arguments "
-        "and reads the draft probabilities through take_last_draft_probs",
+        "and reads the draft probabilities through take_last_draft_probs: (num_reqs, K, V) "
+        "in the input batch's row order, of which the rejection sampler takes each "
+        "request's first num_draft rows; the base's __init__ sets "
+        "_enable_probabilistic_draft_probs from draft_sample_method and the rejection method",
         "integration/proposer.py",
         {
             f"{BASE}.propose": "00017c139f27",
             f"{BASE}.take_last_draft_probs": "ee22f35a3ab6",
             f"{RUNNER}.propose_draft_token_ids": "a60269aca9de",
+            f"{RUNNER}._get_spec_decode_draft_probs": "944db527e0dd",
         },
-        attributes=("num_speculative_tokens", "_last_draft_probs"),
+        attributes=(
+            "num_speculative_tokens",
+            "_last_draft_probs",
+            "_enable_probabilistic_draft_probs",
+        ),
     ),
     Entry(
         "proposer_first_pass",
