@@ -22,6 +22,9 @@ ENGINE_MODES = ("in-process", "multiprocess")
 # How a Clover engine picks each step's K (speculative_config draft_budget); the first is the
 # default. A Clover method runs once per budget asked for, "fixed" named NAME-fixed.
 DRAFT_BUDGETS = ("goodput", "fixed")
+# How a Clover chain's drafts are chosen at T > 0 (speculative_config draft_sample_method):
+# the argmax, or drawn from the heads' distributions ("probabilistic", named NAME-drawn).
+DRAFT_SAMPLINGS = ("greedy", "probabilistic")
 DTYPES = ("float32", "bfloat16")
 # The evaluation protocol (docs/benchmarks.md), and a few-minute version of it for 2 cores.
 FULL_PRESET = {
@@ -157,11 +160,13 @@ def resolve_methods(
     draft_budgets: tuple[str, ...] = DRAFT_BUDGETS[:1],
     trees: tuple[str, ...] = (),
     tree_confidences: tuple[float | str, ...] = (0.0,),
+    draft_samplings: tuple[str, ...] = DRAFT_SAMPLINGS[:1],
 ) -> tuple[Method, ...]:
     """Methods to run, vanilla first; checkpoints are checked here, not at engine start.
 
-    Each Clover checkpoint runs once per draft budget: ("goodput", "fixed") gives "clover"
-    and "clover-fixed". Each token tree runs the --clover-heads checkpoint once per tree
+    Each Clover checkpoint runs once per draft budget and draft sampling: ("goodput",
+    "fixed") x ("greedy", "probabilistic") gives "clover", "clover-drawn", "clover-fixed"
+    and "clover-fixed-drawn". Each token tree runs the --clover-heads checkpoint once per tree
     confidence: "clover-tree<nodes>" (0: the whole tree), "clover-tree<nodes>-c<C>"
     (``draft_confidence`` C: each request drafts the nodes of path probability >= C) and
     "clover-tree<nodes>-goodput" (``draft_budget`` "goodput": the threshold chosen per step).
@@ -183,10 +188,10 @@ def resolve_methods(
             k = checkpoint_heads(medusa_heads, name, name)
             methods.append(Method(name, name, str(Path(medusa_heads).resolve()), k))
         elif name == "clover":
-            methods += _clover_methods(name, clover_heads, "clover", draft_budgets)
+            methods += _clover_methods(name, clover_heads, "clover", draft_budgets, draft_samplings)
     for text in extra_clover:
         name, folder = parse_named_dir(text)
-        methods += _clover_methods(name, folder, f"--clover {name}", draft_budgets)
+        methods += _clover_methods(name, folder, f"--clover {name}", draft_budgets, draft_samplings)
     bad = [c for c in tree_confidences if c != "goodput" and not 0.0 <= float(c) <= 1.0]
     if bad or not tree_confidences:
         raise BenchError(f"--tree-confidence {bad}: path probabilities in [0, 1], or goodput")
@@ -216,22 +221,34 @@ def _tree_method(text: str, folder: str, confidence: float | str) -> Method:
 
 
 def _clover_methods(
-    name: str, folder: str, label: str, draft_budgets: tuple[str, ...]
+    name: str,
+    folder: str,
+    label: str,
+    draft_budgets: tuple[str, ...],
+    draft_samplings: tuple[str, ...] = DRAFT_SAMPLINGS[:1],
 ) -> list[Method]:
-    """One Method per draft budget of a Clover checkpoint."""
-    unknown = [b for b in draft_budgets if b not in DRAFT_BUDGETS]
-    if unknown or not draft_budgets:
-        raise BenchError(f"--draft-budgets {unknown}: choose from {', '.join(DRAFT_BUDGETS)}")
+    """One Method per draft budget and draft sampling of a Clover checkpoint."""
+    for flag, given, known in (
+        ("--draft-budgets", draft_budgets, DRAFT_BUDGETS),
+        ("--draft-sampling", draft_samplings, DRAFT_SAMPLINGS),
+    ):
+        unknown = [b for b in given if b not in known]
+        if unknown or not given:
+            raise BenchError(f"{flag} {unknown}: choose from {', '.join(known)}")
     k = checkpoint_heads(folder, "clover", label)
     return [
         Method(
-            name if budget == DRAFT_BUDGETS[0] else f"{name}-{budget}",
+            name
+            + ("" if budget == DRAFT_BUDGETS[0] else f"-{budget}")
+            + ("" if sampling == DRAFT_SAMPLINGS[0] else "-drawn"),
             "clover",
             str(Path(folder).resolve()),
             k,
-            (("draft_budget", budget),),
+            (("draft_budget", budget),)
+            + (() if sampling == DRAFT_SAMPLINGS[0] else (("draft_sample_method", sampling),)),
         )
         for budget in dict.fromkeys(draft_budgets)
+        for sampling in dict.fromkeys(draft_samplings)
     ]
 
 
@@ -266,6 +283,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=DRAFT_BUDGETS,
         help="how Clover picks each step's K: goodput (default: measured, per step) and/or "
         "fixed (always its K); each Clover method runs once per budget",
+    )
+    parser.add_argument(
+        "--draft-sampling",
+        nargs="+",
+        default=list(DRAFT_SAMPLINGS[:1]),
+        choices=DRAFT_SAMPLINGS,
+        help="how Clover chains choose drafts at T > 0: greedy (default: the argmax) and/or "
+        "probabilistic (drawn from the heads' distributions, vLLM's draft_sample_method), "
+        "the latter as NAME-drawn",
     )
     parser.add_argument(
         "--tree",
@@ -350,6 +376,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         tuple(args.draft_budgets),
         tuple(args.tree),
         tuple(args.tree_confidence),
+        tuple(args.draft_sampling),
     )
     return BenchConfig(
         methods=methods,
