@@ -6,8 +6,7 @@ max(p - q, 0) normalised: the output follows p exactly, whatever q is, provided 
 from q. Greedy drafts are the case q = one-hot(argmax), accepted with probability p(x). A
 head that spreads its mass like the target does is accepted far more often when its draft is
 drawn from q: the expected acceptance is sum_x min(p(x), q(x)) = 1 - TV(p, q) instead of
-p(argmax q). (Measured on the bundled heads at T = 1: 0.29 against 0.15 at the first
-position, docs/benchmarks.md.)
+p(argmax q) (measured: docs/benchmarks.md, "Drawn drafts at T > 0").
 
 ``DraftSampler`` picks each head step's draft token per request and keeps the distributions
 it drew from, which the rejection sampler needs:
@@ -64,10 +63,10 @@ class DraftSampler:
 
     def _inverse_cdf(self, probs: torch.Tensor) -> torch.Tensor:
         """One draw per row of probs (M, N): the first index whose cumulative probability
-        exceeds u * total, u ~ U[0, 1) (one number per row; an exponential race would need
-        N, 20x the time on a CPU). The sums run in float64, so rounding moves no draw by
-        more than ~1e-12 of probability. Example: probs [0.25, 0.25, 0.5], u = 0.6 -> cdf
-        [0.25, 0.5, 1.0] -> index 2."""
+        exceeds u * total, u ~ U[0, 1): one random number per row, where an exponential race
+        would draw N of them (the CPU's cost: docs/benchmarks.md). The sums run in float64,
+        so rounding moves no draw by more than ~1e-12 of probability. Example: probs
+        [0.25, 0.25, 0.5], u = 0.6 -> cdf [0.25, 0.5, 1.0] -> index 2."""
         cdf = probs.double().cumsum(dim=-1)  # (M, N)
         u = torch.rand(probs.shape[0], 1, dtype=torch.float64, device=probs.device)
         for row, generator in self.generators.items():
