@@ -149,7 +149,7 @@ class CloverProposer(EagleProposer):
         if sampler is not None:
             vocab_size = self.vllm_config.model_config.get_vocab_size()
             self._last_draft_probs = sampler.target_probs(k, tables.draft_vocab_ids, vocab_size)
-            self.draft_log.drawn += int(sampler.draw_rows.sum())
+            self.draft_log.drawn += sampler.num_drawn
         return drafts
 
     def _draft_sampler(self, sampling_metadata, num_reqs: int) -> DraftSampler | None:

@@ -43,7 +43,7 @@ class DraftSampler:
         self, temperature: torch.Tensor, generators: dict[int, torch.Generator] | None = None
     ) -> None:
         self.draw_rows = temperature > 0  # (M,)
-        self.all_drawn = bool(self.draw_rows.all())  # no one-hot rows to build
+        self.num_drawn = int(self.draw_rows.sum())  # requests that draw (the rest: argmax)
         self.temperature = torch.where(self.draw_rows, temperature, 1.0).float()  # (M,)
         self.generators = generators or {}
         self.steps: list[torch.Tensor] = []  # per head step: q over the draft vocab (M, N)
@@ -53,10 +53,10 @@ class DraftSampler:
         logits = logits.float()
         probs = (logits / self.temperature[:, None]).softmax(dim=-1)  # (M, N)
         drawn = self._inverse_cdf(probs)  # (M,)
-        best = logits.argmax(dim=-1)  # (M,)
-        if self.all_drawn:
+        if self.num_drawn == len(self.draw_rows):  # no one-hot rows to build
             self.steps.append(probs)
             return drawn
+        best = logits.argmax(dim=-1)  # (M,)
         one_hot = torch.zeros_like(probs).scatter_(1, best[:, None], 1.0)
         self.steps.append(torch.where(self.draw_rows[:, None], probs, one_hot))
         return torch.where(self.draw_rows, drawn, best)
