@@ -192,15 +192,15 @@ def test_seeded_sampling_is_reproduced_by_a_second_engine(
 def test_drawn_drafts_leave_greedy_requests_of_the_batch_equal_to_vanilla(
     reference_target, clover_heads, features, vanilla
 ):
-    """draft_sample_method "probabilistic" on a batch mixing greedy requests with T = 1 ones:
-    the sampled requests draw their drafts, the greedy ones keep argmax drafts (a one-hot q)
-    and their tokens equal vanilla's."""
+    """Drawn drafts (a chain's default, draft_sample_method "probabilistic") on a batch
+    mixing greedy requests with T = 1 ones: the sampled requests draw their drafts, the
+    greedy ones keep argmax drafts (a one-hot q) and their tokens equal vanilla's."""
     from vllm import SamplingParams
 
     greedy_prompts, (greedy,) = features["logprobs"]
     sampled_prompts = features["penalties"][0]  # other questions, here sampled at T = 1
     params = [greedy] * len(greedy_prompts) + [SamplingParams(temperature=1.0, max_tokens=32)] * 4
-    spec = {**_spec(clover_heads), "draft_sample_method": "probabilistic"}
+    spec = _spec(clover_heads)  # draft_sample_method not given: drawn
     with in_process_llm(
         reference_target, speculative_config=spec, max_num_seqs=8, max_model_len=MAX_MODEL_LEN
     ) as llm:

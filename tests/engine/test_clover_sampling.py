@@ -1,7 +1,8 @@
 """Temperature 1, plain and with top-k / top-p: Clover leaves the sampling distribution unchanged.
 
-vLLM verifies Clover's drafts with rejection sampling (draft treated as one-hot), which is
-exact: the tokens it emits follow the target's distribution. We check this empirically.
+vLLM verifies Clover's drafts with rejection sampling (argmax drafts treated as one-hot, drawn
+ones against the distribution they were drawn from), which is exact: the tokens it emits
+follow the target's distribution. We check this empirically.
 The first generated token comes from the prompt's prefill (no drafts), so the test looks at
 tokens 2 and 3, the first ones produced by verification. For each position, a chi-square
 homogeneity test compares Clover's samples with vanilla samples (N each, independent seeds);
@@ -13,8 +14,9 @@ CONTROL_TEMPERATURE), for each sampler; it is run here as a control, so a test t
 fail would fail that control. Seeds are fixed: the verdict is reproducible. Each shipped Clover
 configuration is tested, the reference heads drafting a token tree, which the plugin's
 multi-draft rule verifies instead of vLLM's chain sampler, and the reference heads drawing
-their drafts from their own distributions (draft_sample_method "probabilistic"), which vLLM
-verifies with those distributions instead of as one-hot drafts.
+their drafts from their own distributions (draft_sample_method "probabilistic", Clover's
+default for chains), which vLLM verifies with those distributions instead of as one-hot
+drafts; the shipped configurations are tested with argmax drafts ("greedy").
 """
 
 import json
@@ -119,11 +121,12 @@ def vanilla_samples(reference_target) -> dict[str, tuple[list, list]]:
 
 @pytest.fixture(scope="module")
 def clover_samples(reference_target, shipped_heads) -> tuple[dict[str, list], object]:
-    """sampler -> Clover's samples at T = 1 (seeds disjoint from vanilla's), and the engine's
-    speculation."""
+    """sampler -> Clover's samples at T = 1 (seeds disjoint from vanilla's) with argmax
+    drafts, verified as one-hot ones, and the engine's speculation."""
     k = min(SAMPLED_DRAFTS, json.loads((shipped_heads / "config.json").read_text())["num_heads"])
     spec = {"method": "clover", "model": str(shipped_heads), "num_speculative_tokens": k}
     spec["draft_budget"] = "fixed"  # drafts at every step, at batch 64 too: the test's power
+    spec["draft_sample_method"] = "greedy"  # drawn drafts (the default): drawn_samples
     with in_process_llm(reference_target, speculative_config=spec, **ENGINE) as llm:
         samples = {name: _sample(llm, NUM_SAMPLES, 1.0, **s) for name, s in SAMPLERS.items()}
         return samples, speculation(llm), k
@@ -157,13 +160,13 @@ def _verified_with_probs(worker) -> int:
 
 @pytest.fixture(scope="module")
 def drawn_samples(reference_target) -> tuple[dict[str, list], object, int, int]:
-    """The same with the reference heads' drafts drawn from their distributions (seeded
-    requests draw with their own generators); the requests drawn for, and the verification
-    steps that got those distributions. (Drawn drafts verified as one-hot ones would follow
-    the target's distribution too, accepted less often: only the count shows the rule.)"""
+    """The same with the reference heads' drafts drawn from their distributions, which a
+    chain does when draft_sample_method is not given (seeded requests draw with their own
+    generators); the requests drawn for, and the verification steps that got those
+    distributions. (Drawn drafts verified as one-hot ones would follow the target's
+    distribution too, accepted less often: only the count shows the rule.)"""
     spec = {"method": "clover", "model": str(REFERENCE_HEADS)}
     spec.update(num_speculative_tokens=SAMPLED_DRAFTS, draft_budget="fixed")
-    spec["draft_sample_method"] = "probabilistic"
     with in_process_llm(reference_target, speculative_config=spec, **ENGINE) as llm:
         llm.collective_rpc(_count_verified_with_probs)
         samples = {name: _sample(llm, 3 * NUM_SAMPLES, 1.0, **s) for name, s in SAMPLERS.items()}
@@ -203,9 +206,10 @@ def test_tree_samples_follow_the_target_distribution(vanilla_samples, tree_sampl
 
 @pytest.mark.parametrize("sampler", sorted(SAMPLERS))
 def test_drawn_drafts_leave_the_target_distribution(vanilla_samples, drawn_samples, sampler):
-    """T = 1 (and with top-k, top-p) with drafts drawn from the heads' distributions: vLLM
-    verifies them against those distributions (min(1, p/q), then max(p - q, 0)), and the
-    samples are distributed as vanilla's; drafts were drawn and accepted."""
+    """T = 1 (and with top-k, top-p) with drafts drawn from the heads' distributions (the
+    default): vLLM verifies them against those distributions (min(1, p/q), then
+    max(p - q, 0)), and the samples are distributed as vanilla's; drafts were drawn and
+    accepted."""
     samples, stats, drawn, with_probs = drawn_samples
     assert drawn > 0 and with_probs > 0, (drawn, with_probs)  # drawn, verified with q
     assert_clover_speculated(stats, k=SAMPLED_DRAFTS)

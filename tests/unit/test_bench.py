@@ -338,15 +338,16 @@ def test_each_draft_budget_is_a_method_of_its_own():
         resolve_methods(["clover"], str(REFERENCE_HEADS), "", 4, [], ("table",))
 
 
-def test_drawn_drafts_are_a_method_of_their_own():
-    sampling = ("greedy", "probabilistic")
+def test_greedy_drafts_are_a_method_of_their_own():
+    """Drawn drafts are Clover's default (nothing passed); greedy ones are asked for."""
+    sampling = ("probabilistic", "greedy")
     methods = resolve_methods(
         ["clover"], str(REFERENCE_HEADS), "", 4, [], ("goodput", "fixed"), (), (0.0,), sampling
     )
-    names = ["vanilla", "clover", "clover-drawn", "clover-fixed", "clover-fixed-drawn"]
+    names = ["vanilla", "clover", "clover-greedy", "clover-fixed", "clover-fixed-greedy"]
     assert [m.name for m in methods] == names
     configs = [m.speculative_config() for m in methods[1:]]
-    assert [c.get("draft_sample_method") for c in configs] == [None, "probabilistic"] * 2
+    assert [c.get("draft_sample_method") for c in configs] == [None, "greedy"] * 2
     with pytest.raises(BenchError, match="--draft-sampling"):
         resolve_methods(["clover"], str(REFERENCE_HEADS), "", 4, [], ("goodput",), (), (0,), ())
 

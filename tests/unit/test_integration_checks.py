@@ -167,3 +167,24 @@ def test_drawn_drafts_with_a_tree_or_several_ranks_are_refused(fields, message):
         CloverCheckpointError, match=f"draft_sample_method .probabilistic. .*{message}"
     ):
         check_draft_sampling(SimpleNamespace(**vars(spec), draft_sample_method="probabilistic"))
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({}, "probabilistic"),  # a chain draws its drafts by default
+        ({"draft_sample_method": "greedy"}, "greedy"),  # the user's setting stands
+        ({"speculative_token_tree": "[(0,), (1,)]"}, "greedy"),
+        ({"target_parallel_config": SimpleNamespace(world_size=2)}, "greedy"),
+        ({"target_parallel_config": SimpleNamespace(world_size=1)}, "probabilistic"),
+    ],
+)
+def test_drafts_are_drawn_by_default_where_they_can_be(fields, expected):
+    from vllm_clover.integration.checks import check_draft_sampling, resolve_draft_sampling
+
+    spec = SimpleNamespace(
+        **{"speculative_token_tree": None, "draft_sample_method": None, **fields}
+    )
+    spec.draft_sample_method = resolve_draft_sampling(spec)
+    assert spec.draft_sample_method == expected
+    check_draft_sampling(spec)  # a default never refuses itself

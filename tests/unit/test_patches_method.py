@@ -69,3 +69,24 @@ def test_clover_keys_of_speculative_config_are_clover_only():
         SpeculativeConfig(method="ngram", num_speculative_tokens=2, draft_confidence=0.3)
     with pytest.raises(CloverStartupError, match=r"\['draft_budget'\] apply to method 'clover'"):
         SpeculativeConfig(method="ngram", num_speculative_tokens=2, draft_budget="fixed")
+
+
+def test_draft_sample_method_tells_no_setting_from_greedy():
+    """Not given, it is None until post_init resolves it: vLLM's "greedy" for other methods
+    (Clover's chains: "probabilistic", see test_integration_checks); given, it is kept."""
+    from vllm.config.speculative import SpeculativeConfig
+
+    from vllm_clover.integration.patches.method import vllm_draft_sample_default
+
+    patches.apply_patches()
+    patches.apply_patches()
+    assert SpeculativeConfig.__dataclass_fields__["draft_sample_method"].default is None
+    assert vllm_draft_sample_default(SpeculativeConfig) == "greedy"
+    ngram = SpeculativeConfig(method="ngram", num_speculative_tokens=2)
+    assert ngram.draft_sample_method == "greedy"
+    drawn = SpeculativeConfig(
+        method="ngram", num_speculative_tokens=2, draft_sample_method="probabilistic"
+    )
+    assert drawn.draft_sample_method == "probabilistic"
+    with pytest.raises(ValueError, match="draft_sample_method"):
+        SpeculativeConfig(method="ngram", num_speculative_tokens=2, draft_sample_method="top")

@@ -23,8 +23,9 @@ ENGINE_MODES = ("in-process", "multiprocess")
 # default. A Clover method runs once per budget asked for, "fixed" named NAME-fixed.
 DRAFT_BUDGETS = ("goodput", "fixed")
 # How a Clover chain's drafts are chosen at T > 0 (speculative_config draft_sample_method):
-# the argmax, or drawn from the heads' distributions ("probabilistic", named NAME-drawn).
-DRAFT_SAMPLINGS = ("greedy", "probabilistic")
+# drawn from the heads' distributions ("probabilistic", Clover's default: nothing passed), or
+# the argmax ("greedy", passed, named NAME-greedy).
+DRAFT_SAMPLINGS = ("probabilistic", "greedy")
 DTYPES = ("float32", "bfloat16")
 # The evaluation protocol (docs/benchmarks.md), and a few-minute version of it for 2 cores.
 FULL_PRESET = {
@@ -165,8 +166,8 @@ def resolve_methods(
     """Methods to run, vanilla first; checkpoints are checked here, not at engine start.
 
     Each Clover checkpoint runs once per draft budget and draft sampling: ("goodput",
-    "fixed") x ("greedy", "probabilistic") gives "clover", "clover-drawn", "clover-fixed"
-    and "clover-fixed-drawn". Each token tree runs the --clover-heads checkpoint once per tree
+    "fixed") x ("probabilistic", "greedy") gives "clover", "clover-greedy", "clover-fixed"
+    and "clover-fixed-greedy". Each token tree runs the --clover-heads checkpoint once per tree
     confidence: "clover-tree<nodes>" (0: the whole tree), "clover-tree<nodes>-c<C>"
     (``draft_confidence`` C: each request drafts the nodes of path probability >= C) and
     "clover-tree<nodes>-goodput" (``draft_budget`` "goodput": the threshold chosen per step).
@@ -240,7 +241,7 @@ def _clover_methods(
         Method(
             name
             + ("" if budget == DRAFT_BUDGETS[0] else f"-{budget}")
-            + ("" if sampling == DRAFT_SAMPLINGS[0] else "-drawn"),
+            + ("" if sampling == DRAFT_SAMPLINGS[0] else f"-{sampling}"),
             "clover",
             str(Path(folder).resolve()),
             k,
@@ -289,9 +290,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         default=list(DRAFT_SAMPLINGS[:1]),
         choices=DRAFT_SAMPLINGS,
-        help="how Clover chains choose drafts at T > 0: greedy (default: the argmax) and/or "
-        "probabilistic (drawn from the heads' distributions, vLLM's draft_sample_method), "
-        "the latter as NAME-drawn",
+        help="how Clover chains choose drafts at T > 0 (vLLM's draft_sample_method): "
+        "probabilistic (default: drawn from the heads' distributions) and/or greedy (the "
+        "argmax), the latter as NAME-greedy",
     )
     parser.add_argument(
         "--tree",

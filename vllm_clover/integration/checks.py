@@ -127,6 +127,20 @@ def resolve_draft_budget(budget: str | None, schedule: object) -> str:
     return budget
 
 
+def resolve_draft_sampling(spec_config) -> str:
+    """How a Clover engine chooses its drafts at T > 0 (``draft_sample_method``): the user's
+    setting, else "probabilistic" for a chain (drawn from the heads' distributions,
+    ``modeling/draft_sampling.py``: accepted about twice as often at T = 1, as often at
+    T = 0.3; greedy requests keep argmax drafts either way) and "greedy" where drafts cannot
+    be drawn (a token tree, several ranks: ``check_draft_sampling``)."""
+    if spec_config.draft_sample_method is not None:
+        return spec_config.draft_sample_method
+    parallel = getattr(spec_config, "target_parallel_config", None)
+    several_ranks = parallel is not None and parallel.world_size > 1
+    tree = spec_config.speculative_token_tree is not None
+    return "greedy" if tree or several_ranks else "probabilistic"
+
+
 def check_draft_sampling(spec_config) -> None:
     """ValueError where Clover cannot draw its drafts at random (``draft_sample_method``
     "probabilistic", ``modeling/draft_sampling.py``): a token tree's nodes are each head's
@@ -145,8 +159,8 @@ def check_draft_sampling(spec_config) -> None:
     if parallel is not None and parallel.world_size > 1:
         raise CloverCheckpointError(
             'draft_sample_method "probabilistic" is not supported by Clover under tensor or '
-            f"pipeline parallelism ({parallel.world_size} ranks); drafts stay greedy with "
-            'draft_sample_method "greedy" (the default)'
+            f"pipeline parallelism ({parallel.world_size} ranks); drop it (drafts then stay "
+            "greedy, the default there)"
         )
 
 

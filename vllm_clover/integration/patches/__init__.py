@@ -20,6 +20,7 @@ per process (vLLM runs the plugin in every process, sometimes twice) and marked.
 |---------------------|----------|-----------------------------------------------------|
 | method_literal      | patch    | vLLM gets a speculative-method registry             |
 | clover_fields       | patch    | vLLM passes method-specific options through         |
+| draft_sample_default| patch    | vLLM lets a method choose its own default           |
 | post_init           | patch    | vLLM knows "clover" (with the above)                |
 | use_eagle           | patch    | vLLM names the "hidden states + draft KV" capability|
 | runner_drafter      | patch    | vLLM gets a proposer registry                       |
@@ -70,6 +71,16 @@ PATCHES = (
         "patches/method.py",
         {"vllm.engine.arg_utils:EngineArgs.create_speculative_config": "489aa2fc045a"},
         apply=method.patch_clover_fields,
+    ),
+    Entry(
+        "draft_sample_default",
+        "patch",
+        'SpeculativeConfig.draft_sample_method defaults to "greedy" for every method, so a '
+        "user's \"greedy\" cannot be told from no setting; Clover's chains default to drawn "
+        "drafts (None = not given, resolved in post_init; other methods get vLLM's default)",
+        "patches/method.py",
+        {f"{SPEC}:DraftSampleMethod": "5ee94c0f95c5"},
+        apply=method.patch_draft_sample_default,
     ),
     Entry(
         "post_init",

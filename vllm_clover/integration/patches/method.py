@@ -50,8 +50,6 @@ CLOVER_FIELDS: dict[str, tuple[object, object]] = {
 
 def patch_clover_fields() -> None:
     """Add CLOVER_FIELDS to SpeculativeConfig (validated by pydantic like its own fields)."""
-    import dataclasses
-
     from pydantic.dataclasses import rebuild_dataclass
     from vllm.config import speculative
 
@@ -59,14 +57,50 @@ def patch_clover_fields() -> None:
     if is_patched(config_class, "clover_fields"):
         return
     for name, (annotation, default) in CLOVER_FIELDS.items():
-        spec_field = dataclasses.field(default=default)
-        spec_field.name, spec_field.type = name, annotation
-        spec_field._field_type = dataclasses._FIELD  # what @dataclass sets on its own fields
-        config_class.__dataclass_fields__[name] = spec_field
-        config_class.__annotations__[name] = annotation
-        setattr(config_class, name, default)
+        _set_field(config_class, name, annotation, default)
     rebuild_dataclass(config_class, force=True)
     mark(config_class, "clover_fields")
+
+
+def _set_field(config_class, name: str, annotation, default, metadata=None) -> None:
+    """Make `name` a dataclass field of `config_class` (added, or its type and default
+    replaced); the caller rebuilds the pydantic dataclass afterwards."""
+    import dataclasses
+
+    spec_field = dataclasses.field(default=default, metadata=metadata)
+    spec_field.name, spec_field.type = name, annotation
+    spec_field._field_type = dataclasses._FIELD  # what @dataclass sets on its own fields
+    config_class.__dataclass_fields__[name] = spec_field
+    config_class.__annotations__[name] = annotation
+    setattr(config_class, name, default)
+
+
+# --------------------------------------------------------------------------- draft_sample_default
+VLLM_DEFAULT = "vllm_clover.vllm_default"  # field metadata key: vLLM's own default, kept
+
+
+def patch_draft_sample_default() -> None:
+    """`SpeculativeConfig.draft_sample_method: DraftSampleMethod | None = None`, with vLLM's
+    default ("greedy") kept in the field's metadata. vLLM gives every method "greedy" when
+    the key is absent, so a user's "greedy" could not be told from no setting; with None for
+    "not given", `post_init` resolves it: Clover's chains draw their drafts
+    (`checks.resolve_draft_sampling`), every other method gets vLLM's default back."""
+    from pydantic.dataclasses import rebuild_dataclass
+    from vllm.config import speculative
+
+    config_class = speculative.SpeculativeConfig
+    current = config_class.__dataclass_fields__["draft_sample_method"]
+    if VLLM_DEFAULT in current.metadata:
+        return
+    widened = speculative.DraftSampleMethod | None
+    metadata = {VLLM_DEFAULT: current.default}
+    _set_field(config_class, "draft_sample_method", widened, None, metadata)
+    rebuild_dataclass(config_class, force=True)
+
+
+def vllm_draft_sample_default(config_class) -> str:
+    """vLLM's own default of draft_sample_method, as the patch above found it."""
+    return config_class.__dataclass_fields__["draft_sample_method"].metadata[VLLM_DEFAULT]
 
 
 # --------------------------------------------------------------------------- post_init
@@ -80,6 +114,7 @@ def _clover_post_init(original: Callable) -> Callable:
             is_clover_checkpoint,
             resolve_draft_budget,
             resolve_draft_confidence,
+            resolve_draft_sampling,
             resolve_token_tree,
         )
 
@@ -91,6 +126,8 @@ def _clover_post_init(original: Callable) -> Callable:
                 raise CloverStartupError(
                     f"speculative_config {given} apply to method 'clover' only, not {self.method!r}"
                 )
+            if self.draft_sample_method is None:
+                self.draft_sample_method = vllm_draft_sample_default(type(self))
             return original(self)
         from vllm import envs
 
@@ -106,6 +143,7 @@ def _clover_post_init(original: Callable) -> Callable:
                 None if tree else self.num_speculative_tokens,
                 self.target_model_config.hf_config,
             )
+            self.draft_sample_method = resolve_draft_sampling(self)
             check_draft_sampling(self)
             if tree:
                 resolve_token_tree(self, config)
