@@ -132,36 +132,40 @@ def resolve_draft_sampling(spec_config) -> str:
     setting, else "probabilistic" for a chain (drawn from the heads' distributions,
     ``modeling/draft_sampling.py``: accepted about twice as often at T = 1, as often at
     T = 0.3; greedy requests keep argmax drafts either way) and "greedy" where drafts cannot
-    be drawn (a token tree, several ranks: ``check_draft_sampling``)."""
+    be drawn (``_why_drafts_cannot_be_drawn``)."""
     if spec_config.draft_sample_method is not None:
         return spec_config.draft_sample_method
-    parallel = getattr(spec_config, "target_parallel_config", None)
-    several_ranks = parallel is not None and parallel.world_size > 1
-    tree = spec_config.speculative_token_tree is not None
-    return "greedy" if tree or several_ranks else "probabilistic"
+    return "greedy" if _why_drafts_cannot_be_drawn(spec_config) else "probabilistic"
 
 
 def check_draft_sampling(spec_config) -> None:
-    """ValueError where Clover cannot draw its drafts at random (``draft_sample_method``
-    "probabilistic", ``modeling/draft_sampling.py``): a token tree's nodes are each head's
-    top-ranked tokens, verified by recursive rejection over siblings, which needs them
-    deterministic; and under tensor parallelism every rank would have to draw the same
-    token from logits it holds only a shard of."""
+    """ValueError where Clover is asked to draw its drafts at random (``draft_sample_method``
+    "probabilistic", ``modeling/draft_sampling.py``) and cannot."""
     if spec_config.draft_sample_method != "probabilistic":
         return
+    why = _why_drafts_cannot_be_drawn(spec_config)
+    if why:
+        raise CloverCheckpointError(f'draft_sample_method "probabilistic" {why}')
+
+
+def _why_drafts_cannot_be_drawn(spec_config) -> str | None:
+    """Why a Clover engine cannot draw its drafts, or None: a token tree's nodes are each
+    head's top-ranked tokens, verified by recursive rejection over siblings, which needs them
+    deterministic; and under tensor parallelism every rank would have to draw the same token
+    from logits it holds only a shard of."""
     if spec_config.speculative_token_tree is not None:
-        raise CloverCheckpointError(
-            'draft_sample_method "probabilistic" draws a chain; a speculative_token_tree '
-            "drafts each head's top-ranked tokens, verified by recursive rejection over "
-            "siblings: drop one of the two"
+        return (
+            "draws a chain; a speculative_token_tree drafts each head's top-ranked tokens, "
+            "verified by recursive rejection over siblings: drop one of the two"
         )
     parallel = getattr(spec_config, "target_parallel_config", None)
     if parallel is not None and parallel.world_size > 1:
-        raise CloverCheckpointError(
-            'draft_sample_method "probabilistic" is not supported by Clover under tensor or '
-            f"pipeline parallelism ({parallel.world_size} ranks); drop it (drafts then stay "
-            "greedy, the default there)"
+        return (
+            "is not supported by Clover under tensor or pipeline parallelism "
+            f"({parallel.world_size} ranks); drop it (drafts then stay greedy, the default "
+            "there)"
         )
+    return None
 
 
 def resolve_token_tree(spec_config, config: CloverConfig) -> None:
