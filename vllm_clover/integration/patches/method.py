@@ -107,66 +107,15 @@ def vllm_draft_sample_default(config_class) -> str:
 def _clover_post_init(original: Callable) -> Callable:
     @functools.wraps(original)
     def __post_init__(self) -> None:
-        from vllm_clover.integration.checks import (
-            CloverStartupError,
-            check_clover_spec,
-            check_draft_sampling,
-            is_clover_checkpoint,
-            resolve_draft_budget,
-            resolve_draft_confidence,
-            resolve_draft_sampling,
-            resolve_token_tree,
-        )
+        from vllm_clover.integration.checks import is_clover_checkpoint
 
         if self.method is None and is_clover_checkpoint(self.model):
             self.method = CLOVER_METHOD  # detected from the checkpoint's model_type
         if self.method != CLOVER_METHOD:
-            given = [name for name in CLOVER_FIELDS if getattr(self, name) is not None]
-            if given:
-                raise CloverStartupError(
-                    f"speculative_config {given} apply to method 'clover' only, not {self.method!r}"
-                )
-            if self.draft_sample_method is None:
-                self.draft_sample_method = vllm_draft_sample_default(type(self))
+            _check_not_clover(self)
             return original(self)
-        from vllm import envs
-
-        if envs.VLLM_USE_V2_MODEL_RUNNER:  # vLLM reads it as bool(int(value))
-            raise CloverStartupError(
-                "Clover runs on vLLM's V1 model runner; unset "
-                "VLLM_USE_V2_MODEL_RUNNER=1 to use speculative method 'clover'"
-            )
-        tree = self.speculative_token_tree is not None
-        try:
-            config = check_clover_spec(
-                self.model,
-                None if tree else self.num_speculative_tokens,
-                self.target_model_config.hf_config,
-            )
-            self.draft_sample_method = resolve_draft_sampling(self)
-            check_draft_sampling(self)
-            if tree:
-                resolve_token_tree(self, config)
-            else:
-                if self.num_speculative_tokens is None:
-                    self.num_speculative_tokens = config.num_heads
-                self.draft_confidence = resolve_draft_confidence(self.draft_confidence, config)
-                self.draft_budget = resolve_draft_budget(
-                    self.draft_budget, self.num_speculative_tokens_per_batch_size
-                )
-        except ValueError as err:  # a bad checkpoint or setting: one line, not pydantic's report
-            raise CloverStartupError(str(err)) from None
-        # On a prefix-cache hit vLLM recomputes the last cached block for EAGLE-like drafters,
-        # whose draft KV there was computed with the token that followed it then. Heads that
-        # read H alone (no Augmenting Block, or one without the next-token fusion) have draft
-        # KV that the prefix fixes, like the target's: they keep that block.
-        if not config.fuse_next_token and not self.disable_eagle_block_drop:
-            self.disable_eagle_block_drop = True
-            logger.info(
-                "Clover: these heads read the target's hidden states alone, so the last "
-                "prefix-cache block a request hits is kept (vLLM's warning that EAGLE block "
-                "dropping is disabled does not apply to them)"
-            )
+        config = _resolve_clover_settings(self)
+        _keep_last_prefix_block(self, config)
         # vLLM builds the draft ModelConfig (dtype, max_model_len, parallelism) for a
         # generic draft model; Clover needs exactly that, under its own name afterwards.
         self.method = "draft_model"
@@ -176,6 +125,79 @@ def _clover_post_init(original: Callable) -> Callable:
             self.method = CLOVER_METHOD
 
     return mark(__post_init__, "post_init")
+
+
+def _check_not_clover(spec) -> None:
+    """Another method: Clover's own keys are refused, vLLM's draft_sample_method default
+    restored (the draft_sample_default patch left it None)."""
+    from vllm_clover.integration.checks import CloverStartupError
+
+    given = [name for name in CLOVER_FIELDS if getattr(spec, name) is not None]
+    if given:
+        raise CloverStartupError(
+            f"speculative_config {given} apply to method 'clover' only, not {spec.method!r}"
+        )
+    if spec.draft_sample_method is None:
+        spec.draft_sample_method = vllm_draft_sample_default(type(spec))
+
+
+def _resolve_clover_settings(spec):
+    """Check the checkpoint against the target and fill in every Clover setting the user
+    left out (K, draft sampling, confidence, budget, or the tree); the checkpoint's
+    CloverConfig. CloverStartupError, one line naming the problem, on a bad setting."""
+    from vllm import envs
+
+    from vllm_clover.integration.checks import (
+        CloverStartupError,
+        check_clover_spec,
+        check_draft_sampling,
+        resolve_draft_budget,
+        resolve_draft_confidence,
+        resolve_draft_sampling,
+        resolve_token_tree,
+    )
+
+    if envs.VLLM_USE_V2_MODEL_RUNNER:  # vLLM reads it as bool(int(value))
+        raise CloverStartupError(
+            "Clover runs on vLLM's V1 model runner; unset "
+            "VLLM_USE_V2_MODEL_RUNNER=1 to use speculative method 'clover'"
+        )
+    tree = spec.speculative_token_tree is not None
+    try:
+        config = check_clover_spec(
+            spec.model,
+            None if tree else spec.num_speculative_tokens,
+            spec.target_model_config.hf_config,
+        )
+        spec.draft_sample_method = resolve_draft_sampling(spec)
+        check_draft_sampling(spec)
+        if tree:
+            resolve_token_tree(spec, config)
+        else:
+            if spec.num_speculative_tokens is None:
+                spec.num_speculative_tokens = config.num_heads
+            spec.draft_confidence = resolve_draft_confidence(spec.draft_confidence, config)
+            spec.draft_budget = resolve_draft_budget(
+                spec.draft_budget, spec.num_speculative_tokens_per_batch_size
+            )
+    except ValueError as err:  # a bad checkpoint or setting: one line, not pydantic's report
+        raise CloverStartupError(str(err)) from None
+    return config
+
+
+def _keep_last_prefix_block(spec, config) -> None:
+    """On a prefix-cache hit vLLM recomputes the last cached block for EAGLE-like drafters,
+    whose draft KV there was computed with the token that followed it then. Heads that read
+    H alone (no Augmenting Block, or one without the next-token fusion) have draft KV that
+    the prefix fixes, like the target's: they keep that block."""
+    if config.fuse_next_token or spec.disable_eagle_block_drop:
+        return
+    spec.disable_eagle_block_drop = True
+    logger.info(
+        "Clover: these heads read the target's hidden states alone, so the last "
+        "prefix-cache block a request hits is kept (vLLM's warning that EAGLE block "
+        "dropping is disabled does not apply to them)"
+    )
 
 
 def patch_post_init() -> None:

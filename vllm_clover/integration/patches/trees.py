@@ -64,21 +64,7 @@ def patch_tree_steps() -> None:
         trees = getattr(self, "clover_trees", None)
         if trees is None or trees.step is None:
             return sample(self, logits, spec_decode_metadata)
-        from vllm_clover.integration.tree_sampler import verify_trees
-
-        step = trees.step
-        output, verdict = verify_trees(
-            trees.tree,
-            spec_decode_metadata.num_draft_tokens,
-            spec_decode_metadata.draft_token_ids,
-            logits,
-            self.input_batch.sampling_metadata,
-            step.batch_nodes(len(spec_decode_metadata.num_draft_tokens)),
-        )
-        step.settle(verdict.select(step.requests))
-        step.compact()
-        trees.record(step.verdict, step.nodes, step.chances)
-        return output
+        return _verify_tree_step(self, trees, logits, spec_decode_metadata)
 
     GPUModelRunner._prepare_inputs = mark(_prepare_inputs, "tree_steps")
     GPUModelRunner._build_attention_metadata = mark(_build_attention_metadata, "tree_steps")
@@ -104,6 +90,26 @@ def _tree_step(runner, trees, spec, scheduler_output, num_scheduled_tokens):
     )  # fmt: skip
     starts = runner.query_start_loc.np[: num_reqs + 1]
     return TreeStep.of(trees.tree, spec.num_draft_tokens, starts, drafted)
+
+
+def _verify_tree_step(runner, trees, logits, spec_decode_metadata):
+    """The tree sampler's output for the step (vLLM's SamplerOutput), after settling which
+    path each request accepted, compacting the accepted nodes' KV and counting them."""
+    from vllm_clover.integration.tree_sampler import verify_trees
+
+    step = trees.step
+    output, verdict = verify_trees(
+        trees.tree,
+        spec_decode_metadata.num_draft_tokens,
+        spec_decode_metadata.draft_token_ids,
+        logits,
+        runner.input_batch.sampling_metadata,
+        step.batch_nodes(len(spec_decode_metadata.num_draft_tokens)),
+    )
+    step.settle(verdict.select(step.requests))
+    step.compact()
+    trees.record(step.verdict, step.nodes, step.chances)
+    return output
 
 
 def patch_tree_attention() -> None:
