@@ -19,8 +19,8 @@ from pathlib import Path
 from vllm_clover.assets.data import fetch_mtbench, fetch_sharegpt
 from vllm_clover.assets.target import REFERENCE_TARGET, fetch_reference_target
 from vllm_clover.assets.wheels import AssetError
+from vllm_clover.bench.arguments import add_arguments as add_bench_arguments
 from vllm_clover.bench.config import BenchError
-from vllm_clover.bench.config import add_arguments as add_bench_arguments
 from vllm_clover.training.config import (
     EvalConfig,
     GenerateConfig,

@@ -54,6 +54,7 @@ def test_bench_runs_every_method_and_writes_complete_results(clover_heads, tmp_p
         "--draft-budgets",  # goodput (the default) may rightly draft nothing on a busy machine;
         "goodput",  # fixed drafts at every step, so it shows that Clover drafted
         "fixed",
+        "floor",  # K = 0 at every step: the proposer runs, nothing is drafted
         "--out",
         str(out),
     ]
@@ -67,7 +68,9 @@ def test_bench_runs_every_method_and_writes_complete_results(clover_heads, tmp_p
     assert report["machine"]["vllm"].endswith("0.32.0") and report["machine"]["cores"] >= 1
     rows = report["runs"]
     assert [(r["method"], r["batch_size"]) for r in rows] == [
-        (m, b) for b in (1, 2) for m in ("vanilla", "ngram", "medusa", "clover", "clover-fixed")
+        (m, b)
+        for b in (1, 2)
+        for m in ("vanilla", "ngram", "medusa", "clover", "clover-fixed", "clover-floor")
     ]
     for row in rows:
         assert ROW_KEYS <= row.keys(), row["method"]
@@ -80,6 +83,8 @@ def test_bench_runs_every_method_and_writes_complete_results(clover_heads, tmp_p
     for row in (r for r in rows if r["method"] == "clover-fixed"):
         assert row["drafts"] > 0 and row["tau"] > 1  # Clover drafted, drafts were accepted
         assert len(row["acceptance_rates"]) == row["speculative_config"]["num_speculative_tokens"]
+    for row in (r for r in rows if r["method"] == "clover-floor"):
+        assert row["drafts"] == 0 and row["tau"] is None  # every step at K = 0
     assert (out / "results.md").read_text().count("\n| ") >= len(rows) + 1
     assert (out / "throughput_ratio.png").is_file()
     assert (out / "acceptance_per_position.png").is_file()

@@ -338,6 +338,21 @@ def test_each_draft_budget_is_a_method_of_its_own():
         resolve_methods(["clover"], str(REFERENCE_HEADS), "", 4, [], ("table",))
 
 
+def test_floor_budget_drafts_nothing_at_any_batch_size():
+    """The floor is vLLM's own batch-size table at K = 0: the engine speculates, drafts nothing."""
+    from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+
+    methods = resolve_methods(["clover"], str(REFERENCE_HEADS), "", 4, [], ("goodput", "floor"))
+    assert [m.name for m in methods] == ["vanilla", "clover", "clover-floor"]
+    spec = methods[2].speculative_config()
+    assert spec["draft_budget"] == "fixed" and spec["num_speculative_tokens"] == 4
+    schedule = [list(entry) for entry in spec["num_speculative_tokens_per_batch_size"]]
+    for max_num_seqs in (1, 4, 64, 1024):
+        lookup = build_dynamic_sd_schedule_lookup(schedule, max_num_seqs, 4)
+        assert lookup[1:] == [0] * max_num_seqs
+    json.dumps(spec)  # recorded in results.json
+
+
 def test_greedy_drafts_are_a_method_of_their_own():
     """Drawn drafts are Clover's default (nothing passed); greedy ones are asked for."""
     sampling = ("probabilistic", "greedy")
@@ -410,7 +425,7 @@ def test_config_validation_errors(changes, message):
 
 def test_quick_preset_and_explicit_flags():
     parser = build_parser()
-    from vllm_clover.bench.config import config_from_args
+    from vllm_clover.bench.arguments import config_from_args
 
     quick = config_from_args(parser.parse_args(["bench", "--quick", "--out", "/tmp/x"]))
     assert quick.batch_sizes == QUICK_PRESET["batch_sizes"] and quick.temperatures == (0.0,)

@@ -6,12 +6,9 @@ batch size) is a `BenchError` naming it, raised here, so no engine start is wast
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-from vllm_clover.bundled import REFERENCE_HEADS, REFERENCE_MEDUSA
 
 STANDARD_METHODS = ("vanilla", "ngram", "medusa", "clover")
 # Prompt lookup: match the last 2..4 tokens against the context (vLLM's default is 5..5).
@@ -20,8 +17,11 @@ NGRAM_LOOKUP = {"prompt_lookup_min": 2, "prompt_lookup_max": 4}
 # `LLM(...)` and `vllm serve` give users by default).
 ENGINE_MODES = ("in-process", "multiprocess")
 # How a Clover engine picks each step's K (speculative_config draft_budget); the first is the
-# default. A Clover method runs once per budget asked for, "fixed" named NAME-fixed.
-DRAFT_BUDGETS = ("goodput", "fixed")
+# default. A Clover method runs once per budget asked for, the others named NAME-<budget>.
+# "floor" is no budget a user would pick: vLLM's batch-size table at K = 0 for every batch,
+# the speculative engine drafting nothing, the floor the goodput budget cannot go below.
+DRAFT_BUDGETS = ("goodput", "fixed", "floor")
+FLOOR_SCHEDULE = ((1, 1 << 20, 0),)  # num_speculative_tokens_per_batch_size: K = 0, any batch
 # How a Clover chain's drafts are chosen at T > 0 (speculative_config draft_sample_method):
 # drawn from the heads' distributions ("probabilistic", Clover's default: nothing passed), or
 # the argmax ("greedy", passed, named NAME-greedy).
@@ -245,7 +245,7 @@ def _clover_methods(
             "clover",
             str(Path(folder).resolve()),
             k,
-            (("draft_budget", budget),)
+            _budget_options(budget)
             + (() if sampling == DRAFT_SAMPLINGS[0] else (("draft_sample_method", sampling),)),
         )
         for budget in dict.fromkeys(draft_budgets)
@@ -253,139 +253,12 @@ def _clover_methods(
     ]
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The `bench` command's flags; unset ones take the full (or --quick) preset."""
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="a few-minute smoke run: batch "
-        "sizes 1 4, T=0, 8 prompts, 32 tokens, one in-process round (every method still runs)",
-    )
-    parser.add_argument(
-        "--methods",
-        nargs="+",
-        default=list(STANDARD_METHODS),
-        help=f"among {' '.join(STANDARD_METHODS)} (vanilla always runs)",
-    )
-    parser.add_argument(
-        "--clover",
-        action="append",
-        default=[],
-        metavar="NAME=DIR",
-        help="an extra Clover checkpoint to compare (e.g. an ablation); repeatable",
-    )
-    parser.add_argument("--clover-heads", default=str(REFERENCE_HEADS))
-    parser.add_argument("--medusa-heads", default=str(REFERENCE_MEDUSA))
-    parser.add_argument("--ngram-tokens", type=int, default=4, help="ngram K")
-    parser.add_argument(
-        "--draft-budgets",
-        nargs="+",
-        default=list(DRAFT_BUDGETS[:1]),
-        choices=DRAFT_BUDGETS,
-        help="how Clover picks each step's K: goodput (default: measured, per step) and/or "
-        "fixed (always its K); each Clover method runs once per budget",
-    )
-    parser.add_argument(
-        "--draft-sampling",
-        nargs="+",
-        default=list(DRAFT_SAMPLINGS[:1]),
-        choices=DRAFT_SAMPLINGS,
-        help="how Clover chains choose drafts at T > 0 (vLLM's draft_sample_method): "
-        "probabilistic (default: drawn from the heads' distributions) and/or greedy (the "
-        "argmax), the latter as NAME-greedy",
-    )
-    parser.add_argument(
-        "--tree",
-        action="append",
-        default=[],
-        metavar="TREE",
-        help='a token tree for the --clover-heads checkpoint, e.g. "[(0,), (1,), (0, 0)]", '
-        "run as clover-tree<nodes>; repeatable",
-    )
-    parser.add_argument(
-        "--tree-confidence",
-        type=_confidence,
-        nargs="+",
-        default=[0.0],
-        metavar="C",
-        help="run each --tree once per C: 0 drafts the whole tree, C > 0 only the nodes whose "
-        "path probability is at least C (draft_confidence), as clover-tree<nodes>-c<C>; "
-        'goodput chooses C per step (draft_budget "goodput"), as clover-tree<nodes>-goodput',
-    )
-    parser.add_argument(
-        "--batch-sizes", type=int, nargs="+", help="max_num_seqs values (default 1 4 16 64)"
-    )
-    parser.add_argument("--temperatures", type=float, nargs="+", help="default 0 1")
-    parser.add_argument("--max-tokens", type=int, help="new tokens per prompt (default 128)")
-    parser.add_argument("--min-prompts", type=int, help="prompts per run at least (default 16)")
-    parser.add_argument(
-        "--prompts-per-seq",
-        type=int,
-        help="prompts per run at least this times the batch size (default 2)",
-    )
-    parser.add_argument(
-        "--prompts",
-        help='JSONL of {"prompt": ...} records or a ShareGPT file (default: MT-Bench first turns)',
-    )
-    parser.add_argument(
-        "--repeats",
-        type=int,
-        help="rounds of every engine, alternating; figures are medians (default 3)",
-    )
-    parser.add_argument(
-        "--engines",
-        nargs="+",
-        choices=ENGINE_MODES,
-        help="engine modes to measure (default both; multiprocess is what users get)",
-    )
-    parser.add_argument(
-        "--dtype",
-        default="float32",
-        choices=DTYPES,
-        help="the target's dtype: float32 (default; greedy output equals vanilla exactly) or "
-        "bfloat16 (what a CPU with AMX serves fastest; equal except at rounding ties)",
-    )
-    parser.add_argument("--out", default="bench-results", help="results folder")
-    parser.add_argument("--no-plots", action="store_true")
-    parser.add_argument("--cache-dir")
-
-
-def _confidence(text: str) -> float | str:
-    """A --tree-confidence value: "goodput" or a number."""
-    if text == "goodput":
-        return text
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is neither a number nor goodput") from None
-
-
-def config_from_args(args: argparse.Namespace) -> BenchConfig:
-    """BenchConfig from parsed `bench` flags (BenchError on bad input)."""
-    preset = QUICK_PRESET if args.quick else FULL_PRESET
-    chosen = {
-        key: tuple(value) if isinstance(value, list) else value
-        for key in preset
-        if (value := getattr(args, key)) is not None
-    }
-    methods = resolve_methods(
-        args.methods,
-        args.clover_heads,
-        args.medusa_heads,
-        args.ngram_tokens,
-        args.clover,
-        tuple(args.draft_budgets),
-        tuple(args.tree),
-        tuple(args.tree_confidence),
-        tuple(args.draft_sampling),
-    )
-    return BenchConfig(
-        methods=methods,
-        **{**preset, **chosen},
-        prompts_file=args.prompts,
-        dtype=args.dtype,
-        out=Path(args.out),
-        cache_dir=args.cache_dir,
-        quick=args.quick,
-        plots=not args.no_plots,
-    )
+def _budget_options(budget: str) -> tuple[tuple[str, Any], ...]:
+    """The speculative_config keys of a --draft-budgets value ("floor": vLLM's own batch-size
+    table, K = 0 for every batch size, which implies draft_budget "fixed")."""
+    if budget == "floor":
+        return (
+            ("draft_budget", "fixed"),
+            ("num_speculative_tokens_per_batch_size", FLOOR_SCHEDULE),
+        )
+    return (("draft_budget", budget),)

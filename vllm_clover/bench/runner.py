@@ -178,7 +178,7 @@ def prepare_engine_server() -> None:
 
 def bench_command(args: Any, argv: Sequence[str]) -> None:
     """`vllm-clover bench ...`: validate everything, run, print where the results are."""
-    from vllm_clover.bench.config import config_from_args
+    from vllm_clover.bench.arguments import config_from_args
     from vllm_clover.bench.report import busy_warning, markdown_table
 
     config = config_from_args(args)

@@ -1,0 +1,173 @@
+"""The `vllm-clover bench` command line: its flags, and the `BenchConfig` they make.
+
+Unset workload flags take the full protocol's preset (or --quick's); every value is checked
+by `config.py`, before any engine starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from vllm_clover.bench.config import (
+    DRAFT_BUDGETS,
+    DRAFT_SAMPLINGS,
+    DTYPES,
+    ENGINE_MODES,
+    FULL_PRESET,
+    QUICK_PRESET,
+    STANDARD_METHODS,
+    BenchConfig,
+    resolve_methods,
+)
+from vllm_clover.bundled import REFERENCE_HEADS, REFERENCE_MEDUSA
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `bench` command's flags; unset ones take the full (or --quick) preset."""
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a few-minute smoke run: batch "
+        "sizes 1 4, T=0, 8 prompts, 32 tokens, one in-process round (every method still runs)",
+    )
+    _add_method_arguments(parser)
+    _add_workload_arguments(parser)
+    parser.add_argument("--out", default="bench-results", help="results folder")
+    parser.add_argument("--no-plots", action="store_true")
+    parser.add_argument("--cache-dir")
+
+
+def _add_method_arguments(parser: argparse.ArgumentParser) -> None:
+    """What is compared: the methods, their checkpoints, budgets, samplings and trees."""
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        default=list(STANDARD_METHODS),
+        help=f"among {' '.join(STANDARD_METHODS)} (vanilla always runs)",
+    )
+    parser.add_argument(
+        "--clover",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="an extra Clover checkpoint to compare (e.g. an ablation); repeatable",
+    )
+    parser.add_argument("--clover-heads", default=str(REFERENCE_HEADS))
+    parser.add_argument("--medusa-heads", default=str(REFERENCE_MEDUSA))
+    parser.add_argument("--ngram-tokens", type=int, default=4, help="ngram K")
+    parser.add_argument(
+        "--draft-budgets",
+        nargs="+",
+        default=list(DRAFT_BUDGETS[:1]),
+        choices=DRAFT_BUDGETS,
+        help="how Clover picks each step's K: goodput (default: measured, per step), fixed "
+        "(always its K) and/or floor (K = 0 at every step: the heads loaded, nothing drafted, "
+        "what speculation costs when it does not speculate); each Clover method runs once "
+        "per budget, the others than goodput as NAME-<budget>",
+    )
+    parser.add_argument(
+        "--draft-sampling",
+        nargs="+",
+        default=list(DRAFT_SAMPLINGS[:1]),
+        choices=DRAFT_SAMPLINGS,
+        help="how Clover chains choose drafts at T > 0 (vLLM's draft_sample_method): "
+        "probabilistic (default: drawn from the heads' distributions) and/or greedy (the "
+        "argmax), the latter as NAME-greedy",
+    )
+    parser.add_argument(
+        "--tree",
+        action="append",
+        default=[],
+        metavar="TREE",
+        help='a token tree for the --clover-heads checkpoint, e.g. "[(0,), (1,), (0, 0)]", '
+        "run as clover-tree<nodes>; repeatable",
+    )
+    parser.add_argument(
+        "--tree-confidence",
+        type=_confidence,
+        nargs="+",
+        default=[0.0],
+        metavar="C",
+        help="run each --tree once per C: 0 drafts the whole tree, C > 0 only the nodes whose "
+        "path probability is at least C (draft_confidence), as clover-tree<nodes>-c<C>; "
+        'goodput chooses C per step (draft_budget "goodput"), as clover-tree<nodes>-goodput',
+    )
+
+
+def _add_workload_arguments(parser: argparse.ArgumentParser) -> None:
+    """What each method is measured on, and how often (unset: the preset's values)."""
+    parser.add_argument(
+        "--batch-sizes", type=int, nargs="+", help="max_num_seqs values (default 1 4 16 64)"
+    )
+    parser.add_argument("--temperatures", type=float, nargs="+", help="default 0 1")
+    parser.add_argument("--max-tokens", type=int, help="new tokens per prompt (default 128)")
+    parser.add_argument("--min-prompts", type=int, help="prompts per run at least (default 16)")
+    parser.add_argument(
+        "--prompts-per-seq",
+        type=int,
+        help="prompts per run at least this times the batch size (default 2)",
+    )
+    parser.add_argument(
+        "--prompts",
+        help='JSONL of {"prompt": ...} records or a ShareGPT file (default: MT-Bench first turns)',
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        help="rounds of every engine, alternating; figures are medians (default 3)",
+    )
+    parser.add_argument(
+        "--engines",
+        nargs="+",
+        choices=ENGINE_MODES,
+        help="engine modes to measure (default both; multiprocess is what users get)",
+    )
+    parser.add_argument(
+        "--dtype",
+        default="float32",
+        choices=DTYPES,
+        help="the target's dtype: float32 (default; greedy output equals vanilla exactly) or "
+        "bfloat16 (what a CPU with AMX serves fastest; equal except at rounding ties)",
+    )
+
+
+def _confidence(text: str) -> float | str:
+    """A --tree-confidence value: "goodput" or a number."""
+    if text == "goodput":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a number nor goodput") from None
+
+
+def config_from_args(args: argparse.Namespace) -> BenchConfig:
+    """BenchConfig from parsed `bench` flags (BenchError on bad input)."""
+    preset = QUICK_PRESET if args.quick else FULL_PRESET
+    chosen = {
+        key: tuple(value) if isinstance(value, list) else value
+        for key in preset
+        if (value := getattr(args, key)) is not None
+    }
+    methods = resolve_methods(
+        args.methods,
+        args.clover_heads,
+        args.medusa_heads,
+        args.ngram_tokens,
+        args.clover,
+        tuple(args.draft_budgets),
+        tuple(args.tree),
+        tuple(args.tree_confidence),
+        tuple(args.draft_sampling),
+    )
+    return BenchConfig(
+        methods=methods,
+        **{**preset, **chosen},
+        prompts_file=args.prompts,
+        dtype=args.dtype,
+        out=Path(args.out),
+        cache_dir=args.cache_dir,
+        quick=args.quick,
+        plots=not args.no_plots,
+    )
