@@ -98,7 +98,7 @@ def head_loop_seconds(
     return seconds / repeats
 
 
-def main() -> None:
+def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--heads", type=Path, default=REFERENCE_HEADS)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64])
@@ -116,7 +116,11 @@ def main() -> None:
         choices=("auto", "float32", "bfloat16", "int8"),
         help="draft-row scoring dtype (as $CLOVER_DRAFT_DTYPE in the engine)",
     )
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = _parse_args()
     os.environ["CLOVER_DRAFT_DTYPE"] = args.draft_dtype  # the engine's pick = the timed one
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 

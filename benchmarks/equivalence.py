@@ -83,7 +83,7 @@ def compare(
     return result
 
 
-def main() -> None:
+def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--heads", default=str(REFERENCE_HEADS))
     parser.add_argument("--num-prompts", type=int, default=32)
@@ -91,7 +91,11 @@ def main() -> None:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 16, 64])
     parser.add_argument("--dtype", default="float32", choices=sorted(NEAR_TIE))
     parser.add_argument("--out", help="write the results as JSON here")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = _parse_args()
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
     from vllm_clover.assets.data import mtbench_questions

@@ -17,13 +17,7 @@ import tempfile
 from pathlib import Path
 
 
-def main() -> None:
-    import torch
-
-    from vllm_clover.assets.target import fetch_reference_target
-    from vllm_clover.training import TrainConfig, train
-    from vllm_clover.training.evaluate import format_table
-
+def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -37,7 +31,17 @@ def main() -> None:
     parser.add_argument("--cache-dir", help="hidden-state cache root (default: the user cache)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    import torch
+
+    from vllm_clover.assets.target import fetch_reference_target
+    from vllm_clover.training import TrainConfig, train
+    from vllm_clover.training.evaluate import format_table
+
+    args = _parse_args()
     torch.set_num_threads(args.threads)
     results = {}
     with tempfile.TemporaryDirectory(prefix="clover-labels-") as tmp:

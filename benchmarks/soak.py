@@ -63,23 +63,9 @@ def clover_server(
         "model": str(REFERENCE_HEADS),
         "num_speculative_tokens": spec_tokens,
     }
-    command = [
-        sys.executable,
-        "-m",
-        "vllm_clover.cli",
-        "serve",
-        REFERENCE_TARGET,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--dtype",
-        "float32",
-        "--enforce-eager",
-        "--max-model-len",
-        "2048",
-        *extra_args,
-    ]
+    command = [sys.executable, "-m", "vllm_clover.cli", "serve", REFERENCE_TARGET]
+    command += ["--host", "127.0.0.1", "--port", str(port), "--dtype", "float32"]
+    command += ["--enforce-eager", "--max-model-len", "2048", *extra_args]
     if spec_tokens:
         command += ["--speculative-config", json.dumps(spec)]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib), **(env or {})}

@@ -55,9 +55,7 @@ def seconds(fn, repeats: int) -> list[float]:
     return out
 
 
-def main() -> None:
-    from vllm_clover.training.teacher import Teacher, teacher_forward
-
+def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=4096, help="positions per batch")
     parser.add_argument("--seq-len", type=int, default=512)
@@ -65,7 +63,13 @@ def main() -> None:
     parser.add_argument("--draft-vocab-size", type=int, default=32768)
     parser.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
     parser.add_argument("--json")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    from vllm_clover.training.teacher import Teacher, teacher_forward
+
+    args = _parse_args()
     model = build(getattr(torch, args.dtype))
     batch = args.tokens // args.seq_len
     ids = torch.randint(3, GEMMA3_270M["vocab_size"], (batch, args.seq_len))

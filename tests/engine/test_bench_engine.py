@@ -32,32 +32,12 @@ ROW_KEYS = {
 
 def test_bench_runs_every_method_and_writes_complete_results(clover_heads, tmp_path):
     out = tmp_path / "bench"
-    args = [
-        "bench",
-        "--batch-sizes",
-        "1",
-        "2",
-        "--temperatures",
-        "0",
-        "--max-tokens",
-        "8",
-        "--min-prompts",
-        "2",
-        "--prompts-per-seq",
-        "1",
-        "--repeats",
-        "1",
-        "--engines",
-        "in-process",
-        "--clover-heads",
-        str(clover_heads),
-        "--draft-budgets",  # goodput (the default) may rightly draft nothing on a busy machine;
-        "goodput",  # fixed drafts at every step, so it shows that Clover drafted
-        "fixed",
-        "floor",  # K = 0 at every step: the proposer runs, nothing is drafted
-        "--out",
-        str(out),
-    ]
+    args = ["bench", "--batch-sizes", "1", "2", "--temperatures", "0", "--max-tokens", "8"]
+    args += ["--min-prompts", "2", "--prompts-per-seq", "1", "--repeats", "1"]
+    args += ["--engines", "in-process", "--clover-heads", str(clover_heads)]
+    # goodput (the default) may rightly draft nothing on a busy machine; fixed drafts at every
+    # step, so it shows that Clover drafted; floor is K = 0 at every step (nothing drafted)
+    args += ["--draft-budgets", "goodput", "fixed", "floor", "--out", str(out)]
     code = f"from vllm_clover.cli import main; import sys; sys.exit(main({args!r}))"
     output = run_python(f"if __name__ == '__main__':\n    {code}", timeout=1800)
     assert "| method | engine | batch | T |" in output  # the table is printed too

@@ -40,46 +40,16 @@ TOLERANCE = 1e-5  # max abs weight difference, float32
 
 def test_two_processes_match_one(tmp_path: Path) -> None:
     tiny = tiny_workspace(tmp_path)
-    common = [
-        "--target",
-        str(tiny["target"]),
-        "--data",
-        str(tiny["data"]),
-        "--cache-dir",
-        str(tiny["cache"]),
-        "--eval-fraction",
-        "0.2",
-        "--epochs",
-        "2",
-        "--max-seq-len",
-        "128",
-        "--eval-every",
-        "0",
-        "--save-every",
-        "0",
-        "--save-dtype",  # compare the float32 weights: a bfloat16 checkpoint rounds a 1e-6
-        "float32",  # difference up to one bfloat16 step (9.8e-4 at 0.25) where it straddles
-    ]
+    common = ["--target", str(tiny["target"]), "--data", str(tiny["data"]), "--cache-dir"]
+    common += [str(tiny["cache"]), "--eval-fraction", "0.2", "--epochs", "2", "--max-seq-len"]
+    common += ["128", "--eval-every", "0", "--save-every", "0"]
+    # compare the float32 weights: a bfloat16 checkpoint rounds a 1e-6 difference up to one
+    # bfloat16 step (9.8e-4 at 0.25) where it straddles
+    common += ["--save-dtype", "float32"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        "2",
-        "-m",
-        "vllm_clover.cli",
-        "train",
-        *common,
-        "--out",
-        str(tmp_path / "ddp"),
-        "--batch-size",
-        "1",
-        "--grad-accum",
-        "2",
-        "--no-progress",
-    ]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node"]
+    cmd += ["2", "-m", "vllm_clover.cli", "train", *common, "--out", str(tmp_path / "ddp")]
+    cmd += ["--batch-size", "1", "--grad-accum", "2", "--no-progress"]
     run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     shards = list(tiny["cache"].glob("*/shard-*.safetensors"))

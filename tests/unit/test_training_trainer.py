@@ -239,6 +239,13 @@ def test_failure_mid_run_leaves_no_checkpoint(tiny, tmp_path: Path, monkeypatch)
     assert not list(tmp_path.glob(".crash*"))
 
 
+def export_medusa(heads: Path, target: Path, out: Path) -> int:
+    """`vllm-clover export-medusa`'s exit code."""
+    return main(
+        ["export-medusa", "--heads", str(heads), "--target", str(target), "--out", str(out)]
+    )
+
+
 def test_draft_vocab_medusa_and_eval_heads(tiny, tmp_path: Path, capsys) -> None:
     clover = train(config(tiny, tmp_path / "clover", draft_vocab_size=64, dtype="bfloat16"))
     medusa = train(config(tiny, tmp_path / "medusa", medusa=True))
@@ -249,62 +256,19 @@ def test_draft_vocab_medusa_and_eval_heads(tiny, tmp_path: Path, capsys) -> None
     assert torch.equal(weights(clover.out)["draft_vocab_ids"], expected)
     medusa_heads = load_clover(medusa.out, teacher.lm_head)
     assert medusa_heads.config.is_medusa  # and exportable to vLLM's native Medusa format:
-    assert (
-        main(
-            [
-                "export-medusa",
-                "--heads",
-                str(medusa.out),
-                "--target",
-                str(tiny["target"]),
-                "--out",
-                str(tmp_path / "native"),
-            ]
-        )
-        == 0
-    )
+    assert export_medusa(medusa.out, tiny["target"], tmp_path / "native") == 0
     native = json.loads((tmp_path / "native" / "config.json").read_text())
     assert native["architectures"] == ["MedusaModel"] and native["num_heads"] == 3
     card = (tmp_path / "native" / "README.md").read_text()
     assert '"method": "medusa"' in card and "## Medusa-1 baseline heads" in card
-    assert (
-        main(
-            [
-                "export-medusa",
-                "--heads",
-                str(clover.out),
-                "--target",
-                str(tiny["target"]),
-                "--out",
-                str(tmp_path / "not-medusa"),
-            ]
-        )
-        == 2
-    )  # Clover heads are refused
+    assert export_medusa(clover.out, tiny["target"], tmp_path / "not-medusa") == 2  # refused
     assert not (tmp_path / "not-medusa").exists()
     capsys.readouterr()
     metrics = tmp_path / "metrics.json"
-    code = main(
-        [
-            "eval-heads",
-            "--target",
-            str(tiny["target"]),
-            "--heads",
-            str(clover.out),
-            str(medusa.out),
-            "--data",
-            str(tiny["data"]),
-            "--cache-dir",
-            str(tiny["cache"]),
-            "--eval-fraction",
-            "0.2",
-            "--max-seq-len",
-            "128",
-            "--json",
-            str(metrics),
-            "--no-progress",
-        ]
-    )
+    args = ["eval-heads", "--target", str(tiny["target"]), "--heads", str(clover.out)]
+    args += [str(medusa.out), "--data", str(tiny["data"]), "--cache-dir", str(tiny["cache"])]
+    args += ["--eval-fraction", "0.2", "--max-seq-len", "128", "--json", str(metrics)]
+    code = main([*args, "--no-progress"])
     table = capsys.readouterr().out
     assert code == 0 and "h2 top1/top5" in table and str(medusa.out) in table
     results = json.loads(metrics.read_text())

@@ -75,6 +75,11 @@ def _add_method_arguments(parser: argparse.ArgumentParser) -> None:
         "probabilistic (default: drawn from the heads' distributions) and/or greedy (the "
         "argmax), the latter as NAME-greedy",
     )
+    _add_tree_arguments(parser)
+
+
+def _add_tree_arguments(parser: argparse.ArgumentParser) -> None:
+    """Token trees drafted by the --clover-heads checkpoint, each its own method."""
     parser.add_argument(
         "--tree",
         action="append",

@@ -124,18 +124,20 @@ class CloverProposer(EagleProposer):
             )
         else:  # no Augmenting Block: h0 = H at the last accepted token, no draft KV cache
             h0 = target_hidden_states[_last_accepted(token_indices_to_sample, common_attn_metadata)]
-        if num_speculative_tokens == 0:
-            drafts = next_token_ids.new_empty((next_token_ids.shape[0], 0), dtype=torch.int64)
-        elif self.trees is not None:
-            drafts = self._propose_tree(h0, next_token_ids.long(), num_speculative_tokens)
-        else:
-            drafts = self._propose_chain(
-                h0, next_token_ids.long(), num_speculative_tokens, sampling_metadata
-            )
+        drafts = self._draft(h0, next_token_ids.long(), num_speculative_tokens, sampling_metadata)
         self.draft_log.record(
             num_speculative_tokens, drafts, target_token_ids.shape[0], self.stops_early
         )
         return drafts
+
+    def _draft(self, h0: torch.Tensor, t0: torch.Tensor, k: int, sampling_metadata) -> torch.Tensor:
+        """[num_reqs, k] drafts from h0 (num_reqs, D) and t0 (num_reqs,): none, a tree's
+        first k nodes, or a chain."""
+        if k == 0:
+            return t0.new_empty((t0.shape[0], 0))
+        if self.trees is not None:
+            return self._propose_tree(h0, t0, k)
+        return self._propose_chain(h0, t0, k, sampling_metadata)
 
     def _propose_chain(
         self, h0: torch.Tensor, t0: torch.Tensor, k: int, sampling_metadata

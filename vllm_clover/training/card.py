@@ -61,7 +61,25 @@ LLM(
 
 ## Training
 
-| | |
+{_training_table(cfg, summary)}
+
+## Held-out evaluation (teacher-forced, vs the target's argmax)
+
+{table}
+
+`E[accepted]`: expected accepted drafts of one greedy chain; `tau` = 1 + E[accepted].
+
+## Full configuration
+
+```json
+{json.dumps(settings, indent=2)}
+```
+"""
+
+
+def _training_table(cfg: TrainConfig, summary: dict[str, Any]) -> str:
+    """The card's "Training" table: command, data, budget, loss, optimiser, wall time."""
+    return f"""| | |
 |---|---|
 | command | `{to_command_line(cfg)}` |
 | data | {cfg.data or "bundled ShareGPT"} |
@@ -79,17 +97,4 @@ warmup {cfg.warmup_fraction:.0%} then cosine, clip {cfg.grad_clip} |
 | final train loss | {summary["final_loss"]:.4f} |
 | training top-1 vs | the target's argmax over the \
 {summary.get("train_top1_vocabulary", "full")} vocabulary (held-out: always the full one) |
-| wall time | {summary["seconds"]:.0f} s in the training loop on {summary["hardware"]} |
-
-## Held-out evaluation (teacher-forced, vs the target's argmax)
-
-{table}
-
-`E[accepted]`: expected accepted drafts of one greedy chain; `tau` = 1 + E[accepted].
-
-## Full configuration
-
-```json
-{json.dumps(settings, indent=2)}
-```
-"""
+| wall time | {summary["seconds"]:.0f} s in the training loop on {summary["hardware"]} |"""

@@ -120,6 +120,14 @@ def head_cross_entropy(
     return -(p_target * log_q).sum(), top.values, top.indices
 
 
+def _one_hot_labels(tables, tokens: torch.Tensor, draft_vocab_size: int) -> torch.Tensor:
+    """(M, N) one-hot rows of the data's next tokens (M,) in the draft vocabulary; a row of
+    zeros for a token outside it (Medusa-1's hard labels)."""
+    label = tables.target_to_draft(tokens)  # (M,), -1: not in the draft vocabulary
+    one_hot = F.one_hot(label.clamp(min=0), draft_vocab_size).float()  # (M, N)
+    return one_hot * (label >= 0).unsqueeze(-1)
+
+
 def distill_loss(
     model: CloverModel,
     features: torch.Tensor,
@@ -160,9 +168,7 @@ def distill_loss(
         if soft_labels:
             p_target = probs[rows[b, t + 1 + i]]  # (M, N) target distribution for x_{t+2+i}
         else:
-            label = tables.target_to_draft(batch.input_ids[b, t + 2 + i])  # (M,), -1: none
-            p_target = F.one_hot(label.clamp(min=0), w.shape[0]).float()  # (M, N)
-            p_target *= (label >= 0).unsqueeze(-1)
+            p_target = _one_hot_labels(tables, batch.input_ids[b, t + 2 + i], w.shape[0])
         ce, top_log_q, top_rows = cross_entropy(z.to(w.dtype), w, p_target)
         hl = F.smooth_l1_loss(z.float(), h, reduction="none").mean(-1).sum()
         loss = loss + weights[i] * (ce + hidden_loss_weight * hl) / normaliser[i].clamp(min=1)
