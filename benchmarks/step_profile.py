@@ -31,6 +31,7 @@ drafted at every step), named ``clover tree<N>`` after its node count.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import time
 from pathlib import Path
@@ -81,15 +82,18 @@ def forward_split(events) -> dict[str, float]:
     return split
 
 
-def measure(target: str, spec: dict | None, batch: int, max_tokens: int, dtype: str) -> dict:
-    """Per-step milliseconds of every phase for `batch` fixed-length requests."""
+def measure(
+    target: str, spec: dict | None, batch: int, max_tokens: int, dtype: str, temperature: float
+) -> dict:
+    """Per-step milliseconds of every phase for `batch` fixed-length requests sampled at
+    `temperature` (Clover's chains draw their drafts at T > 0, its default)."""
     from vllm import SamplingParams
 
     from vllm_clover.bench.measure import engine, read_counters
     from vllm_clover.integration.patches.hooks import STEP_PHASES, method_times, time_methods
 
     prompts = [f"Write a long story about dragon number {i}." for i in range(batch)]
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    params = SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True)
     with engine(target, spec, batch, dtype=dtype) as llm:
         llm.generate(prompts, SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
         llm.collective_rpc(time_methods, args=(tuple(STEP_PHASES),))
@@ -100,7 +104,7 @@ def measure(target: str, spec: dict | None, batch: int, max_tokens: int, dtype: 
         counters = read_counters(llm) - before
         (times,) = llm.collective_rpc(method_times)
         llm.collective_rpc(label_forward)
-        profiled_params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+        profiled_params = SamplingParams(temperature=temperature, max_tokens=12, ignore_eos=True)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             llm.generate(prompts, profiled_params, use_tqdm=False)
         split = forward_split(prof.events())
@@ -175,6 +179,7 @@ def main() -> None:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--ks", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0])
     parser.add_argument("--tree", action="append", default=[], help="a token tree to add")
     parser.add_argument("--heads", default=str(REFERENCE_HEADS))
     parser.add_argument("--dtype", default="float32", help="the target's (float32: the tests')")
@@ -185,20 +190,20 @@ def main() -> None:
 
     target = str(fetch_reference_target())
     rows = []
-    for batch in args.batch_sizes:
+    for batch, temperature in itertools.product(args.batch_sizes, args.temperatures):
         for method, spec in configurations(args.heads, args.ks, args.tree):
-            row = {"batch": batch, "method": method, "dtype": args.dtype}
-            row.update(measure(target, spec, batch, args.max_tokens, args.dtype))
+            row = {"batch": batch, "T": temperature, "method": method, "dtype": args.dtype}
+            row.update(measure(target, spec, batch, args.max_tokens, args.dtype, temperature))
             rows.append(row)
             print(json.dumps(row), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "step_profile.json").write_text(json.dumps(rows, indent=1) + "\n")
-    header = "| batch | method | " + " | ".join(COLUMNS) + " | tau |"
-    lines = [header, "|" + "---|" * (len(COLUMNS) + 3)]
+    header = "| batch | T | method | " + " | ".join(COLUMNS) + " | tau |"
+    lines = [header, "|" + "---|" * (len(COLUMNS) + 4)]
     for row in rows:
         cells = " | ".join(f"{row[c]:.1f}" for c in COLUMNS)
         tau = f"{row['tau']:.2f}" if row["tau"] else "-"
-        lines.append(f"| {row['batch']} | {row['method']} | {cells} | {tau} |")
+        lines.append(f"| {row['batch']} | {row['T']:g} | {row['method']} | {cells} | {tau} |")
     (args.out / "step_profile.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
