@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from helpers import K, V, chi_square_fit, random_clover, tiny_config
-from vllm_clover.modeling.draft_sampling import DraftSampler
+from vllm_clover.modeling.draft_sampling import DraftSampler, inverse_cdf, residual_tokens
 
 pytestmark = pytest.mark.unit
 
@@ -86,3 +86,52 @@ def test_a_confidence_stop_still_cuts_drawn_chains():
     drafts = model.heads.propose(h0, t0, K, model.tables, torch.ones(K), sampler)
     assert drafts.eq(-1).all()  # no head is ever sure: every chain stops at its first step
     assert sampler.target_probs(K, model.tables.draft_vocab_ids, V).shape == (5, K, V)
+
+
+def test_residual_tokens_follow_the_docstring_example_and_skip_refused_drafts():
+    """p = [0.5, 0.3, 0.2] with greedy draft 0: draws from [0, 0.6, 0.4]; a -1 draft (one a
+    grammar refused) zeroes nothing. Chi-square fit of 4,000 draws, with its power control."""
+    torch.manual_seed(0)
+    n = 4000
+    p = torch.tensor([0.5, 0.3, 0.2]).expand(n, -1).contiguous()
+    drafts = torch.zeros(n, dtype=torch.int32)
+    tokens = residual_tokens(p, None, drafts, [n], {})
+    assert tokens.dtype == torch.int32 and tokens.shape == (n,)
+    _, _, p_value = chi_square_fit(tokens.long(), torch.tensor([0.0, 0.6, 0.4]))
+    assert p_value > 1e-3, p_value
+    _, _, p_control = chi_square_fit(tokens.long(), torch.tensor([0.0, 0.5, 0.5]))
+    assert p_control < 1e-6, p_control  # the test tells 0.6 / 0.4 from 0.5 / 0.5
+    refused = residual_tokens(p[:n], None, torch.full((n,), -1), [n], {})
+    _, _, p_value = chi_square_fit(refused, torch.tensor([0.5, 0.3, 0.2]))
+    assert p_value > 1e-3, p_value
+
+
+def test_residual_tokens_draw_max_p_minus_q_and_seeded_requests_reproduce():
+    """Three requests with 2, 0 and 3 draft positions; q given; request 2 is seeded."""
+    torch.manual_seed(1)
+    p = torch.tensor([0.1, 0.4, 0.3, 0.2]).expand(5, -1).contiguous()
+    q = torch.tensor([0.4, 0.1, 0.3, 0.2]).expand(5, -1).contiguous()  # residual: only 1
+    drafts = torch.tensor([0, 0, 1, 2, 3])
+
+    def tokens(seed: int) -> torch.Tensor:
+        generators = {2: torch.Generator().manual_seed(seed)}
+        return residual_tokens(p, q, drafts, [2, 0, 3], generators)
+
+    assert tokens(3).tolist() == [1] * 5  # max(p - q, 0) = [0, 0.3, 0, 0]
+    p_seeded = torch.rand(5, 50).softmax(-1)
+    q_zero = torch.zeros(5, 50)
+    draws = [
+        residual_tokens(p_seeded, q_zero, drafts, [2, 0, 3], {2: torch.Generator().manual_seed(7)})
+        for _ in range(2)
+    ]
+    assert torch.equal(draws[0][2:], draws[1][2:])  # request 2's rows: its generator's draws
+
+
+def test_inverse_cdf_draws_each_row_in_proportion_to_its_weights():
+    torch.manual_seed(2)
+    weights = torch.tensor([[1.0, 1.0, 2.0], [0.0, 3.0, 1.0]]).repeat(2000, 1)
+    draws = inverse_cdf(weights)
+    for row, probs in enumerate(([0.25, 0.25, 0.5], [0.0, 0.75, 0.25])):
+        _, _, p_value = chi_square_fit(draws[row::2], torch.tensor(probs))
+        assert p_value > 1e-3, (row, p_value)
+    assert inverse_cdf(torch.zeros(1, 4)).tolist() == [3]  # a row of zeros: the last index

@@ -106,3 +106,40 @@ def test_a_step_without_drafts_samples_with_the_plain_sampler(max_spec_len, samp
     runner, spec_decode_metadata, calls = _runner_stub(max_spec_len, **sampling)
     output = GPUModelRunner._sample(runner, torch.zeros(2, 8), spec_decode_metadata)
     assert calls == [expected] and output == f"{expected} output"
+
+
+def test_cpu_recovered_tokens_follow_vllms_own_distribution():
+    """Recovered tokens at T > 0, drawn by the patched function and by vLLM's own (exponential
+    race, the C++ kernel), fit the same residual max(p - q, 0) normalised: chi-square on
+    3,000 draws each, for drafts with q and without (greedy/ngram drafts)."""
+    from types import SimpleNamespace
+
+    from vllm.platforms import current_platform
+    from vllm.v1.sample import rejection_sampler
+
+    from helpers import chi_square_fit
+
+    patches.apply_patches()
+    current_platform.register_triton_kernel_overrides()  # what a vLLM worker does: C++ kernels
+    patched = rejection_sampler.sample_recovered_tokens
+    assert getattr(patched, MARKER, None) == "cpu_recovered_tokens"
+    torch.manual_seed(0)
+    n = 3000
+    p = torch.tensor([0.05, 0.3, 0.15, 0.2, 0.1, 0.2]).expand(n, -1).contiguous()
+    q = torch.tensor([0.3, 0.1, 0.25, 0.05, 0.1, 0.2]).expand(n, -1).contiguous()
+    drafts = torch.full((n,), 3, dtype=torch.int32)
+    meta = SimpleNamespace(generators={})
+    cu = torch.arange(1, n + 1, dtype=torch.int32)  # n requests of one draft each
+    for draft_probs, residual in (
+        (q, torch.tensor([0.0, 0.2, 0.0, 0.15, 0.0, 0.0])),
+        (None, torch.tensor([0.05, 0.3, 0.15, 0.0, 0.1, 0.2])),
+    ):
+        expected = residual / residual.sum()
+        for sample in (patched, patched.__wrapped__):
+            args = (1, [1] * n, cu, drafts, draft_probs, p, meta, torch.device("cpu"))
+            tokens = sample(*args)
+            assert tokens.shape == (n,) and tokens.dtype == drafts.dtype
+            _, _, p_value = chi_square_fit(tokens.long(), expected)
+            assert p_value > 1e-3, (sample, draft_probs is None, p_value)
+            _, _, p_control = chi_square_fit(tokens.long(), p[0])
+            assert p_control < 1e-6, p_control  # the test tells the residual from p itself

@@ -28,6 +28,8 @@ and 5, 0.5 at id 9, 0 elsewhere.
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 
@@ -62,17 +64,7 @@ class DraftSampler:
         return torch.where(self.draw_rows, drawn, best)
 
     def _inverse_cdf(self, probs: torch.Tensor) -> torch.Tensor:
-        """One draw per row of probs (M, N): the first index whose cumulative probability
-        exceeds u * total, u ~ U[0, 1): one random number per row, where an exponential race
-        would draw N of them (the CPU's cost: docs/benchmarks.md). The sums run in float64,
-        so rounding moves no draw by more than ~1e-12 of probability. Example: probs
-        [0.25, 0.25, 0.5], u = 0.6 -> cdf [0.25, 0.5, 1.0] -> index 2."""
-        cdf = probs.double().cumsum(dim=-1)  # (M, N)
-        u = torch.rand(probs.shape[0], 1, dtype=torch.float64, device=probs.device)
-        for row, generator in self.generators.items():
-            u[row] = torch.rand(1, dtype=torch.float64, device=probs.device, generator=generator)
-        drawn = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)  # (M, 1)
-        return drawn.squeeze(-1).clamp_(max=probs.shape[-1] - 1)
+        return inverse_cdf(probs, self.generators)
 
     def target_probs(
         self, num_steps: int, draft_vocab_ids: torch.Tensor | None, vocab_size: int
@@ -89,3 +81,50 @@ class DraftSampler:
         else:
             q[:, : drafted.shape[1]].index_copy_(2, draft_vocab_ids, drafted)
         return q
+
+
+def inverse_cdf(
+    weights: torch.Tensor, generators: dict[int, torch.Generator] | None = None
+) -> torch.Tensor:
+    """One draw per row of weights (M, N) >= 0, each row normalised by its own sum: the
+    first index whose cumulative weight exceeds u * total, u ~ U[0, 1) drawn with the row's
+    generator where `generators` has one. One random number per row, where an exponential
+    race draws N of them (on this CPU 3.7 ms for 4 x 49,152, against 0.2 ms here:
+    docs/benchmarks.md). The sums run in float64, so rounding moves no draw by more than
+    ~1e-12 of probability; a row of zeros gives index N - 1. Example: weights [1, 1, 2],
+    u = 0.6 -> cdf [1, 2, 4], u * 4 = 2.4 -> index 2."""
+    cdf = weights.double().cumsum(dim=-1)  # (M, N)
+    u = torch.rand(weights.shape[0], 1, dtype=torch.float64, device=weights.device)
+    for row, generator in (generators or {}).items():
+        u[row] = torch.rand(1, dtype=torch.float64, device=weights.device, generator=generator)
+    drawn = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)  # (M, 1)
+    return drawn.squeeze(-1).clamp_(max=weights.shape[-1] - 1)
+
+
+def residual_tokens(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    draft_token_ids: torch.Tensor,
+    num_draft_tokens: list[int],
+    generators: dict[int, torch.Generator],
+) -> torch.Tensor:
+    """The token the rejection sampler emits where it rejects a draft: one draw per draft
+    position from max(p - q, 0) normalised; q one-hot at the draft where `draft_probs` is
+    None (greedy or ngram drafts), so the draft's own p is zeroed. Rows are draft positions
+    (N, V), grouped by request as `num_draft_tokens` says; a seeded request (`generators`,
+    by request index) draws its rows' uniforms from its own generator. Example: p = [0.5,
+    0.3, 0.2] for draft 0 without q -> draws from [0, 0.3, 0.2] / 0.5: 1 with probability
+    0.6, 2 with 0.4. Returns (N,) in draft_token_ids' dtype."""
+    if draft_probs is not None:
+        residual = (target_probs - draft_probs).clamp_(min=0.0)  # (N, V)
+    else:
+        residual = target_probs.clone()
+        rows = torch.nonzero(draft_token_ids >= 0).squeeze(-1)  # -1: a draft grammar refused
+        residual[rows, draft_token_ids[rows].long()] = 0.0
+    starts = [0, *itertools.accumulate(num_draft_tokens)]
+    row_generators = {
+        row: generator
+        for request, generator in generators.items()
+        for row in range(starts[request], starts[request + 1])
+    }
+    return inverse_cdf(residual, row_generators).to(draft_token_ids.dtype)

