@@ -38,6 +38,7 @@ from pathlib import Path
 
 import torch
 
+from vllm_clover.bench.config import FLOOR_SCHEDULE
 from vllm_clover.bundled import REFERENCE_HEADS
 from vllm_clover.tree.spec import TokenTree
 
@@ -155,7 +156,7 @@ def clover_spec(heads: str, k: int | None) -> dict | None:
     spec = {"method": "clover", "model": heads, "num_speculative_tokens": max(k, 1)}
     spec.update(draft_budget="fixed", draft_confidence=0)
     if k == 0:
-        spec["num_speculative_tokens_per_batch_size"] = [[1, 1 << 20, 0]]
+        spec["num_speculative_tokens_per_batch_size"] = FLOOR_SCHEDULE
     return spec
 
 

@@ -54,7 +54,7 @@ class DraftSampler:
         """Draft-vocab indices (M,) for one head step's logits (M, N); q recorded."""
         logits = logits.float()
         probs = (logits / self.temperature[:, None]).softmax(dim=-1)  # (M, N)
-        drawn = self._inverse_cdf(probs)  # (M,)
+        drawn = inverse_cdf(probs, self.generators)  # (M,)
         if self.num_drawn == len(self.draw_rows):  # no one-hot rows to build
             self.steps.append(probs)
             return drawn
@@ -62,9 +62,6 @@ class DraftSampler:
         one_hot = torch.zeros_like(probs).scatter_(1, best[:, None], 1.0)
         self.steps.append(torch.where(self.draw_rows[:, None], probs, one_hot))
         return torch.where(self.draw_rows, drawn, best)
-
-    def _inverse_cdf(self, probs: torch.Tensor) -> torch.Tensor:
-        return inverse_cdf(probs, self.generators)
 
     def target_probs(
         self, num_steps: int, draft_vocab_ids: torch.Tensor | None, vocab_size: int
