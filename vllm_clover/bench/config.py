@@ -27,6 +27,11 @@ FLOOR_SCHEDULE = ((1, 1 << 20, 0),)  # num_speculative_tokens_per_batch_size: K 
 # the argmax ("greedy", passed, named NAME-greedy).
 DRAFT_SAMPLINGS = ("probabilistic", "greedy")
 DTYPES = ("float32", "bfloat16")
+# Whether answers stop at the end-of-sequence token (--ignore-eos). At T > 0 a method's answer
+# lengths are random, so runs that stop at EOS time different amounts of work and their
+# tokens/s differ by chance; "auto" runs every answer to max_tokens at T > 0 only (at T = 0
+# every method gives vanilla's answers, EOS included).
+EOS_POLICIES = ("auto", "always", "never")
 # The evaluation protocol (docs/benchmarks.md), and a few-minute version of it for 2 cores.
 FULL_PRESET = {
     "batch_sizes": (1, 4, 16, 64),
@@ -88,6 +93,7 @@ class BenchConfig:
     repeats: int = FULL_PRESET["repeats"]  # rounds; each runs every engine once, in turn
     engines: tuple[str, ...] = FULL_PRESET["engines"]  # ENGINE_MODES measured
     dtype: str = "float32"  # the target's: float32 (where greedy equality is exact) or bfloat16
+    ignore_eos: str = "auto"  # EOS_POLICIES
     prompts_file: str | None = None  # None: MT-Bench first turns
     out: Path = Path("bench-results")
     cache_dir: str | None = None
@@ -121,11 +127,21 @@ def validate(config: BenchConfig) -> None:
         )
     if config.dtype not in DTYPES:
         raise BenchError(f"--dtype must be one of {', '.join(DTYPES)}, got {config.dtype!r}")
+    if config.ignore_eos not in EOS_POLICIES:
+        raise BenchError(
+            f"--ignore-eos must be one of {', '.join(EOS_POLICIES)}, got {config.ignore_eos!r}"
+        )
     for name in ("max_tokens", "min_prompts", "prompts_per_seq", "repeats"):
         if getattr(config, name) < 1:
             raise BenchError(
                 f"--{name.replace('_', '-')} must be >= 1, got {getattr(config, name)}"
             )
+
+
+def ignores_eos(policy: str, temperature: float) -> bool:
+    """Whether a run at `temperature` under --ignore-eos `policy` generates past EOS.
+    Example: "auto" -> False at T = 0, True at T = 0.7 and T = 1."""
+    return policy == "always" or (policy == "auto" and temperature > 0)
 
 
 def checkpoint_heads(path: str | Path, model_type: str, label: str) -> int:

@@ -250,6 +250,7 @@ def markdown_document(report: dict[str, Any]) -> str:
         f"Prompts: {prompts}, {config['max_tokens']} new tokens each, at least "
         f"{config['min_prompts']} and {config['prompts_per_seq']}x the batch size per run"
         f"{' (cycled: fewer prompts available)' if config['prompts_repeated'] else ''}; "
+        f"{_eos_text(config.get('ignore_eos', 'never'))}; "
         f"{config.get('dtype', 'float32')}, eager; {config['repeats']} alternating round(s) "
         "of every engine, engine "
         f"mode(s) {', '.join(config['engines'])}; batch size = max_num_seqs.",
@@ -262,6 +263,15 @@ def markdown_document(report: dict[str, Any]) -> str:
     ]
     lines += [f"- **{name}**: {text}" for name, text in report["definitions"].items()]
     return "\n".join(lines) + "\n"
+
+
+def _eos_text(policy: str) -> str:
+    """How answers ended, in words (--ignore-eos)."""
+    return {
+        "auto": "answers stop at EOS at T = 0 and run to the token limit at T > 0",
+        "always": "answers run to the token limit past EOS",
+        "never": "answers stop at EOS",
+    }[policy]
 
 
 def write_outputs(report: dict[str, Any], out: Path, plots: bool = True) -> list[Path]:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_clover.bench.config import BenchConfig, BenchError, Method
+from vllm_clover.bench.config import BenchConfig, BenchError, Method, ignores_eos
 from vllm_clover.bench.measure import Run, engine, install_drafting_timer, timed_chat
 from vllm_clover.bench.prompts import Chat, load_prompts, take_prompts
 
@@ -40,6 +40,7 @@ class EngineJob:
     repeat: int = 0  # the round
     engine_mode: str = "in-process"  # ENGINE_MODES
     dtype: str = "float32"  # the target's
+    ignore_eos: str = "auto"  # EOS_POLICIES
 
 
 def run_engine_job(job: EngineJob) -> tuple[dict[float, Run], dict[str, Any]]:
@@ -65,7 +66,11 @@ def run_engine_job(job: EngineJob) -> tuple[dict[float, Run], dict[str, Any]]:
         runs = {}
         for temperature in job.temperatures:
             llm.reset_prefix_cache()
-            params = SamplingParams(temperature=temperature, max_tokens=job.max_tokens)
+            params = SamplingParams(
+                temperature=temperature,
+                max_tokens=job.max_tokens,
+                ignore_eos=ignores_eos(job.ignore_eos, temperature),
+            )
             runs[temperature] = timed_chat(llm, job.chats, params)
     return runs, settings
 
@@ -128,6 +133,7 @@ def engine_jobs(config: BenchConfig, target: str, chats: list[Chat]) -> list[Eng
             repeat,
             mode,
             config.dtype,
+            config.ignore_eos,
         )
         for repeat in range(config.repeats)
         for mode in config.engines
