@@ -16,10 +16,10 @@ For a step of B requests it predicts, for every K in 0..K_max,
 and drafts with the K of the highest tokens(K) / time(K); K = 0 when no K beats not drafting.
 f (the target's forward, sampling and bookkeeping for N scheduled tokens) is a piecewise-
 linear function of N on knots 1, 2, 4, ...; g, c, e price the head loop. `StepCostModel` fits
-them to the measured step times by exponentially weighted least squares, `AcceptanceModel`
-keeps a_i and d_i from the verified drafts; the choice reads a_i at an upper confidence bound
-(`optimism`), so that a few unlucky early requests cannot hold K at 0. A share of steps
-(`explore`) tries a K next to the best one when the model predicts it within
+them to the measured step times by exponentially weighted least squares on relative errors,
+`AcceptanceModel` keeps a_i and d_i from the verified drafts; the choice reads a_i at an upper
+confidence bound (`optimism`), so that a few unlucky early requests cannot hold K at 0. A share
+of steps (`explore`) tries a K next to the best one when the model predicts it within
 `explore_margin` of the best, so that the model keeps being measured where its choice is a
 close call; Ks predicted clearly worse are not tried (their price comes from the model,
 whose terms are linear in K).
@@ -83,6 +83,13 @@ class StepCostModel:
     the fit can keep f non-decreasing: every coefficient (f_0, the deltas, g, c, e) is held
     >= 0. Example, knots 1, 2, 4, 8: N = 3 -> hats (0, 0.5, 0.5, 0), f(3) = (f(2) + f(4)) / 2
     = f_0 + delta_1 + delta_2 / 2.
+
+    The fit minimises relative errors (each step weighted by 1 / seconds^2): a step's jitter
+    is proportional to its length, so in absolute terms the few long prefill steps, which
+    the warm-up cycle drafts on, would set the drafting prices that the short decode steps
+    measure (docs/benchmarks.md, "T = 1 with every answer run to the token limit"). The prior
+    is scaled by the mean weight, so its strength relative to the data does not depend on
+    how fast the machine is.
     """
 
     def __init__(self, config: GoodputConfig) -> None:
@@ -99,6 +106,8 @@ class StepCostModel:
         penalty = _curvature_penalty(self.knots, size)
         self.penalty = config.smoothness * self.to_values.T @ penalty @ self.to_values
         self.observations = 0
+        self.weight_sum = 0.0  # forgotten like xtx; / count: the scale of the prior
+        self.count = 0.0
         self._fitted_at = 0  # observations when last fitted
         self._coef: np.ndarray | None = None
 
@@ -110,15 +119,19 @@ class StepCostModel:
 
     def observe(self, seconds: float, tokens: int, k: int, batch: int) -> None:
         x = self.features(tokens, k, batch)
+        weight = 1.0 / max(seconds, 1e-6) ** 2
         memory = self.config.cost_memory
-        self.xtx = memory * self.xtx + np.outer(x, x)
-        self.xty = memory * self.xty + seconds * x
+        self.xtx = memory * self.xtx + weight * np.outer(x, x)
+        self.xty = memory * self.xty + weight * seconds * x
+        self.weight_sum = memory * self.weight_sum + weight
+        self.count = memory * self.count + 1
         self.observations += 1
 
     def coefficients(self) -> np.ndarray:
         """[f_0, delta_1, ..., g, c, e], all >= 0 (refitted every `refit_every` steps)."""
         if self._coef is None or self.observations - self._fitted_at >= self.config.refit_every:
-            self._coef = nonnegative_least_squares(self.xtx + self.penalty, self.xty)
+            scale = self.weight_sum / self.count if self.count else 1.0
+            self._coef = nonnegative_least_squares(self.xtx + scale * self.penalty, self.xty)
             self._fitted_at = self.observations
         return self._coef
 
