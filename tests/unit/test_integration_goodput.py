@@ -189,14 +189,33 @@ def test_config_refuses_nonsense():
 
 def test_explores_a_neighbour_only_when_it_is_a_close_call(monkeypatch):
     """K = 1 predicted at 90% of the best K = 0 is tried about one step in 16 (it is the only
-    neighbour of 0); predicted at 50%, never."""
+    neighbour of 0); predicted at 50%, never (once measured: min_measured 0 here)."""
     for predicted, expected in (([1.0, 0.9, 0.2], (40, 90)), ([1.0, 0.5, 0.2], (0, 0))):
-        controller = GoodputController(GoodputConfig(max_k=2, warmup_steps=1, seed=3))
+        config = GoodputConfig(max_k=2, warmup_steps=1, seed=3, min_measured=0)
+        controller = GoodputController(config)
         monkeypatch.setattr(controller, "predicted_goodput", lambda b, p=predicted: np.array(p))
         picks = [controller.choose(8) for _ in range(1001)][1:]
         low, high = expected
         assert low <= picks.count(1) <= high, picks.count(1)
         assert picks.count(2) == 0 and picks.count(0) == 1000 - picks.count(1)
+
+
+def test_a_k_priced_only_by_the_warm_up_is_measured_before_it_is_ruled_out(monkeypatch):
+    """K = 1 predicted at 50% of K = 0 at batch 16 is still explored until 8 decode steps of
+    batch 16 have run it (its price may come from prefill steps alone), then never; a
+    prefill step at K = 1 does not count as a measurement."""
+    controller = GoodputController(GoodputConfig(max_k=2, warmup_steps=1, seed=3))
+    monkeypatch.setattr(controller, "predicted_goodput", lambda b: np.array([1.0, 0.5, 0.2]))
+    controller.choose(16)  # the warm-up step
+    controller.observe_step(0.3, 500, 1, 16, [])  # K = 1 on a prefill step
+    picks = []
+    for _ in range(1000):
+        k = controller.choose(16)
+        controller.observe_step(0.05 + 0.02 * k, 16 * (1 + k), k, 16, [])
+        picks.append(k)
+    assert picks.count(1) == 8 and picks.count(2) == 0
+    assert max(i for i, k in enumerate(picks) if k == 1) < 400  # about 1 step in 16, then none
+    assert controller.log.measured[(16, 1)] == 8
 
 
 def zen4_like_step(tokens: float, k: int, batch: int) -> float:

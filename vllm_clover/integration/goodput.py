@@ -21,8 +21,10 @@ them to the measured step times by exponentially weighted least squares on relat
 confidence bound (`optimism`), so that a few unlucky early requests cannot hold K at 0. A share
 of steps (`explore`) tries a K next to the best one when the model predicts it within
 `explore_margin` of the best, so that the model keeps being measured where its choice is a
-close call; Ks predicted clearly worse are not tried (their price comes from the model,
-whose terms are linear in K).
+close call, or when fewer than `min_measured` decode steps of that batch size have run it:
+until then its price rests on the warm-up cycle, which drafts on long prefill steps, and
+a K priced too high there would otherwise never be tried again. Other Ks predicted clearly
+worse are not tried (their price comes from the model, whose terms are linear in K).
 
 Worked example (illustrative figures, not measurements): f(1) = 30 ms, f(2) = 31.5 ms,
 f(5) = 36 ms, f(16) = 60 ms, f(32) = 96 ms, each head step 3 ms (g = e = 0), a = (0.3, 0.1,
@@ -50,6 +52,7 @@ class GoodputConfig:
     max_tokens: int = 8192  # the largest step (max_num_batched_tokens): the last cost knot
     explore: float = 1 / 16  # share of steps that try the best K - 1 or + 1 instead ...
     explore_margin: float = 0.2  # ... if predicted within this fraction of the best goodput
+    min_measured: int = 8  # ... or if fewer decode steps at this batch size measured that K
     optimism: float = 1.0  # z of the acceptance's upper confidence bound the choice reads
     warmup_steps: int = 0  # first steps cycle K = max_k, 0, max_k - 1, ... (0: max_k + 1)
     cost_memory: float = 0.998  # per-step forgetting of the cost fit (about 500 steps)
@@ -204,6 +207,7 @@ class BudgetLog:
     """The controller's decisions (diagnostics, tests and the periodic log line)."""
 
     chosen: Counter[tuple[int, int]] = field(default_factory=Counter)  # (batch, K) -> steps
+    measured: Counter[tuple[int, int]] = field(default_factory=Counter)  # decode steps run
     explored: Counter[int] = field(default_factory=Counter)  # K -> steps tried next to best
     warmup: Counter[int] = field(default_factory=Counter)  # K -> steps of the warm-up cycle
 
@@ -239,7 +243,8 @@ class GoodputController:
             k = int(np.argmax(goodput))
             if self._random.random() < self.config.explore:
                 near = self._neighbour(k)
-                if goodput[near] >= (1 - self.config.explore_margin) * goodput[k]:
+                unmeasured = self.log.measured[(batch, near)] < self.config.min_measured
+                if unmeasured or goodput[near] >= (1 - self.config.explore_margin) * goodput[k]:
                     self.log.explored[near] += 1
                     return near
             self.log.chosen[(batch, k)] += 1
@@ -276,6 +281,8 @@ class GoodputController:
         """One executed step: its wall time, scheduled tokens, its K and batch, and for each
         request that verified drafts made under the previous step's K, (drafted, accepted)."""
         self.cost.observe(seconds, tokens, k, batch)
+        if tokens <= batch * (1 + self.config.max_k):  # a decode step, not a prefill
+            self.log.measured[(batch, k)] += 1
         self.acceptance.observe([(self.last_k, n, m) for n, m in verified])
         self.last_k = k
 
