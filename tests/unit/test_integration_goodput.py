@@ -211,11 +211,11 @@ def test_a_k_priced_only_by_the_warm_up_is_measured_before_it_is_ruled_out(monke
     picks = []
     for _ in range(1000):
         k = controller.choose(16)
-        controller.observe_step(0.05 + 0.02 * k, 16 * (1 + k), k, 16, [])
+        controller.observe_step(0.05 + 0.02 * k, 16 * (1 + k), k, 16, [(0, 0)] * 16)
         picks.append(k)
     assert picks.count(1) == 8 and picks.count(2) == 0
     assert max(i for i, k in enumerate(picks) if k == 1) < 400  # about 1 step in 16, then none
-    assert controller.log.measured[(16, 1)] == 8
+    assert controller.measured[(16, 1)] == 8
 
 
 def zen4_like_step(tokens: float, k: int, batch: int) -> float:

@@ -207,7 +207,6 @@ class BudgetLog:
     """The controller's decisions (diagnostics, tests and the periodic log line)."""
 
     chosen: Counter[tuple[int, int]] = field(default_factory=Counter)  # (batch, K) -> steps
-    measured: Counter[tuple[int, int]] = field(default_factory=Counter)  # decode steps run
     explored: Counter[int] = field(default_factory=Counter)  # K -> steps tried next to best
     warmup: Counter[int] = field(default_factory=Counter)  # K -> steps of the warm-up cycle
 
@@ -228,6 +227,7 @@ class GoodputController:
         self.cost = StepCostModel(config)
         self.acceptance = AcceptanceModel(config)
         self.log = BudgetLog()
+        self.measured: Counter[tuple[int, int]] = Counter()  # (batch, K) -> decode steps run
         self.steps = 0  # choices made
         self.last_k = config.max_k  # the K of the step observed last (its drafts verify next)
         self._random = random.Random(config.seed)
@@ -243,7 +243,7 @@ class GoodputController:
             k = int(np.argmax(goodput))
             if self._random.random() < self.config.explore:
                 near = self._neighbour(k)
-                unmeasured = self.log.measured[(batch, near)] < self.config.min_measured
+                unmeasured = self.measured[(batch, near)] < self.config.min_measured
                 if unmeasured or goodput[near] >= (1 - self.config.explore_margin) * goodput[k]:
                     self.log.explored[near] += 1
                     return near
@@ -279,10 +279,11 @@ class GoodputController:
         verified: list[tuple[int, int]],
     ) -> None:
         """One executed step: its wall time, scheduled tokens, its K and batch, and for each
-        request that verified drafts made under the previous step's K, (drafted, accepted)."""
+        request that decoded, its drafts made under the previous step's K as (drafted,
+        accepted), (0, 0) without drafts; prefill chunks are not listed."""
         self.cost.observe(seconds, tokens, k, batch)
-        if tokens <= batch * (1 + self.config.max_k):  # a decode step, not a prefill
-            self.log.measured[(batch, k)] += 1
+        if len(verified) == batch:  # every request decoded: no prefill in the step
+            self.measured[(batch, k)] += 1
         self.acceptance.observe([(self.last_k, n, m) for n, m in verified])
         self.last_k = k
 
