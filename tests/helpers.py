@@ -91,6 +91,27 @@ def chi_square_fit(samples: torch.Tensor, probs: torch.Tensor, min_expected: flo
     return statistic, dof, p_value
 
 
+def hf_replies(target: Path, data: Path, batching: str, max_new_tokens: int = 10) -> list:
+    """generate-data's transformers engine (``--hf-batching batching``, batches of 4, CPU) on
+    the first user turn of every conversation in ``data``: one reply per chat."""
+    from vllm_clover.training.config import GenerateConfig
+    from vllm_clover.training.data import load_conversations
+    from vllm_clover.training.generate_data import hf_generator
+
+    chats = [[{"role": "user", "content": c.messages[0].content}] for c in load_conversations(data)]
+    cfg = GenerateConfig(
+        data=str(data),
+        out=str(data.with_suffix(".unused.jsonl")),
+        target=str(target),
+        engine="hf",
+        max_new_tokens=max_new_tokens,
+        batch_size=4,
+        device="cpu",
+        hf_batching=batching,
+    )
+    return hf_generator(str(target), cfg)(chats)
+
+
 # ---------------------------------------------------------------- engines and servers
 def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 300) -> str:
     """Run `code` in a fresh interpreter (vLLM spawns processes; each test gets clean state).

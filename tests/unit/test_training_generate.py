@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from helpers import hf_replies
 from vllm_clover.assets.data import Conversation, Message
 from vllm_clover.cli import main
-from vllm_clover.training.config import GenerateConfig
 from vllm_clover.training.data import load_conversations
-from vllm_clover.training.generate_data import hf_generator, length_batches, regenerate
+from vllm_clover.training.generate_data import length_batches, regenerate
 from vllm_clover.training.tiny import tiny_workspace, torch_threads
 
 pytestmark = pytest.mark.unit
@@ -133,25 +133,7 @@ def test_hf_continuous_batching_replies_as_padded_batches_do(tmp_path: Path) -> 
     """Greedy: transformers' continuous batching writes the same replies as padded batches
     (whose prompts differ in length, so the padded path pads), in the callers' order."""
     tiny = tiny_workspace(tmp_path, num_conversations=10)
-    chats = [
-        [{"role": "user", "content": c.messages[0].content}]
-        for c in load_conversations(tiny["data"])
-    ]
-    replies = {
-        batching: hf_generator(
-            str(tiny["target"]),
-            GenerateConfig(
-                data=str(tiny["data"]),
-                out=str(tmp_path / "unused.jsonl"),
-                target=str(tiny["target"]),
-                engine="hf",
-                max_new_tokens=10,
-                batch_size=4,
-                device="cpu",
-                hf_batching=batching,
-            ),
-        )(chats)
-        for batching in ("padded", "continuous")
-    }
-    assert len({len(c[0]["content"]) for c in chats}) > 1  # prompts of several lengths
-    assert all(replies["padded"]) and replies["continuous"] == replies["padded"]
+    prompts = {len(c.messages[0].content) for c in load_conversations(tiny["data"])}
+    padded = hf_replies(tiny["target"], tiny["data"], "padded")
+    assert len(prompts) > 1  # prompts of several lengths
+    assert all(padded) and hf_replies(tiny["target"], tiny["data"], "continuous") == padded

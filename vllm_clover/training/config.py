@@ -301,13 +301,15 @@ class GenerateConfig:
         "vllm", "vllm (fast) or hf (transformers, no vLLM needed)", choices=("vllm", "hf")
     )
     max_model_len: int = opt(2048, "context length (prompt + reply) of the engine")
-    batch_size: int = opt(16, "prompts per generate call (hf engine, padded batching)")
+    batch_size: int = opt(16, "prompts per generate call (hf engine, padded and static batching)")
     hf_batching: str = opt(
         "padded",
         "hf engine: padded (model.generate on batches of similar prompt length) or "
         "continuous (transformers' generate_batch: paged KV cache, a finished reply's slot "
-        "goes to the next prompt)",
-        choices=("padded", "continuous"),
+        "goes to the next prompt) or static (Llama-type targets: a KV cache allocated once "
+        "per batch, grouped-query attention without copies, finished replies dropped; the "
+        "fastest on a GPU)",
+        choices=("padded", "continuous", "static"),
     )
     device: str = opt("auto", "device of the hf engine")
     dtype: str = opt(

@@ -131,7 +131,11 @@ def hf_generator(target: str, cfg: GenerateConfig) -> Generate:
     teacher = load_teacher(target, device, dtype)
     model, tokenizer = teacher.model, teacher.tokenizer
     torch.manual_seed(cfg.seed)
-    replies = padded_replies if cfg.hf_batching == "padded" else continuous_replies
+    replies = {
+        "padded": padded_replies,
+        "continuous": continuous_replies,
+        "static": static_replies,
+    }[cfg.hf_batching]
 
     def run(ids: list[list[int]]) -> list[str]:
         new = replies(model, tokenizer, ids, cfg)
@@ -172,6 +176,31 @@ def padded_replies(model, tokenizer, ids: list[list[int]], cfg: GenerateConfig) 
         new = out[:, enc["input_ids"].shape[1] :]  # (B, new tokens), padded after EOS
         for i, row in zip(batch, new.tolist(), strict=True):
             replies[i] = row
+    return replies
+
+
+def static_replies(model, tokenizer, ids: list[list[int]], cfg: GenerateConfig) -> list[list[int]]:
+    """``static_decode.decode_wave`` on waves of ``--batch-size`` prompts of similar length
+    (``length_batches``): a cache allocated once per wave, finished replies leaving it. The
+    new token ids of each prompt, in order."""
+    import torch
+
+    from vllm_clover.training.static_decode import Sampling, decode_wave, grouped_attention_in
+
+    eos = model.generation_config.eos_token_id
+    sampling = Sampling(
+        max_new_tokens=cfg.max_new_tokens,
+        eos_ids=tuple(eos) if isinstance(eos, list | tuple) else (eos,),
+        pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
+        temperature=cfg.temperature,
+    )
+    generator = torch.Generator(model.device).manual_seed(cfg.seed)
+    replies = [[] for _ in ids]
+    with grouped_attention_in(model):
+        for batch in length_batches([len(x) for x in ids], cfg.batch_size):
+            new = decode_wave(model, [ids[i] for i in batch], sampling, generator)
+            for i, row in zip(batch, new, strict=True):
+                replies[i] = row
     return replies
 
 
