@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import lzma
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -72,6 +73,11 @@ def write(path: Path, text: str) -> Path:
     return path
 
 
+def xz(path: Path, text: str) -> Path:
+    path.write_bytes(lzma.compress(text.encode()))
+    return path
+
+
 def test_accepted_formats(tmp_path: Path) -> None:
     sharegpt = [
         {
@@ -89,6 +95,7 @@ def test_accepted_formats(tmp_path: Path) -> None:
         write(tmp_path / "s.json", json.dumps(sharegpt)),
         write(tmp_path / "o.jsonl", json.dumps(ours) + "\n\n"),
         write(tmp_path / "p.jsonl", json.dumps(pair) + "\n"),
+        xz(tmp_path / "o.jsonl.xz", json.dumps(ours) + "\n"),
     ]
     for path in files:
         (loaded,) = load_conversations(path)
@@ -107,10 +114,13 @@ def test_accepted_formats(tmp_path: Path) -> None:
         ("odd.jsonl", '{"text": "a"}\n', "unknown record format"),
         ("broken.jsonl", '{"messages": [{"role": "user"}]}\n', "malformed record"),
         ("list.jsonl", "[1, 2]\n", "expected a JSON object"),
+        ("cut.jsonl.xz", "truncated", "not a complete xz file"),
     ],
 )
 def test_bad_data_files(tmp_path: Path, name: str, text: str | None, message: str) -> None:
     path = tmp_path / name if text is None else write(tmp_path / name, text)
+    if name.endswith(".xz"):  # a download cut short
+        path.write_bytes(lzma.compress(b'{"prompt": "a"}\n' * 100)[:40])
     with pytest.raises(TrainingError, match=message):
         load_conversations(path)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import lzma
 import multiprocessing
 import os
 import sys
@@ -45,7 +46,8 @@ class TokenizedSequence:
 
 # ---------------------------------------------------------------------- reading
 def read_records(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
-    """(where, record) for each record of a .json array or a .jsonl file; TrainingError if bad."""
+    """(where, record) for each record of a .json array or a .jsonl file (.jsonl.xz:
+    xz-compressed, read as it streams); TrainingError if bad."""
     if not path.is_file():
         raise TrainingError(f"data file not found: {path}")
     if path.suffix == ".json":
@@ -57,14 +59,18 @@ def read_records(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
             raise TrainingError(f"{path}: expected a JSON array of records")
         yield from ((f"{path}[{i}]", r) for i, r in enumerate(records))
         return
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                yield f"{path}:{lineno}", json.loads(line)
-            except json.JSONDecodeError as err:
-                raise TrainingError(f"malformed JSON at {path}:{lineno}: {err}") from err
+    opener = lzma.open if path.suffix == ".xz" else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    yield f"{path}:{lineno}", json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise TrainingError(f"malformed JSON at {path}:{lineno}: {err}") from err
+    except (lzma.LZMAError, EOFError) as err:
+        raise TrainingError(f"{path} is not a complete xz file: {err}") from err
 
 
 def record_to_conversation(record: Any, where: str) -> Conversation:
