@@ -1,14 +1,16 @@
-"""Answer tokens/s of `generate-data --engine hf`, padded against continuous batching.
+"""Answer tokens/s of `generate-data --engine hf`: padded, continuous and static batching.
 
 Self-distilled answers are what the heads need, and generating them, not training, is what
 limits them (docs/heads.md). This times the transformers engine's two batching modes on the
 same first user turns of the bundled ShareGPT records, in alternating rounds (medians of
-`--repeats` rounds, ranges in brackets), and checks that greedy replies are the same in both:
+`--repeats` rounds, ranges in brackets), and counts the greedy replies equal to padded's:
 
     padded      model.generate on left-padded batches of similar prompt length
                 (`--batch-size` prompts each; a batch runs until its longest reply ends)
     continuous  transformers' generate_batch (paged KV cache; a finished reply's slot goes
                 to the next prompt at once)
+    static      vllm_clover.training.static_decode (a KV cache allocated once per batch of
+                `--batch-size` prompts, finished replies leaving it; Llama-type targets)
 
 On this CPU (a minute or two):
     python benchmarks/generate_throughput.py --prompts 16 --max-new-tokens 32 --batch-size 8 \
@@ -28,7 +30,7 @@ from vllm_clover.training.config import GenerateConfig
 from vllm_clover.training.data import load_conversations
 from vllm_clover.training.generate_data import hf_generator
 
-MODES = ("padded", "continuous")
+MODES = ("padded", "continuous", "static")
 
 
 def first_turns(data: str | None, skip: int, count: int) -> list[list[dict[str, str]]]:
@@ -41,7 +43,7 @@ def first_turns(data: str | None, skip: int, count: int) -> list[list[dict[str, 
 def measure(args: argparse.Namespace, chats: list[list[dict[str, str]]]) -> dict:
     """Both modes loaded once, then `repeats` alternating rounds: seconds and replies."""
     generators = {}
-    for mode in MODES:
+    for mode in args.modes:
         cfg = GenerateConfig(
             target=args.target,
             out="unused",
@@ -54,7 +56,7 @@ def measure(args: argparse.Namespace, chats: list[list[dict[str, str]]]) -> dict
             hf_batching=mode,
         )
         generators[mode] = hf_generator(args.target, cfg)
-    seconds, replies = {mode: [] for mode in MODES}, {}
+    seconds, replies = {mode: [] for mode in args.modes}, {}
     for _ in range(args.repeats):
         for mode, generate in generators.items():
             start = time.perf_counter()
@@ -72,7 +74,7 @@ def summarise(seconds: dict, replies: dict, target: str) -> dict:
     path, kwargs = resolve_target(target)
     tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
     rows = {}
-    for mode in MODES:
+    for mode in seconds:
         kept = [r for r in replies[mode] if r is not None]
         tokens = sum(len(tokenizer(r, add_special_tokens=False)["input_ids"]) for r in kept)
         times = sorted(seconds[mode])
@@ -83,11 +85,16 @@ def summarise(seconds: dict, replies: dict, target: str) -> dict:
             "tokens_per_s": tokens / times[len(times) // 2],
             "range": [tokens / times[-1], tokens / times[0]],
         }
-    pairs = zip(replies["padded"], replies["continuous"], strict=True)
+    first = next(iter(rows))  # the baseline: padded unless --modes leaves it out
     return {
         "modes": rows,
-        "continuous_vs_padded": rows["continuous"]["tokens_per_s"] / rows["padded"]["tokens_per_s"],
-        "equal_replies": sum(a == b for a, b in pairs),
+        "baseline": first,
+        "vs_baseline": {
+            m: r["tokens_per_s"] / rows[first]["tokens_per_s"] for m, r in rows.items()
+        },
+        "equal_to_baseline": {
+            m: sum(a == b for a, b in zip(replies[first], replies[m], strict=True)) for m in rows
+        },
     }
 
 
@@ -99,7 +106,8 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--max-model-len", type=int, default=2048)
-    parser.add_argument("--batch-size", type=int, default=8, help="padded mode's batch")
+    parser.add_argument("--batch-size", type=int, default=8, help="padded and static batch")
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"))
     parser.add_argument("--repeats", type=int, default=3)
@@ -112,12 +120,10 @@ def main() -> None:
         low, high = row["range"]
         print(
             f"{mode:10s}: {row['tokens_per_s']:8.1f} answer tokens/s ({low:.1f}-{high:.1f}), "
-            f"{row['answer_tokens']} tokens in {row['replies']} replies"
+            f"{row['answer_tokens']} tokens in {row['replies']} replies, "
+            f"{result['vs_baseline'][mode]:.2f}x {result['baseline']}, "
+            f"equal replies {result['equal_to_baseline'][mode]}/{len(chats)}"
         )
-    print(
-        f"continuous / padded: {result['continuous_vs_padded']:.2f}x; "
-        f"equal replies {result['equal_replies']}/{len(chats)}"
-    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
