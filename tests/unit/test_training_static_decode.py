@@ -90,6 +90,8 @@ def test_rows_that_end_leave_the_wave_with_their_replies_intact(tmp_path: Path) 
         cut = decode_wave(model, ids, Sampling(16, (stop,), 0, compact_every=2))
     expected = [row[: row.index(stop) + 1] if stop in row else row for row in full]
     assert cut == expected
+    with grouped_attention_in(model):
+        assert decode_wave(model, ids, Sampling(16, (), 0, compact_every=2)) == full  # no EOS
     ended = [len(row) for row in cut if len(row) < 16]
     assert len(ended) >= 2 and len(set(ended)) >= 2  # rows ended, at different steps
 

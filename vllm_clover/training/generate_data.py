@@ -187,10 +187,9 @@ def static_replies(model, tokenizer, ids: list[list[int]], cfg: GenerateConfig) 
 
     from vllm_clover.training.static_decode import Sampling, decode_wave, grouped_attention_in
 
-    eos = model.generation_config.eos_token_id
     sampling = Sampling(
         max_new_tokens=cfg.max_new_tokens,
-        eos_ids=tuple(eos) if isinstance(eos, list | tuple) else (eos,),
+        eos_ids=eos_ids(model, tokenizer),
         pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
         temperature=cfg.temperature,
     )
@@ -202,6 +201,16 @@ def static_replies(model, tokenizer, ids: list[list[int]], cfg: GenerateConfig) 
             for i, row in zip(batch, new, strict=True):
                 replies[i] = row
     return replies
+
+
+def eos_ids(model, tokenizer) -> tuple[int, ...]:
+    """The ids that end a reply: the generation config's, else the tokenizer's, else none
+    (replies then run to ``--max-new-tokens``). Example: ``[2, 7]`` -> ``(2, 7)``."""
+    eos = model.generation_config.eos_token_id
+    eos = tokenizer.eos_token_id if eos is None else eos
+    if eos is None:
+        return ()
+    return tuple(eos) if isinstance(eos, list | tuple) else (eos,)
 
 
 def continuous_replies(

@@ -83,7 +83,9 @@ class WaveCache:
     def allocate(cls, model: nn.Module, rows: int, slots: int) -> WaveCache:
         config, param = model.config, next(model.parameters())
         kv_heads = config.num_key_value_heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // kv_heads
+        head_dim = (
+            getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        )
         shape = (rows, kv_heads, slots, head_dim)
         layers = config.num_hidden_layers
 
@@ -192,7 +194,7 @@ def decode_wave(model, prompts: Sequence[Sequence[int]], sampling: Sampling, gen
     token = draw(
         prefill(model, cache, ids, pad, sampling.rows_per_prefill), sampling.temperature, generator
     )
-    eos = torch.tensor(sampling.eos_ids, device=device)
+    eos = torch.tensor(sampling.eos_ids, dtype=torch.long, device=device)
     out = torch.full((B, sampling.max_new_tokens), -1, dtype=torch.long, device=device)
     rows = torch.arange(B, device=device)  # wave row of each live row
     alive = torch.ones(B, dtype=torch.bool, device=device)
