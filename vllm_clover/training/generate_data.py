@@ -162,27 +162,24 @@ def decoding(model, tokenizer, cfg: GenerateConfig):
 
 
 def padded_replies(model, tokenizer, ids: list[list[int]], cfg: GenerateConfig) -> list[list[int]]:
-    """``model.generate`` on left-padded batches of similar prompt length (``length_batches``):
+    """``model.generate`` on left-padded batches of similar prompt length (``by_length``):
     a batch runs until its longest reply ends. The new token ids of each prompt, in order."""
-    config, replies = decoding(model, tokenizer, cfg), [[] for _ in ids]
-    for batch in length_batches([len(x) for x in ids], cfg.batch_size):
+    config = decoding(model, tokenizer, cfg)
+
+    def generate(batch: list[list[int]]) -> list[list[int]]:
         enc = tokenizer.pad(
-            {"input_ids": [ids[i] for i in batch]},
-            padding=True,
-            padding_side="left",
-            return_tensors="pt",
+            {"input_ids": batch}, padding=True, padding_side="left", return_tensors="pt"
         ).to(model.device)
         out = model.generate(**enc, generation_config=config)
-        new = out[:, enc["input_ids"].shape[1] :]  # (B, new tokens), padded after EOS
-        for i, row in zip(batch, new.tolist(), strict=True):
-            replies[i] = row
-    return replies
+        return out[:, enc["input_ids"].shape[1] :].tolist()  # (B, new tokens), padded after EOS
+
+    return by_length(ids, cfg.batch_size, generate)
 
 
 def static_replies(model, tokenizer, ids: list[list[int]], cfg: GenerateConfig) -> list[list[int]]:
     """``static_decode.decode_wave`` on waves of ``--batch-size`` prompts of similar length
-    (``length_batches``): a cache allocated once per wave, finished replies leaving it. The
-    new token ids of each prompt, in order."""
+    (``by_length``): a cache allocated once per wave, finished replies leaving it. The new
+    token ids of each prompt, in order."""
     import torch
 
     from vllm_clover.training.static_decode import Sampling, decode_wave, grouped_attention_in
@@ -194,12 +191,22 @@ def static_replies(model, tokenizer, ids: list[list[int]], cfg: GenerateConfig) 
         temperature=cfg.temperature,
     )
     generator = torch.Generator(model.device).manual_seed(cfg.seed)
-    replies = [[] for _ in ids]
     with grouped_attention_in(model):
-        for batch in length_batches([len(x) for x in ids], cfg.batch_size):
-            new = decode_wave(model, [ids[i] for i in batch], sampling, generator)
-            for i, row in zip(batch, new, strict=True):
-                replies[i] = row
+        return by_length(
+            ids, cfg.batch_size, lambda batch: decode_wave(model, batch, sampling, generator)
+        )
+
+
+def by_length(ids: list[list[int]], batch_size: int, replies_of) -> list[list[int]]:
+    """``replies_of`` (prompts -> their new token ids) on batches of similar prompt length
+    (``length_batches``), the replies returned in the callers' order.
+
+    Example, batch size 2, prompt lengths [9, 3, 7, 4] -> replies_of(prompts 1, 3), then
+    replies_of(prompts 2, 0) -> [r0, r1, r2, r3]."""
+    replies = [[] for _ in ids]
+    for batch in length_batches([len(x) for x in ids], batch_size):
+        for i, row in zip(batch, replies_of([ids[i] for i in batch]), strict=True):
+            replies[i] = row
     return replies
 
 

@@ -82,11 +82,8 @@ class WaveCache:
     @classmethod
     def allocate(cls, model: nn.Module, rows: int, slots: int) -> WaveCache:
         config, param = model.config, next(model.parameters())
-        kv_heads = config.num_key_value_heads
-        head_dim = (
-            getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        )
-        shape = (rows, kv_heads, slots, head_dim)
+        head_dim = model.model.layers[0].self_attn.head_dim  # what the layers will write
+        shape = (rows, config.num_key_value_heads, slots, head_dim)
         layers = config.num_hidden_layers
 
         def make():
@@ -155,11 +152,12 @@ def prefill(model, cache: WaveCache, ids: torch.Tensor, pad: torch.Tensor, rows:
     B, P = ids.shape
     slot = torch.arange(P, device=ids.device)
     causal = slot[None, :] <= slot[:, None]  # (P, P): query slot, key slot
+    itself = torch.eye(P, dtype=torch.bool, device=ids.device)
     logits = []
     for start in range(0, B, rows):
         part = slice(start, min(B, start + rows))
         real = slot[None, :] >= pad[part, None]  # (b, P)
-        mask = (causal[None] & real[:, None, :]) | torch.eye(P, dtype=torch.bool, device=ids.device)
+        mask = (causal[None] & real[:, None, :]) | itself
         positions = (slot[None, :] - pad[part, None]).clamp(min=0)
         logits.append(
             forward_slots(
