@@ -5,7 +5,8 @@
 - `server`: start `vllm-clover serve` and talk HTTP to it on 127.0.0.1.
 
 Run a layer with `pytest -m unit`, everything with `pytest`. Shared helpers (engines, servers,
-tiny networks) are in `helpers.py`; this file holds fixtures only.
+tiny networks) are in `helpers.py`, what speculation did and the checks on it in
+`spec_checks.py`; this file holds fixtures only.
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from spec_checks import assert_clover_speculated, greedy_with_and_without_clover
 
-from helpers import assert_clover_speculated, greedy_with_and_without_clover
 from vllm_clover.cli import main
 from vllm_clover.training import TrainConfig, TrainingError, train
 from vllm_clover.training.tiny import (

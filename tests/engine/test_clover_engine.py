@@ -8,8 +8,9 @@ import shutil
 
 import pytest
 import torch
+from spec_checks import assert_clover_speculated, goodput_budget, speculation
 
-from helpers import assert_clover_speculated, goodput_budget, in_process_llm, speculation
+from helpers import in_process_llm
 from vllm_clover.assets.data import mtbench_questions
 from vllm_clover.modeling.tables import scoring_dtype_for
 

@@ -15,14 +15,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from spec_checks import Speculation, assert_clover_speculated, drawn_drafts, speculation
 
-from helpers import (
-    Speculation,
-    assert_clover_speculated,
-    drawn_drafts,
-    in_process_llm,
-    speculation,
-)
+from helpers import in_process_llm
 from vllm_clover.assets.data import mtbench_questions
 
 pytestmark = pytest.mark.engine

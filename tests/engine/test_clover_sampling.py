@@ -24,17 +24,17 @@ from collections import Counter
 
 import pytest
 import torch
-
-from helpers import (
+from spec_checks import (
     TEST_TREE,
     assert_clover_speculated,
     assert_trees_verified,
     drawn_drafts,
-    in_process_llm,
     speculation,
     tree_paths,
     tree_stats,
 )
+
+from helpers import in_process_llm
 from vllm_clover.bundled import REFERENCE_HEADS
 
 pytestmark = pytest.mark.engine

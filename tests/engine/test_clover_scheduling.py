@@ -14,16 +14,14 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from spec_checks import assert_clover_speculated, goodput_budget, speculation
 
 from helpers import (
-    assert_clover_speculated,
-    goodput_budget,
     in_process_llm,
     make_untrained_clover,
     metric_total,
     mtbench_prompts,
     run_with_aborts,
-    speculation,
 )
 from vllm_clover.bundled import REFERENCE_HEADS
 

@@ -6,19 +6,16 @@ drafted and verified and that paths off the rank-0 chain were accepted (what a c
 accept), besides the feature it is about. T = 1 is in test_clover_sampling.py."""
 
 import pytest
-
-from helpers import (
+from spec_checks import (
     TEST_TREE,
     TEST_TREE_SIZE,
     assert_trees_pruned,
     assert_trees_verified,
-    in_process_llm,
-    metric_total,
-    mtbench_prompts,
-    run_with_aborts,
     speculation,
     tree_stats,
 )
+
+from helpers import in_process_llm, metric_total, mtbench_prompts, run_with_aborts
 
 pytestmark = pytest.mark.engine
 

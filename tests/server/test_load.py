@@ -30,14 +30,9 @@ import httpx
 import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from spec_checks import assert_clover_speculated, server_speculation
 
-from helpers import (
-    assert_clover_speculated,
-    http_get,
-    run_python,
-    running_server,
-    server_speculation,
-)
+from helpers import http_get, run_python, running_server
 
 pytestmark = pytest.mark.server
 

@@ -10,8 +10,9 @@ import sys
 import urllib.request
 
 import pytest
+from spec_checks import assert_clover_speculated, server_speculation
 
-from helpers import REPO, assert_clover_speculated, running_server, server_speculation
+from helpers import REPO, running_server
 from helpers import http_get as _get
 
 pytestmark = pytest.mark.server
