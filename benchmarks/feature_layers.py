@@ -12,8 +12,9 @@ L_j(t) the residual stream after decoder layer j (``--variants 2,15,27``: layers
 ``none``: H alone, the control). Zero-initialised, every variant starts as the control and
 sees the same data in the same order with the same seed; each is then scored as
 `vllm-clover eval-heads` scores a checkpoint (teacher-forced, float32 target and heads,
-``evaluate`` itself). The training loop is the trainer's step (`distill_loss`, AdamW groups,
-warmup + cosine, clipping, bfloat16 autocast) over signals held in memory.
+``evaluate`` itself). Every optimizer step is the trainer's own (``TrainLoop.train_step``:
+`distill_loss`, AdamW groups, warmup + cosine, clipping, bfloat16 autocast), over signals
+held in memory instead of the hidden-state cache.
 
 It needs no vLLM. Serving such heads would need the target's intermediate hidden states from
 vLLM's model runner, which this probe does not build: it only says whether they are worth it.
@@ -38,6 +39,7 @@ import torch.nn as nn
 from vllm_clover.modeling import CloverModel
 from vllm_clover.modeling.augmenting import RMSNorm
 from vllm_clover.modeling.tables import draft_vocab_from_counts
+from vllm_clover.training.cache import padded_batch
 from vllm_clover.training.config import TrainConfig
 from vllm_clover.training.data import (
     Batch,
@@ -50,11 +52,11 @@ from vllm_clover.training.data import (
     tokenize_all,
 )
 from vllm_clover.training.evaluate import evaluate
-from vllm_clover.training.loss import distill_loss, graded_positions, head_weights
 from vllm_clover.training.network import build_model
-from vllm_clover.training.schedule import warmup_cosine
+from vllm_clover.training.runtime import init_runtime
+from vllm_clover.training.schedule import TimeBudget, warmup_cosine
 from vllm_clover.training.teacher import Teacher, argmax_rows, load_teacher
-from vllm_clover.training.trainer import parameter_groups
+from vllm_clover.training.trainer import TrainLoop, parameter_groups
 
 CPU = torch.device("cpu")
 
@@ -80,11 +82,7 @@ def teacher_signals(
         rows = max(1, batch_tokens // len(order[i]))
         group = order[i : i + rows]
         i += rows
-        width = max(len(s) for s in group)
-        ids = torch.zeros(len(group), width, dtype=torch.long)
-        mask = torch.zeros(len(group), width, dtype=torch.long)
-        for r, s in enumerate(group):
-            ids[r, : len(s)], mask[r, : len(s)] = s.input_ids, 1
+        ids, mask = padded_batch(group, 0, len(group))  # (B, T) right-padded
         out = model(ids, attention_mask=mask, output_hidden_states=True, logits_to_keep=1)
         hidden = out.hidden_states[-1]  # (B, T, D), post-norm
         top1 = argmax_rows(hidden, weight)  # (B, T)
@@ -157,8 +155,9 @@ class FusedHeads(nn.Module):
         return self.model.head_features(hidden, head_input_ids)
 
 
-def build_variant(cfg: TrainConfig, ctx: SimpleNamespace, layers: list[int]) -> SimpleNamespace:
-    """The trainer's fresh network (seeded), the fusion when ``layers``, AdamW and schedule."""
+def build_variant(cfg: TrainConfig, ctx: SimpleNamespace, layers: list[int]) -> TrainLoop:
+    """The trainer's loop over a fresh network (seeded), the fusion when ``layers``, AdamW and
+    schedule; its ``train_step`` is what `vllm-clover train` runs."""
     model = build_model(cfg, ctx.prepared, CPU)  # seeds cfg.seed itself
     eps = model.config.rms_norm_eps
     fusion = LayerFusion(len(layers), model.config.hidden_size, eps) if layers else None
@@ -168,40 +167,24 @@ def build_variant(cfg: TrainConfig, ctx: SimpleNamespace, layers: list[int]) -> 
     optimizer = torch.optim.AdamW(groups, betas=(0.9, 0.999), weight_decay=cfg.weight_decay)
     scheduler = warmup_cosine(optimizer, ctx.plan, cfg.warmup_fraction)
     net = FusedHeads(model, fusion, ctx.train_data)
-    return SimpleNamespace(net=net, optimizer=optimizer, scheduler=scheduler)
-
-
-def train_steps(cfg: TrainConfig, ctx: SimpleNamespace, run: SimpleNamespace) -> int:
-    """The trainer's optimizer step over every step of ``ctx.plan``; returns the tokens seen."""
-    weights, tokens = head_weights(cfg.num_heads, cfg.head_weight_base), 0
-    for step, ids in enumerate(ctx.plan):
-        batch = ctx.train_data.batch([ctx.train[j] for j in ids])
-        tokens += int(batch.attention_mask.sum())
-        graded, valid = graded_positions(batch, cfg.num_heads)
-        normaliser = valid.sum(dim=(0, 1)).float()  # (K,) graded positions per head
-        with torch.autocast("cpu", torch.bfloat16):
-            features = run.net.head_features(batch.hidden, graded.input_ids)  # (B, T, K, D)
-            loss, *_ = distill_loss(
-                run.net.model, features, batch, valid, weights, normaliser,
-                cfg.hidden_loss_weight, cfg.soft_labels,
-            )  # fmt: skip
-            loss.backward()
-        torch.nn.utils.clip_grad_norm_(run.net.parameters(), cfg.grad_clip)
-        run.optimizer.step()
-        run.scheduler.step()
-        run.optimizer.zero_grad(set_to_none=True)
-        if step % 25 == 0:
-            print(f"  step {step}/{len(ctx.plan)} loss {loss.item():.3f}", flush=True)
-    return tokens
+    data = SimpleNamespace(train=ctx.train, batch=ctx.train_data.batch)  # Prepared's part
+    plan, budget = ctx.plan, TimeBudget(None, time.monotonic())
+    return TrainLoop(
+        cfg, init_runtime("cpu"), data, net, optimizer, scheduler, plan, len(plan), budget
+    )
 
 
 def train_variant(cfg: TrainConfig, ctx: SimpleNamespace, layers: list[int]) -> dict:
     """Train one variant over ``ctx.plan`` and score it on ``ctx.eval_seqs`` as eval-heads does."""
-    run = build_variant(cfg, ctx, layers)
+    loop = build_variant(cfg, ctx, layers)
     started = time.monotonic()
-    tokens = train_steps(cfg, ctx, run)
+    for step in range(len(ctx.plan)):
+        loop.train_step(step)
+        if step % 25 == 0:
+            print(f"  step {step}/{len(ctx.plan)}", flush=True)
     seconds = time.monotonic() - started
-    net = run.net.float()
+    tokens = sum(len(ctx.train[j]) for ids in ctx.plan for j in ids)
+    net = loop.model.float()
     net.data = ctx.eval_data
     result = evaluate(net, ctx.eval_data, ctx.eval_seqs, 8, CPU).summary()
     norms = [] if net.fusion is None else [p.weight.norm().item() for p in net.fusion.projs]
