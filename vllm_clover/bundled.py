@@ -17,6 +17,6 @@ REFERENCE_HEADS = CHECKPOINTS_DIR / f"{REFERENCE_TARGET}-clover"
 FULL_CLOVER_HEADS = CHECKPOINTS_DIR / f"{REFERENCE_TARGET}-clover-full"
 # Clover-2 with a gated block (docs/heads.md): the best heads at our training budget.
 CLOVER2_HEADS = CHECKPOINTS_DIR / f"{REFERENCE_TARGET}-clover2"
-# Medusa-1 heads trained on the same data and budget as the reference heads (the cards in
-# checkpoints/ give both), in vLLM's native Medusa format.
+# Medusa-1 heads trained on the same data as the Clover-2 heads (the cards in checkpoints/
+# give both), in vLLM's native Medusa format.
 REFERENCE_MEDUSA = CHECKPOINTS_DIR / f"{REFERENCE_TARGET}-medusa"
