@@ -32,6 +32,14 @@ pytestmark = pytest.mark.unit
             dict(fuse_next_token=True, use_attention_decoder=False, decoder_num_heads=5),
             "decoder_num_heads=5",
         ),
+        (dict(target_layers=[]), "target_layers: must be a non-empty list"),
+        (dict(target_layers=[15, 2]), "target_layers: must be strictly increasing"),
+        (dict(target_layers=[2, 2]), "target_layers: must be strictly increasing"),
+        (dict(target_layers=[0]), r"target_layers: layer 0 is not in >= 1"),
+        (
+            dict(target_layers=[2, 30], target_num_hidden_layers=30),
+            r"layer 30 is not in \[1, 29\] \(the target has 30 layers\)",
+        ),
     ],
 )
 def test_config_validation(overrides: dict, message: str) -> None:

@@ -64,6 +64,26 @@ def test_teacher_forward_is_padding_invariant(teacher) -> None:
     torch.testing.assert_close(top1, (hidden @ teacher.lm_head.T).argmax(-1))
 
 
+def test_teacher_forward_with_layers_appends_their_residual_streams(teacher) -> None:
+    """target_layers [1]: the signal is [H | hidden_states[1]], the input of decoder layer 1
+    (vLLM's auxiliary hidden state 1); the argmax is still H's."""
+    ids = torch.randint(3, 200, (2, 9))
+    mask = torch.ones(2, 9, dtype=torch.bool)
+    hidden, top1 = teacher_forward(teacher, ids, mask)
+    signal, signal_top1 = teacher_forward(teacher, ids, mask, layers=(1,))
+    d = hidden.shape[-1]
+    assert signal.shape == (2, 9, 2 * d)
+    layer_in = {}
+    teacher.model.model.layers[1].register_forward_pre_hook(
+        lambda m, args, kwargs: layer_in.update(x=args[0] if args else kwargs["hidden_states"]),
+        with_kwargs=True,
+    )
+    teacher_forward(teacher, ids, mask, layers=(1,))
+    torch.testing.assert_close(signal[..., :d], hidden)
+    torch.testing.assert_close(signal[..., d:], layer_in["x"])
+    assert torch.equal(signal_top1, top1)
+
+
 def test_architecture_checks(teacher) -> None:
     model = teacher.model
     check_architecture(model, "ok")

@@ -276,6 +276,39 @@ def test_draft_vocab_medusa_and_eval_heads(tiny, tmp_path: Path, capsys) -> None
     assert results[str(medusa.out)]["positions"] == clover.eval["positions"]
 
 
+def test_target_layers_train_warm_start_and_eval_heads(tiny, tmp_path: Path, capsys) -> None:
+    """--target-layers: the fusion is trained (moves from zero) and stored, its signal has a
+    cache of its own, adding layers to H-only heads starts from them exactly, and eval-heads
+    scores H-only and layered heads in one run (each reads its own columns)."""
+    common = dict(clover2=True, draft_vocab_size=64, save_dtype="float32")
+    base = train(config(tiny, tmp_path / "base", epochs=2, **common))
+    caches = set(tiny["cache"].iterdir())
+    layered = train(config(tiny, tmp_path / "layered", target_layers=[1], lr=3e-3, **common))
+    assert len(set(tiny["cache"].iterdir()) - caches) == 1  # [H | L_1] cached apart
+    fused = weights(layered.out)
+    assert fused["layer_fusion.projs.0.weight"].abs().max() > 1e-4  # trained, not left at 0
+    assert load_clover_config(layered.out).target_layers == [1]
+    assert "--target-layers 1" in (layered.out / "README.md").read_text()
+    tiny_lr = dict(max_samples=8, lr=1e-9, epochs=1, target_layers=[1], **common)
+    cont = train(config(tiny, tmp_path / "cont", init_from=str(base.out), **tiny_lr))
+    a, b = weights(base.out), weights(cont.out)
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
+    assert b["layer_fusion.projs.0.weight"].abs().max() < 1e-6  # the fusion starts at zero
+    with pytest.raises(TrainingError, match=r"target_layers: checkpoint \[1\], this run None"):
+        train(config(tiny, tmp_path / "x", init_from=str(layered.out), **common))
+    with pytest.raises(TrainingError, match=r"--target-layers \[2\]: layer 2 is not in \[1, 1\]"):
+        train(config(tiny, tmp_path / "y", target_layers=[2], **common))
+    capsys.readouterr()
+    metrics = tmp_path / "metrics.json"
+    args = ["eval-heads", "--target", str(tiny["target"]), "--heads", str(base.out)]
+    args += [str(layered.out), str(cont.out), "--data", str(tiny["data"])]
+    args += ["--cache-dir", str(tiny["cache"]), "--eval-fraction", "0.2", "--max-seq-len", "128"]
+    assert main([*args, "--json", str(metrics), "--no-progress"]) == 0
+    results = json.loads(metrics.read_text())
+    assert results[str(layered.out)]["top1"] == pytest.approx(layered.eval["top1"], abs=0.02)
+    assert results[str(cont.out)]["top1"] == results[str(base.out)]["top1"]
+
+
 def test_eval_heads_calibrates_and_writes_draft_confidence(tiny, tmp_path: Path, capsys) -> None:
     heads = train(config(tiny, tmp_path / "heads", draft_vocab_size=64)).out
     before = json.loads((heads / "config.json").read_text())

@@ -121,6 +121,7 @@ def check_same_architecture(model: CloverModel, config: CloverConfig) -> None:
         skip = (
             "target_name",
             "target_lm_head_fingerprint",
+            "target_num_hidden_layers",
             "_name_or_path",
             "transformers_version",
         )

@@ -2,6 +2,8 @@
 
 ``CloverModel`` composes the three parts, each owning one thing::
 
+    fusion      LayerFusion       H and the target's middle layers -> x, the input in H's
+                                  place; None without ``target_layers``
     adapter     BlockAdapter      the block's input (H, or H fused with the next token)
                                   and its gated output
     augmenting  AugmentingBlock   x (B, T, D) -> y (B, T, D); None when the block is off
@@ -13,7 +15,8 @@ same ``HeadLoop`` and a ``TargetTables`` (or its tensor-parallel variant).
 
 The checkpoint stores the parts' tensors under flat names (docs/checkpoint-format.md):
 ``layers.{j}.*`` and ``norm.weight`` are the Augmenting Block's, ``fuse.*`` and ``gate`` the
-adapter's, ``draft_vocab_ids`` the tables', everything else (``decoder.*``, ``blocks.{i}.*``,
+adapter's, ``layer_fusion.*`` the fusion's (stored with its prefix), ``draft_vocab_ids`` the
+tables', everything else (``decoder.*``, ``blocks.{i}.*``,
 ``regressive_proj.weight``, ``step_embed.weight``) the head loop's. Example:
 ``heads.blocks.0.layers.0.weight`` in ``CloverModel.state_dict()`` is
 ``blocks.0.layers.0.weight`` in the file.
@@ -30,6 +33,7 @@ from vllm_clover.modeling.augmenting import AugmentingBlock
 from vllm_clover.modeling.block_adapter import ADAPTER_NAMES, ADAPTER_PREFIXES, BlockAdapter
 from vllm_clover.modeling.config import CloverConfig
 from vllm_clover.modeling.head_loop import HeadLoop
+from vllm_clover.modeling.layer_fusion import FUSION_PREFIX, LayerFusion
 from vllm_clover.modeling.tables import TargetTables
 
 AUGMENTING_PREFIXES = ("layers.", "norm.")
@@ -43,13 +47,16 @@ class CheckpointParts(NamedTuple):
     heads: dict[str, torch.Tensor]
     tables: dict[str, torch.Tensor]
     adapter: dict[str, torch.Tensor]
+    fusion: dict[str, torch.Tensor]
 
 
 def split_checkpoint_state(state: dict[str, torch.Tensor]) -> CheckpointParts:
     """Flat checkpoint names -> the tensors of each part (see the module docstring)."""
-    parts = CheckpointParts({}, {}, {}, {})
+    parts = CheckpointParts({}, {}, {}, {}, {})
     for name, tensor in state.items():
-        if name.startswith(AUGMENTING_PREFIXES):
+        if name.startswith(FUSION_PREFIX):
+            parts.fusion[name.removeprefix(FUSION_PREFIX)] = tensor
+        elif name.startswith(AUGMENTING_PREFIXES):
             parts.augmenting[name] = tensor
         elif name.startswith(ADAPTER_PREFIXES) or name in ADAPTER_NAMES:
             parts.adapter[name] = tensor
@@ -71,6 +78,7 @@ class CloverModel(nn.Module):
     def __init__(self, config: CloverConfig) -> None:
         super().__init__()
         self.config = config
+        self.fusion = LayerFusion(config) if config.target_layers else None
         self.adapter = BlockAdapter(config)
         self.augmenting = AugmentingBlock(config) if config.use_augmenting_block else None
         self.heads = HeadLoop(config)
@@ -94,12 +102,20 @@ class CloverModel(nn.Module):
     ) -> torch.Tensor:
         """h0 for every position: the Augmenting Block over H (B, T, D), or H when off.
 
-        next_ids (B, T): x_{t+1} at each position, read only with ``fuse_next_token``."""
-        x = hidden_states.to(self.dtype)
+        With ``target_layers``, hidden_states is the target signal (B, T, (1 + A) * D) and
+        x = ``LayerFusion``(signal) takes H's place. next_ids (B, T): x_{t+1} at each
+        position, read only with ``fuse_next_token``."""
+        x = self.fuse_layers(hidden_states)
         if self.augmenting is None:
             return x
         x = self.adapter.block_input(x, next_ids, self.tables)
         return self.adapter.block_output(x, self.augmenting(x, positions))
+
+    def fuse_layers(self, signal: torch.Tensor) -> torch.Tensor:
+        """x (..., D) in the heads' dtype: H, or H fused with the target layers in signal."""
+        if self.fusion is None:
+            return signal.to(self.dtype)
+        return self.fusion(signal).to(self.dtype)
 
     def head_features(
         self,
@@ -133,7 +149,10 @@ class CloverModel(nn.Module):
         """The tensors a checkpoint stores, under their flat names (never the target's)."""
         parts = [self.heads, self.tables, self.adapter]
         parts += [self.augmenting] if self.augmenting else []
-        return {name: t for part in parts for name, t in part.state_dict().items()}
+        state = {name: t for part in parts for name, t in part.state_dict().items()}
+        if self.fusion is not None:
+            state |= {FUSION_PREFIX + n: t for n, t in self.fusion.state_dict().items()}
+        return state
 
     def load_checkpoint_state(self, state: dict[str, torch.Tensor], assign: bool = False) -> None:
         """Load flat checkpoint tensors into the parts (strict: no missing, no extra name)."""
@@ -145,3 +164,15 @@ class CloverModel(nn.Module):
         self.heads.load_state_dict(parts.heads, strict=True, assign=assign)
         self.tables.load_state_dict(parts.tables, strict=True, assign=assign)
         self.adapter.load_state_dict(parts.adapter, strict=True, assign=assign)
+        load_fusion(self.fusion, parts.fusion, assign)
+
+
+def load_fusion(
+    fusion: LayerFusion | None, state: dict[str, torch.Tensor], assign: bool = False
+) -> None:
+    """Load ``layer_fusion.*`` tensors (prefix removed); ValueError for fusion weights in a
+    checkpoint whose config has no ``target_layers``."""
+    if fusion is not None:
+        fusion.load_state_dict(state, strict=True, assign=assign)
+    elif state:
+        raise ValueError(f"unexpected layer_fusion weights {sorted(state)} (no target_layers)")

@@ -71,6 +71,14 @@ class CloverConfig(PretrainedConfig):
             from the target (Llama semantics: ``attention_bias`` puts a bias on
             q/k/v/o, ``qkv_bias`` overrides it for q/k/v only, as in vLLM's
             LlamaDecoderLayer; Qwen2 = attention_bias False, qkv_bias True).
+        target_layers: target decoder layers whose residual stream the heads read besides H
+            (EAGLE-3's auxiliary layers), fused into the heads' input as
+            ``x = H + sum_j W_j rmsnorm_j(L_j)`` with W_j zero at initialisation
+            (``LayerFusion``). Layer j is the input of the target's decoder layer j: Hugging
+            Face's ``hidden_states[j]`` and vLLM's auxiliary hidden state j. Strictly
+            increasing, each in [1, target_num_hidden_layers - 1]; None = H alone.
+        target_num_hidden_layers: the target's number of decoder layers (0 = unknown),
+            recorded to check ``target_layers`` against it.
         target_name: name or path of the target model the heads were trained for.
         target_hidden_size, target_vocab_size: recorded target shape (default:
             hidden_size, vocab_size; must agree with them).
@@ -97,6 +105,8 @@ class CloverConfig(PretrainedConfig):
         draft_vocab_size: int | None = None,
         draft_confidence: list[float] | None = None,
         token_tree: str | None = None,
+        target_layers: list[int] | None = None,
+        target_num_hidden_layers: int = 0,
         intermediate_size: int = 11008,
         num_attention_heads: int = 32,
         num_key_value_heads: int | None = None,
@@ -128,6 +138,8 @@ class CloverConfig(PretrainedConfig):
         self.draft_vocab_size = draft_vocab_size
         self.draft_confidence = None if draft_confidence is None else list(draft_confidence)
         self.token_tree = token_tree
+        self.target_layers = None if target_layers is None else list(target_layers)
+        self.target_num_hidden_layers = target_num_hidden_layers
         self.intermediate_size = intermediate_size
         self.num_attention_heads = num_attention_heads
         self.num_key_value_heads = _default(num_key_value_heads, num_attention_heads)
@@ -187,6 +199,9 @@ class CloverConfig(PretrainedConfig):
             _require(not problem, f"draft_confidence: {problem}")
         if self.token_tree is not None:
             self._validate_token_tree()
+        if self.target_layers is not None:
+            problem = check_target_layers(self.target_layers, self.target_num_hidden_layers)
+            _require(not problem, f"target_layers: {problem}")
         _require(
             self.target_hidden_size == self.hidden_size,
             f"target_hidden_size={self.target_hidden_size} != hidden_size={self.hidden_size}",
@@ -230,6 +245,13 @@ class CloverConfig(PretrainedConfig):
     def needs_input_embedding(self) -> bool:
         """True when the heads read the target's input-embedding table (not only its LM head)."""
         return self.use_regressive_connection and self.regressive_embedding == "input_embedding"
+
+    @property
+    def signal_width(self) -> int:
+        """Width of the target signal the heads read per token: H, then each target layer.
+
+        Example: D = 576, target_layers [2, 15, 27] -> 2304 = [H | L_2 | L_15 | L_27]."""
+        return self.hidden_size * (1 + len(self.target_layers or ()))
 
     @property
     def is_medusa(self) -> bool:
@@ -316,6 +338,7 @@ class CloverConfig(PretrainedConfig):
             max_position_embeddings=getattr(text, "max_position_embeddings", 4096),
             hidden_act=hidden_activation(text),
             attention_bias=getattr(text, "attention_bias", False),
+            target_num_hidden_layers=getattr(text, "num_hidden_layers", 0),
             target_name=target_name or getattr(target, "_name_or_path", ""),
         )
         if getattr(text, "model_type", "") == "qwen2":
@@ -337,6 +360,27 @@ def check_confidence(thresholds: object, num_heads: int) -> str:
         return f"needs one threshold per head ({num_heads}), got {len(thresholds)}"
     if not all(0.0 <= x <= 1.0 for x in thresholds):
         return f"thresholds are probabilities in [0, 1], got {list(thresholds)}"
+    return ""
+
+
+def check_target_layers(layers: object, num_target_layers: int) -> str:
+    """What is wrong with ``target_layers`` ("" when nothing); 0 layers = count unknown.
+
+    Example: ([2, 15, 30], 30) -> "layer 30 is not in [1, 29] (the target has 30 layers)".
+    """
+    if not isinstance(layers, list | tuple) or not layers:
+        return f"must be a non-empty list of layer numbers, got {layers!r}"
+    if not all(isinstance(j, int) and not isinstance(j, bool) for j in layers):
+        return f"must be integers, got {list(layers)}"
+    if list(layers) != sorted(set(layers)):
+        return f"must be strictly increasing, got {list(layers)}"
+    top = num_target_layers - 1 if num_target_layers else None
+    for j in layers:
+        if j < 1 or (top is not None and j > top):
+            span = (
+                ">= 1" if top is None else f"[1, {top}] (the target has {num_target_layers} layers)"
+            )
+            return f"layer {j} is not in {span}"
     return ""
 
 

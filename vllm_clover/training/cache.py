@@ -121,9 +121,10 @@ class HiddenStateCache:
         )
 
     # ------------------------------------------------------------------ writing
-    def check_free_space(self, num_tokens: int, hidden_size: int) -> None:
-        """TrainingError up front when the shards would not fit on the cache's disk."""
-        needed = shard_bytes(num_tokens, hidden_size)
+    def check_free_space(self, num_tokens: int, width: int) -> None:
+        """TrainingError up front when the shards would not fit on the cache's disk; width:
+        values per token of the cached signal (D, or (1 + A) * D with target layers)."""
+        needed = shard_bytes(num_tokens, width)
         free = shutil.disk_usage(self.dir).free
         if needed > free:
             raise TrainingError(

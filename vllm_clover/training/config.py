@@ -77,6 +77,13 @@ class TrainConfig:
         1.0, "the Augmenting Block's learning rate is --lr times this (its layers only)"
     )
     draft_vocab_size: int | None = opt(None, "score only the N most frequent training tokens")
+    target_layers: list[int] | None = opt(
+        None,
+        "target decoder layers whose input the heads also read besides H, fused in as "
+        "x = H + sum_j W_j rmsnorm(L_j) with W_j zero at start (EAGLE-3's 2, 15, 27 on a "
+        "30-layer target; docs/heads.md)",
+        nargs="+",
+    )
     # optimisation
     epochs: int = opt(1, "passes over the training sequences")
     max_tokens: int | None = opt(None, "stop after this many training tokens (budget)")
@@ -356,7 +363,10 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type = TrainConfig) -> N
         else:
             flag = _flag(f.name)
             base = [t for t in typing.get_args(hints[f.name]) if t is not type(None)]
-            kwargs.update(type=base[0] if base else hints[f.name], default=f.default, **meta)
+            kind = base[0] if base else hints[f.name]
+            if typing.get_origin(kind) is list:  # nargs fields: the type of one item
+                kind = typing.get_args(kind)[0]
+            kwargs.update(type=kind, default=f.default, **meta)
         parser.add_argument(flag, **kwargs)
 
 
@@ -377,6 +387,8 @@ def to_command_line(config: Any, command: str = "vllm-clover train") -> str:
             continue
         if hints[f.name] is bool:
             words.append(_flag(("no_" if f.default else "") + f.name))
+        elif isinstance(value, list | tuple):
+            words += [_flag(f.name), *map(str, value)]
         elif value is not None:
             words += [_flag(f.name), str(value)]
     return shlex.join(words)

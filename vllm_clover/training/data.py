@@ -333,7 +333,9 @@ class Batch:
     input_ids: torch.Tensor  # (B, T) int64, pad 0
     attention_mask: torch.Tensor  # (B, T) bool
     loss_mask: torch.Tensor  # (B, T) bool, assistant tokens
-    hidden: torch.Tensor  # (B, T, D) target post-norm hidden states (cache dtype)
+    # (B, T, D) target post-norm hidden states H (cache dtype); with target layers the
+    # target signal (B, T, (1 + A) * D), H in its first D columns (modeling/layer_fusion.py)
+    hidden: torch.Tensor
     target_top1: torch.Tensor  # (B, T) int64, argmax of the target's logits at t
 
     def to(self, device: torch.device | str) -> Batch:

@@ -24,6 +24,7 @@ all positions. Both are reported: ``tau`` (every start) and ``step_tau`` (the de
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,7 +33,12 @@ from pathlib import Path
 import torch
 
 from vllm_clover.modeling import CloverModel, HeadTokens, load_clover, shift_tokens_for_heads
-from vllm_clover.modeling.checkpoint import CloverCheckpointError, set_draft_confidence
+from vllm_clover.modeling.checkpoint import (
+    CloverCheckpointError,
+    read_config_json,
+    set_draft_confidence,
+)
+from vllm_clover.modeling.layer_fusion import signal_columns
 from vllm_clover.training.calibrate import calibrate_confidence, chain_value
 from vllm_clover.training.config import EvalConfig, TrainingError
 from vllm_clover.training.data import Batch, TokenizedSequence
@@ -130,10 +136,13 @@ def evaluate(
     model.eval()
     stats, hits, confidence, steps = HeadStats.zeros(k), [], [], []
     ones = torch.ones(k, device=device)
+    want = model.config.target_layers or []  # eval-heads may prepare more layers than these
+    columns = signal_columns(prepared.target_layers, want, model.config.hidden_size)
     for i in range(0, len(sequences), batch_size):
         batch = prepared.batch(list(sequences[i : i + batch_size])).to(device)
         tokens, valid = graded_positions(batch, k)
-        features = model.head_features(batch.hidden, tokens.input_ids)  # (B, T, K, D)
+        signal = batch.hidden if columns is None else batch.hidden[..., columns.to(device)]
+        features = model.head_features(signal, tokens.input_ids)  # (B, T, K, D)
         _, batch_stats, preds, conf = distill_loss(model, features, batch, valid, ones, ones, 0.0)
         stats.add_(batch_stats)
         start, ok = chain_hits(preds, tokens, valid, batch)
@@ -180,9 +189,8 @@ def eval_heads(cfg: EvalConfig) -> dict[str, dict]:
     if runtime.distributed:
         raise TrainingError("eval-heads runs in one process; do not launch it with torchrun")
     everything = cfg.eval_fraction == 0
-    prepared = prepare(
-        DataSpec.from_config(cfg), runtime, getattr(torch, cfg.dtype), cache_train=everything
-    )
+    spec = dataclasses.replace(DataSpec.from_config(cfg), target_layers=layers_read(cfg.heads))
+    prepared = prepare(spec, runtime, getattr(torch, cfg.dtype), cache_train=everything)
     sequences = prepared.train if everything else prepared.eval
     teacher = prepared.teacher
     teacher.release()
@@ -208,6 +216,16 @@ def eval_heads(cfg: EvalConfig) -> dict[str, dict]:
     if cfg.json:
         Path(cfg.json).write_text(json.dumps(results, indent=2) + "\n")
     return results
+
+
+def layers_read(heads: Sequence[str]) -> tuple[int, ...]:
+    """Every target layer some of the checkpoints read (their union, sorted): the signal
+    eval-heads prepares once; each model then reads its own columns of it."""
+    try:
+        configs = [read_config_json(path, model_type=None) for path in heads]
+    except CloverCheckpointError as err:
+        raise TrainingError(str(err)) from err
+    return tuple(sorted({j for c in configs for j in c.get("target_layers") or ()}))
 
 
 def calibrate(result: EvalResult, path: str, cfg: EvalConfig) -> dict[str, object]:

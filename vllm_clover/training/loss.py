@@ -95,7 +95,8 @@ def target_distributions(
     b, s = need.nonzero(as_tuple=True)  # (P,), (P,)
     rows = torch.full((b_size, t_size), -1, dtype=torch.long, device=valid.device)
     rows[b, s] = torch.arange(b.numel(), device=valid.device)
-    logits = F.linear(batch.hidden[b, s].float(), vocab_weight.float())  # (P, N)
+    d = vocab_weight.shape[1]  # H is the first D columns of a signal with target layers
+    logits = F.linear(batch.hidden[b, s, :d].float(), vocab_weight.float())  # (P, N)
     return rows, F.softmax(logits.float(), dim=-1)
 
 
@@ -164,7 +165,7 @@ def distill_loss(
         if b.numel() == 0:
             continue
         z = features[b, t, i]  # (M, D) head feature at t
-        h = batch.hidden[b, t + 1 + i].float()  # (M, D) target H_{t+1+i}
+        h = batch.hidden[b, t + 1 + i, : z.shape[-1]].float()  # (M, D) target H_{t+1+i}
         if soft_labels:
             p_target = probs[rows[b, t + 1 + i]]  # (M, N) target distribution for x_{t+2+i}
         else:

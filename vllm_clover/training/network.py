@@ -34,6 +34,7 @@ def build_model(cfg: TrainConfig, prepared: Prepared, device: torch.device) -> C
             head_projection=cfg.head_projection,
             augmenting_gate=cfg.augmenting_gate,
             draft_vocab_size=cfg.draft_vocab_size,
+            target_layers=cfg.target_layers,
             **biases,
         )
     except (ValueError, AttributeError) as err:

@@ -4,6 +4,9 @@ prepared = prepare(DataSpec(target="T", data="d.jsonl"), runtime, dtype)
 prepared.train, prepared.eval   # TokenizedSequence lists (seeded split)
 prepared.batch(sequences)       # Batch with (hidden (T, D) bf16, top1 (T,)) from the cache
 
+With ``target_layers`` every "hidden" is the target signal [H | L_j ...] (T, (1 + A) * D)
+of ``modeling/layer_fusion.py``, cached under a fingerprint of its own.
+
 The held-out split's cached argmax is always over the full vocabulary, so every reported
 evaluation is exact. The training split's may cover only the draft vocabulary's rows
 (``train_argmax``): with a 262k vocabulary the full LM-head product costs more than the
@@ -21,6 +24,7 @@ import torch
 from tqdm.auto import tqdm
 
 from vllm_clover.modeling import draft_vocab_from_counts
+from vllm_clover.modeling.config import check_target_layers
 from vllm_clover.training.cache import HiddenStateCache, shard_bytes
 from vllm_clover.training.config import TrainingError
 from vllm_clover.training.data import (
@@ -54,12 +58,15 @@ class DataSpec:
     progress: bool = True
     draft_vocab_size: int | None = None
     train_argmax: str = "full"
+    target_layers: tuple[int, ...] = ()
 
     @classmethod
     def from_config(cls, cfg: object) -> DataSpec:
         """The DataSpec fields of a TrainConfig / EvalConfig (same names, same meaning)."""
         names = [f.name for f in dataclasses.fields(cls)]
-        return cls(**{n: getattr(cfg, n) for n in names if hasattr(cfg, n)})
+        fields = {n: getattr(cfg, n) for n in names if hasattr(cfg, n)}
+        fields["target_layers"] = tuple(fields.get("target_layers") or ())
+        return cls(**fields)
 
 
 # `train_argmax="auto"` covers only the draft rows above this vocabulary size (Gemma 3,
@@ -79,6 +86,7 @@ class Prepared:
     train_cache: HiddenStateCache  # the training split's signal (`cache` unless draft rows)
     draft_vocab_ids: torch.Tensor | None  # (N,) from the training split's token counts
     stream: TeacherStream | None = None  # the training split's signal when not cached
+    target_layers: tuple[int, ...] = ()  # the target layers in every signal, after H
 
     def batch(self, sequences: list[TokenizedSequence]) -> Batch:
         """The full-vocabulary signal wherever the cache has it, else the training split's
@@ -136,6 +144,7 @@ def prepare(
     Past STREAM_ABOVE_GIB of new shards the training split is streamed instead (``stream``).
     """
     teacher = load_teacher(spec.target, runtime.device, dtype)
+    check_layers_exist(spec, teacher)
     max_len = min(spec.max_seq_len, getattr(teacher.config, "max_position_embeddings", 1 << 30))
     source = spec.data or "the bundled ShareGPT set"
     conversations = load_conversations(spec.data, spec.max_samples)
@@ -151,6 +160,9 @@ def prepare(
         "hidden_size": int(teacher.lm_head.shape[1]),
         "vocab_size": vocab_size,
     }
+    if spec.target_layers:  # a new cache; H-only caches keep their fingerprint
+        fingerprint["target_layers"] = list(spec.target_layers)
+    width = fingerprint["hidden_size"] * (1 + len(spec.target_layers))
     root = default_cache_root(spec.cache_dir)
     cache = train_cache = HiddenStateCache(root, fingerprint)
     rows = argmax_rows_for(spec, vocab_size, draft_ids)
@@ -160,8 +172,9 @@ def prepare(
     to_cache = train if cache_train else []
     stream = None
     missing = [s for s in train_cache.missing(to_cache) if s.key not in cache]
-    if missing and streams(spec, missing, fingerprint["hidden_size"]):
-        stream = TeacherStream(teacher, runtime.device, rows, *compiled_teacher(teacher, spec))
+    if missing and streams(spec, missing, width):
+        compiled = compiled_teacher(teacher, spec)
+        stream = TeacherStream(teacher, runtime.device, rows, *compiled, spec.target_layers)
         to_cache = []
     if rows is None:
         fill_cache(cache, teacher, to_cache + held, runtime, spec)
@@ -169,15 +182,26 @@ def prepare(
         fill_cache(cache, teacher, held, runtime, spec)
         rest = [s for s in to_cache if s.key not in cache]
         fill_cache(train_cache, teacher, rest, runtime, spec, rows)
-    return Prepared(teacher, train, held, cache, train_cache, draft_ids, stream)
+    return Prepared(teacher, train, held, cache, train_cache, draft_ids, stream, spec.target_layers)
 
 
-def streams(spec: DataSpec, missing: list[TokenizedSequence], hidden_size: int) -> bool:
+def check_layers_exist(spec: DataSpec, teacher: Teacher) -> None:
+    """TrainingError before any caching when a target layer is not in the target."""
+    if not spec.target_layers:
+        return
+    count = getattr(teacher.config.get_text_config(), "num_hidden_layers", 0)
+    problem = check_target_layers(list(spec.target_layers), count)
+    if problem:
+        raise TrainingError(f"--target-layers {list(spec.target_layers)}: {problem}")
+
+
+def streams(spec: DataSpec, missing: list[TokenizedSequence], width: int) -> bool:
     """Whether the training split's signal is streamed: ``--teacher-signal stream``, or
-    ``auto`` and its missing shards would take more than STREAM_ABOVE_GIB."""
+    ``auto`` and its missing shards would take more than STREAM_ABOVE_GIB; ``width``: values
+    per token of the signal (D, or (1 + A) * D with target layers)."""
     if spec.teacher_signal != "auto":
         return spec.teacher_signal == "stream"
-    size = shard_bytes(sum(len(s) for s in missing), hidden_size) / 2**30
+    size = shard_bytes(sum(len(s) for s in missing), width) / 2**30
     if size <= STREAM_ABOVE_GIB:
         return False
     print(
@@ -213,7 +237,8 @@ def fill_cache(
     """
     mine = cache.missing(sequences[runtime.rank :: runtime.world_size])
     if mine:
-        cache.check_free_space(sum(len(s) for s in mine), int(teacher.lm_head.shape[1]))
+        width = int(teacher.lm_head.shape[1]) * (1 + len(spec.target_layers))
+        cache.check_free_space(sum(len(s) for s in mine), width)
     bar = tqdm(
         total=sum(len(s) for s in mine),
         unit="tok",
@@ -225,7 +250,7 @@ def fill_cache(
 
     def forward(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         ids, mask = ids.to(runtime.device), mask.to(runtime.device)
-        return teacher_forward(teacher, ids, mask, rows, compiled)
+        return teacher_forward(teacher, ids, mask, rows, compiled, spec.target_layers)
 
     try:
         cache.fill(mine, forward, spec.teacher_batch_tokens, bar.update, bucket)

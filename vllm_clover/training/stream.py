@@ -39,9 +39,10 @@ class TeacherStream:
         rows: torch.Tensor | None = None,
         compiled: nn.Module | None = None,
         length_bucket: int = 1,
+        layers: Sequence[int] = (),
     ) -> None:
         self.teacher, self.device, self.rows = teacher, device, rows
-        self.compiled, self.length_bucket = compiled, length_bucket
+        self.compiled, self.length_bucket, self.layers = compiled, length_bucket, tuple(layers)
 
     def signal(
         self, sequences: Sequence[TokenizedSequence]
@@ -49,8 +50,13 @@ class TeacherStream:
         width = bucketed(max(len(s) for s in sequences), self.length_bucket)
         ids, mask = padded_batch(sequences, width, len(sequences))  # (B, T)
         hidden, top1 = teacher_forward(
-            self.teacher, ids.to(self.device), mask.to(self.device), self.rows, self.compiled
-        )  # (B, T, D), (B, T)
+            self.teacher,
+            ids.to(self.device),
+            mask.to(self.device),
+            self.rows,
+            self.compiled,
+            self.layers,
+        )  # (B, T, (1 + A) * D), (B, T)
         return [
             (hidden[i, : len(s)].to(CACHE_DTYPE).cpu(), top1[i, : len(s)].to(torch.int32).cpu())
             for i, s in enumerate(sequences)

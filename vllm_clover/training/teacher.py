@@ -11,6 +11,7 @@ head, or whose last hidden state is not post-norm, is refused with a message nam
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -175,8 +176,14 @@ def teacher_forward(
     attention_mask: torch.Tensor,
     rows: torch.Tensor | None = None,
     compiled: nn.Module | None = None,
+    layers: Sequence[int] = (),
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, T) right-padded ids -> (H (B, T, D) post-norm, argmax of the logits (B, T) int64).
+
+    ``layers``: the target layers the heads also read (``CloverConfig.target_layers``); the
+    first tensor is then the target signal [H | L_j ...] (B, T, (1 + A) * D) of
+    ``modeling/layer_fusion.py``, L_j = ``hidden_states[j]``, the input of decoder layer j.
+    The argmax is always H's.
 
     ``rows`` (N,) sorted target ids: the argmax over those LM-head rows only, as target ids.
     With a 262k vocabulary the full product costs more than the whole forward (``pipeline``
@@ -191,9 +198,13 @@ def teacher_forward(
     hidden = out.hidden_states[-1]  # (B, T, D)
     weight = teacher.model.get_output_embeddings().weight  # (V, D)
     if rows is None:
-        return hidden, argmax_rows(hidden, weight)
-    rows = rows.to(weight.device)
-    return hidden, rows[argmax_rows(hidden, weight[rows])]
+        top1 = argmax_rows(hidden, weight)
+    else:
+        rows = rows.to(weight.device)
+        top1 = rows[argmax_rows(hidden, weight[rows])]
+    if layers:
+        hidden = torch.cat([hidden, *(out.hidden_states[j] for j in layers)], dim=-1)
+    return hidden, top1  # (B, T, (1 + A) * D), (B, T)
 
 
 def argmax_rows(

@@ -15,7 +15,8 @@ fills the teacher cache of its own slice of the data)::
 
 The network flags of the second run must describe heads-1's network (the run rebuilds the
 network from its flags, then loads the weights into it, strictly); any difference is an
-error that names the field, raised before the teacher cache is filled.
+error that names the field, raised before the teacher cache is filled. One addition is
+allowed: ``--target-layers`` on heads that read H alone starts their layer fusion at zero.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from vllm_clover.modeling.checkpoint import (
     check_target_shape,
     read_config_json,
 )
+from vllm_clover.modeling.layer_fusion import FUSION_PREFIX
 from vllm_clover.training.config import TrainConfig, TrainingError
 from vllm_clover.training.medusa_export import read_medusa
 
@@ -45,6 +47,7 @@ NETWORK_FLAGS = {
     "fuse_next_token": "fuse_next_token",
     "head_projection": "head_projection",
     "draft_vocab_size": "draft_vocab_size",
+    "target_layers": "target_layers",
 }
 
 
@@ -77,6 +80,7 @@ class InitCheckpoint:
             f"{name}: checkpoint {getattr(config, name)!r}, this run {getattr(cfg, flag)!r}"
             for name, flag in NETWORK_FLAGS.items()
             if getattr(config, name) != getattr(cfg, flag)
+            and not (name == "target_layers" and config.target_layers is None)
         ]
         if differ:
             raise TrainingError(
@@ -101,9 +105,16 @@ class InitCheckpoint:
             else:
                 check_target_fits(self.config, self.path, lm_head, target_name=target_name)
             with torch.no_grad():
-                model.load_checkpoint_state(self.state)
+                model.load_checkpoint_state(self.state | self.added_fusion(model))
         except (CloverCheckpointError, ValueError, RuntimeError) as err:
             raise TrainingError(f"--init-from {self.path}: {err}") from err
+
+    def added_fusion(self, model: CloverModel) -> dict[str, torch.Tensor]:
+        """The run's fresh (zero) layer fusion when it adds ``--target-layers`` to heads that
+        read H alone: x = H at the start, so the heads begin exactly where they stopped."""
+        if model.fusion is None or self.config.target_layers is not None:
+            return {}
+        return {FUSION_PREFIX + n: t for n, t in model.fusion.state_dict().items()}
 
     def check_lm_heads(self, lm_head: torch.Tensor) -> None:
         """A native Medusa folder's LM-head rows are the target's (V, D) ``lm_head`` rows of
