@@ -262,7 +262,7 @@ def test_cache_refuses_up_front_when_disk_too_small(tiny, teacher, monkeypatch) 
     usage = type("U", (), {"free": 1000})()
     monkeypatch.setattr(cache_module.shutil, "disk_usage", lambda p: usage)
     with pytest.raises(TrainingError, match="out of disk space.*GiB"):
-        cache.check_free_space(num_tokens=10_000, hidden_size=64)
+        cache.check_free_space(num_tokens=10_000, width=64)
 
 
 def test_corrupt_shard_is_named(tiny, teacher) -> None:

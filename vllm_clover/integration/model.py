@@ -9,6 +9,7 @@ routed by `split_checkpoint_state`:
     layers.{j}.*, norm.weight   -> self.layers / self.norm (vLLM layers, q/k/v and
                                    gate/up stacked into qkv_proj / gate_up_proj)
     fuse.*, gate                -> self.adapter (the shared `BlockAdapter`)
+    layer_fusion.*              -> self.fusion (the shared `LayerFusion`, with target_layers)
     draft_vocab_ids             -> self.tables
     everything else             -> self.heads (decoder.*, blocks.*, ...)
 """
@@ -27,9 +28,10 @@ from vllm.model_executor.models.llama import LlamaDecoderLayer
 from vllm.model_executor.models.utils import maybe_prefix
 
 from vllm_clover.modeling.block_adapter import BlockAdapter
-from vllm_clover.modeling.clover import split_checkpoint_state
+from vllm_clover.modeling.clover import load_fusion, split_checkpoint_state
 from vllm_clover.modeling.config import CloverConfig
 from vllm_clover.modeling.head_loop import HeadLoop
+from vllm_clover.modeling.layer_fusion import LayerFusion
 from vllm_clover.modeling.tables import TargetTables
 from vllm_clover.modeling.vocab_parallel import VocabParallelTables
 
@@ -96,9 +98,15 @@ class CloverDraftModel(nn.Module):
             for j in range(depth)
         )
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps) if depth else None
+        self.fusion = LayerFusion(config) if config.target_layers else None
         self.adapter = BlockAdapter(config)
         self.heads = HeadLoop(config)
         self.tables = build_tables(config, vllm_config.parallel_config.tensor_parallel_size)
+
+    def fuse(self, signal: torch.Tensor) -> torch.Tensor:
+        """[num_tokens, (1 + A) * D] target signal -> [num_tokens, D]: H with the target
+        layers fused in (``LayerFusion``), or H itself for heads that read H alone."""
+        return signal if self.fusion is None else self.fusion(signal)
 
     def forward(
         self,
@@ -131,8 +139,11 @@ class CloverDraftModel(nn.Module):
         self.heads.load_state_dict(parts.heads, strict=True)
         self.tables.load_state_dict(parts.tables, strict=True)
         self.adapter.load_state_dict(parts.adapter, strict=True)
+        load_fusion(self.fusion, parts.fusion)
         loaded = {f"heads.{name}" for name, _ in self.heads.named_parameters()}
         loaded |= {f"adapter.{name}" for name, _ in self.adapter.named_parameters()}
+        if self.fusion is not None:
+            loaded |= {f"fusion.{name}" for name, _ in self.fusion.named_parameters()}
         return loaded | self._load_augmenting(list(parts.augmenting.items()))
 
     def _load_augmenting(self, weights: list[tuple[str, torch.Tensor]]) -> set[str]:

@@ -55,6 +55,7 @@ class DraftLog:
     drawn: int = 0  # requests whose drafts were drawn at random (draft_sample_method)
     keep_drafts: bool = False
     drafts: list[list[list[int]]] = field(default_factory=list)
+    signal_width: int = 0  # columns of the target rows: D, or (1 + A) * D with target layers
 
     def record(
         self, num_speculative_tokens: int, drafts: torch.Tensor, step_tokens: int, cut: bool
@@ -76,6 +77,9 @@ class CloverProposer(EagleProposer):
         self.draft_log = DraftLog()
         self.trees = getattr(runner, "clover_trees", None)  # a TreeVerifier, or None: chains
         self.min_confidence = _confidence_thresholds(vllm_config, device)  # (K_max,) or None
+        draft_config = vllm_config.speculative_config.draft_model_config.hf_config
+        # Read by the target_signal patch: these heads want [H | L_a ...], not H.
+        self.reads_target_layers = bool(getattr(draft_config, "target_layers", None))
         if self.trees is not None and self.min_confidence is None and self.trees.budget is None:
             self.trees.subsets = None  # whole trees (async scheduling turns the threshold off)
         pruned = self.trees is not None and self.trees.subsets is not None
@@ -108,6 +112,9 @@ class CloverProposer(EagleProposer):
         """
         self.num_speculative_tokens = num_speculative_tokens
         self._last_draft_probs = None  # vLLM treats drafts as one-hot unless _propose_chain sets it
+        # Rows [H | L_a ...] with target_layers (patch target_signal) -> x, H's stand-in.
+        self.draft_log.signal_width = target_hidden_states.shape[-1]
+        target_hidden_states = self.model.fuse(target_hidden_states)
         if self.trees is not None:  # the accepted paths' rows where a chain's would be
             target_token_ids, target_positions, target_hidden_states = self._chain_order(
                 target_token_ids, target_positions, target_hidden_states

@@ -197,11 +197,7 @@ class CloverConfig(PretrainedConfig):
         if self.draft_confidence is not None:
             problem = check_confidence(self.draft_confidence, self.num_heads)
             _require(not problem, f"draft_confidence: {problem}")
-        if self.token_tree is not None:
-            self._validate_token_tree()
-        if self.target_layers is not None:
-            problem = check_target_layers(self.target_layers, self.target_num_hidden_layers)
-            _require(not problem, f"target_layers: {problem}")
+        self._validate_tree_and_layers()
         _require(
             self.target_hidden_size == self.hidden_size,
             f"target_hidden_size={self.target_hidden_size} != hidden_size={self.hidden_size}",
@@ -213,7 +209,12 @@ class CloverConfig(PretrainedConfig):
         if self.use_augmenting_block:
             self._validate_augmenting()
 
-    def _validate_token_tree(self) -> None:
+    def _validate_tree_and_layers(self) -> None:
+        if self.target_layers is not None:
+            problem = check_target_layers(self.target_layers, self.target_num_hidden_layers)
+            _require(not problem, f"target_layers: {problem}")
+        if self.token_tree is None:
+            return
         try:
             tree = TokenTree.parse(self.token_tree)
             tree.check_fits(self.num_heads, self.draft_vocab_size or self.vocab_size)

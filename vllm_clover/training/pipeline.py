@@ -154,14 +154,7 @@ def prepare(
     if draft_ids is None and spec.draft_vocab_size:
         counts = token_counts(train, vocab_size)
         draft_ids = draft_vocab_from_counts(counts, spec.draft_vocab_size)
-    fingerprint = {
-        "target_fingerprint": teacher.fingerprint,
-        "teacher_dtype": str(dtype),
-        "hidden_size": int(teacher.lm_head.shape[1]),
-        "vocab_size": vocab_size,
-    }
-    if spec.target_layers:  # a new cache; H-only caches keep their fingerprint
-        fingerprint["target_layers"] = list(spec.target_layers)
+    fingerprint = cache_fingerprint(teacher, dtype, spec.target_layers)
     width = fingerprint["hidden_size"] * (1 + len(spec.target_layers))
     root = default_cache_root(spec.cache_dir)
     cache = train_cache = HiddenStateCache(root, fingerprint)
@@ -183,6 +176,21 @@ def prepare(
         rest = [s for s in to_cache if s.key not in cache]
         fill_cache(train_cache, teacher, rest, runtime, spec, rows)
     return Prepared(teacher, train, held, cache, train_cache, draft_ids, stream, spec.target_layers)
+
+
+def cache_fingerprint(
+    teacher: Teacher, dtype: torch.dtype, layers: tuple[int, ...]
+) -> dict[str, object]:
+    """What the cached signal depends on (the cache folder is its hash)."""
+    fingerprint: dict[str, object] = {
+        "target_fingerprint": teacher.fingerprint,
+        "teacher_dtype": str(dtype),
+        "hidden_size": int(teacher.lm_head.shape[1]),
+        "vocab_size": int(teacher.lm_head.shape[0]),
+    }
+    if layers:  # a cache of its own; H-only caches keep their fingerprint
+        fingerprint["target_layers"] = list(layers)
+    return fingerprint
 
 
 def check_layers_exist(spec: DataSpec, teacher: Teacher) -> None:

@@ -24,6 +24,7 @@ per process (vLLM runs the plugin in every process, sometimes twice) and marked.
 | post_init           | patch    | vLLM knows "clover" (with the above)                |
 | use_eagle           | patch    | vLLM names the "hidden states + draft KV" capability|
 | runner_drafter      | patch    | vLLM gets a proposer registry                       |
+| target_signal       | patch    | vLLM hands a drafter H and its aux layers apart     |
 | v1_runner_only      | patch    | Clover has a V2-runner speculator                   |
 | async_scheduling    | patch    | vLLM lists methods by capability                    |
 | draft_lengths       | patch    | proposers may return per-request draft lengths      |
@@ -46,7 +47,15 @@ per process (vLLM runs the plugin in every process, sometimes twice) and marked.
 from __future__ import annotations
 
 from vllm_clover.integration.patches import cpu_memory, fixes, method, scheduling, trees
-from vllm_clover.integration.patches.entry import BASE, CPU_ATTN, RUNNER, SCHEDULER, SPEC, Entry
+from vllm_clover.integration.patches.entry import (
+    BASE,
+    CPU_ATTN,
+    LLAMA,
+    RUNNER,
+    SCHEDULER,
+    SPEC,
+    Entry,
+)
 from vllm_clover.integration.patches.reliances import RELIANCES
 
 __all__ = ["LEDGER", "PATCHES", "RELIANCES", "Entry", "apply_patches"]
@@ -107,6 +116,31 @@ PATCHES = (
         "patches/method.py",
         {f"{RUNNER}.__init__": "f3466944c1e2"},
         apply=method.patch_runner_drafter,
+    ),
+    Entry(
+        "target_signal",
+        "patch",
+        "heads with target_layers read the target's middle layers as EAGLE-3 does: "
+        "runner_drafter turns on use_aux_hidden_state_outputs and sets the draft config's "
+        "eagle_aux_hidden_state_layer_ids, which load_model passes to the target's "
+        "set_aux_hidden_state_layers (the CPU runner's load_model calls the setup too); "
+        "the target (Llama's forward) then records each layer's input, hidden + residual; "
+        "propose_draft_token_ids concatenates aux_hidden_states in place of H, so this patch "
+        "puts H first in that list",
+        "patches/method.py, integration/proposer.py",
+        {
+            f"{RUNNER}.propose_draft_token_ids": "a60269aca9de",
+            f"{RUNNER}._setup_eagle3_aux_hidden_state_outputs": "6949a4e7f062",
+            f"{RUNNER}._get_eagle3_aux_layers_from_config": "2e4fd621ab17",
+            f"{RUNNER}.execute_model": "e058bf791a29",
+            "vllm.v1.worker.cpu_model_runner:CPUModelRunner.load_model": "270bdfc6670d",
+            "vllm.model_executor.models.interfaces:EagleModelMixin._maybe_add_hidden_state": (
+                "95b3f566fbd1"
+            ),
+            f"{LLAMA}:LlamaModel.forward": "c88f184b4a6f",
+        },
+        attributes=("use_aux_hidden_state_outputs",),
+        apply=method.patch_target_signal,
     ),
     Entry(
         "v1_runner_only",

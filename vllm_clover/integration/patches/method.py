@@ -9,6 +9,7 @@ doors, and nothing else.
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Literal
 
@@ -245,12 +246,52 @@ def patch_runner_drafter() -> None:
 
             self.clover_trees = TreeVerifier.of(vllm_config)  # None unless a token tree
             self.drafter = CloverProposer(vllm_config, device, self)
+            request_target_layers(self, spec.draft_model_config.hf_config)
             logger.info(
                 "Clover: drafting with CloverProposer on the V1 model runner (%s)",
                 type(self).__name__,
             )
 
     GPUModelRunner.__init__ = mark(__init__, "runner_drafter")
+
+
+def request_target_layers(runner, config) -> None:
+    """Heads with ``target_layers``: ask the target for those layers as EAGLE-3 does. vLLM's
+    load_model then sets them on the target (``_setup_eagle3_aux_hidden_state_outputs``, which
+    reads ``eagle_aux_hidden_state_layer_ids`` from the draft config), and the target_signal
+    patch hands them to the proposer after H."""
+    if not getattr(config, "target_layers", None):
+        return
+    config.eagle_aux_hidden_state_layer_ids = tuple(config.target_layers)
+    runner.use_aux_hidden_state_outputs = True
+
+
+# --------------------------------------------------------------------------- target_signal
+def patch_target_signal() -> None:
+    """Give Clover heads with target layers the signal [H | L_a ...], not the layers alone.
+
+    With aux outputs on, vLLM hands a drafter ``torch.cat(aux_hidden_states)`` in place of H
+    (EAGLE-3 reads the layers only); Clover reads H first. Putting H at the head of the list
+    lets every row selection vLLM makes apply to H and the layers alike.
+    """
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    original = GPUModelRunner.propose_draft_token_ids
+    if is_patched(original, "target_signal"):
+        return
+
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def propose_draft_token_ids(self, *args, **kwargs):
+        names = ("hidden_states", "aux_hidden_states")
+        bound = signature.bind(self, *args, **kwargs)
+        hidden, aux = (bound.arguments.get(n) for n in names)
+        if aux is not None and getattr(self.drafter, "reads_target_layers", False):
+            bound.arguments["aux_hidden_states"] = [hidden, *aux]
+        return original(*bound.args, **bound.kwargs)
+
+    GPUModelRunner.propose_draft_token_ids = mark(propose_draft_token_ids, "target_signal")
 
 
 # --------------------------------------------------------------------------- v1_runner_only
