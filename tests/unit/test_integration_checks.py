@@ -188,3 +188,20 @@ def test_drafts_are_drawn_by_default_where_they_can_be(fields, expected):
     spec.draft_sample_method = resolve_draft_sampling(spec)
     assert spec.draft_sample_method == expected
     check_draft_sampling(spec)  # a default never refuses itself
+
+
+def test_heads_reading_layers_the_target_lacks_are_refused(tmp_path):
+    """target_layers checked against the target at start-up, before any worker starts."""
+    from helpers import D, V, random_clover, tiny_config
+    from vllm_clover.integration.checks import check_clover_spec
+    from vllm_clover.modeling import CloverCheckpointError, save_clover
+
+    cfg = tiny_config(target_layers=[2, 27], target_num_hidden_layers=30)
+    model, _ = random_clover(cfg)
+    folder = save_clover(model, cfg, tmp_path / "heads")
+    target = SimpleNamespace(hidden_size=D, vocab_size=V, num_hidden_layers=30)
+    assert check_clover_spec(str(folder), None, target).target_layers == [2, 27]
+    smaller = SimpleNamespace(hidden_size=D, vocab_size=V, num_hidden_layers=24)
+    message = r"reads the target's layers \[2, 27\]: layer 27 is not in \[1, 23\]"
+    with pytest.raises(CloverCheckpointError, match=message):
+        check_clover_spec(str(folder), None, smaller)

@@ -18,7 +18,12 @@ from vllm_clover.modeling.checkpoint import (
     read_config_json,
     validate_checkpoint,
 )
-from vllm_clover.modeling.config import CLOVER_ARCHITECTURE, CloverConfig, check_confidence
+from vllm_clover.modeling.config import (
+    CLOVER_ARCHITECTURE,
+    CloverConfig,
+    check_confidence,
+    check_target_layers,
+)
 from vllm_clover.modeling.tables import check_draft_dtype_fits, draft_dtype_setting
 from vllm_clover.tree import TokenTree
 
@@ -79,12 +84,29 @@ def check_clover_spec(
             f"[{CLOVER_ARCHITECTURE!r}] (the draft model vLLM builds from it)"
         )
     check_target_shape(config, model, target_hf_config.hidden_size, target_hf_config.vocab_size)
+    check_layers_fit(config, model, target_hf_config)
     if num_speculative_tokens is not None and num_speculative_tokens > config.num_heads:
         raise CloverCheckpointError(
             f"num_speculative_tokens={num_speculative_tokens} but Clover checkpoint {model} "
             f"has {config.num_heads} trained heads (use at most {config.num_heads})"
         )
     return config
+
+
+def check_layers_fit(config: CloverConfig, model: str, target_hf_config) -> None:
+    """Heads that read target layers (``target_layers``) need a target that has them.
+
+    Example: heads reading [2, 15, 27] on a 24-layer target -> "Clover checkpoint DIR reads
+    the target's layers [2, 15, 27]: layer 27 is not in [1, 23] (the target has 24 layers)".
+    """
+    if not config.target_layers:
+        return
+    count = getattr(target_hf_config, "num_hidden_layers", 0)
+    problem = check_target_layers(config.target_layers, count)
+    if problem:
+        raise CloverCheckpointError(
+            f"Clover checkpoint {model} reads the target's layers {config.target_layers}: {problem}"
+        )
 
 
 def resolve_draft_confidence(
