@@ -121,3 +121,7 @@ def test_command_line_rebuilds_the_config() -> None:
     parser = argparse.ArgumentParser()
     add_arguments(parser, TrainConfig)
     assert from_args(parser.parse_args(shlex.split(line)[2:]), TrainConfig) == cfg
+    layered = TrainConfig(target="t", out="o", clover2=True, target_layers=[2, 15, 27])
+    line = to_command_line(layered)
+    assert "--target-layers 2 15 27" in line  # a list flag: one word per item, ints back
+    assert from_args(parser.parse_args(shlex.split(line)[2:]), TrainConfig) == layered
