@@ -29,6 +29,9 @@ pytestmark = pytest.mark.engine
 
 # architecture -> does the Augmenting Block mirror its last layer?
 ARCHITECTURES = {"gemma3": False, "mistral": True, "olmo2": False, "phi3": True, "qwen2": True}
+# vLLM model classes without the target's middle layers (no SupportsEagle3): heads with
+# target_layers are refused at start-up there.
+NO_TARGET_LAYERS = {"gemma3"}
 MAX_TOKENS = 32
 
 
@@ -65,7 +68,7 @@ def workspace(request, tmp_path_factory) -> dict:
     return {"architecture": architecture, "root": root, "target": target, "data": distilled}
 
 
-def _train(workspace: dict, augmenting_block: bool, out: str):
+def _train(workspace: dict, augmenting_block: bool, out: str, **overrides):
     cfg = TrainConfig(
         target=str(workspace["target"]),
         data=str(workspace["data"]),
@@ -79,6 +82,7 @@ def _train(workspace: dict, augmenting_block: bool, out: str):
         eval_fraction=0.1,
         cache_dir=str(workspace["root"] / "cache"),
         progress=False,
+        **overrides,
     )
     with torch_threads(1):
         return train(cfg)
@@ -101,7 +105,7 @@ def test_the_augmenting_block_is_trained_or_refused_naming_why(workspace, heads)
         assert "--no-augmenting-block" in message and "its last layer has parameters" in message
 
 
-def test_greedy_output_equals_vanilla_with_drafts_accepted(workspace, heads):
+def _prompts(workspace: dict) -> list[dict]:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(workspace["target"])
@@ -111,6 +115,11 @@ def test_greedy_output_equals_vanilla_with_drafts_accepted(workspace, heads):
         chat = [{"role": "user", "content": question}]
         ids = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)
         prompts.append({"prompt_token_ids": list(getattr(ids, "input_ids", ids))})
+    return prompts
+
+
+def test_greedy_output_equals_vanilla_with_drafts_accepted(workspace, heads):
+    prompts = _prompts(workspace)
     spec = {"method": "clover", "model": str(heads), "num_speculative_tokens": 3}
     spec["draft_budget"] = "fixed"
     expected, got, stats = greedy_with_and_without_clover(
@@ -118,3 +127,25 @@ def test_greedy_output_equals_vanilla_with_drafts_accepted(workspace, heads):
     )
     assert got == expected
     assert_clover_speculated(stats, k=3, fixed=True)  # heads without thresholds
+
+
+def test_heads_reading_target_layers_serve_or_are_refused_naming_why(workspace):
+    """Heads trained with --target-layers: where vLLM's model class returns the target's
+    middle layers, greedy output equals vanilla with drafts accepted; elsewhere the engine
+    refuses them at start-up, naming the class."""
+    block = ARCHITECTURES[workspace["architecture"]]
+    heads = _train(workspace, block, "layers", target_layers=[1]).out
+    spec = {"method": "clover", "model": str(heads), "num_speculative_tokens": 3}
+    spec["draft_budget"] = "fixed"
+    run = dict(max_num_seqs=8, max_model_len=256)
+    prompts = _prompts(workspace)
+    if workspace["architecture"] in NO_TARGET_LAYERS:  # the child engine's start-up error
+        with pytest.raises(pytest.fail.Exception, match="does not implement SupportsEagle3") as e:
+            greedy_with_and_without_clover(workspace["target"], spec, prompts, MAX_TOKENS, **run)
+        assert "reads the target's layers [1]" in str(e.value)
+        return
+    expected, got, stats = greedy_with_and_without_clover(
+        workspace["target"], spec, prompts, MAX_TOKENS, **run
+    )
+    assert got == expected
+    assert_clover_speculated(stats, k=3, fixed=True)

@@ -109,6 +109,26 @@ def check_layers_fit(config: CloverConfig, model: str, target_hf_config) -> None
         )
 
 
+def check_target_serves_layers(config: CloverConfig, model: str, target_model_config) -> None:
+    """Heads with ``target_layers`` read the target's auxiliary hidden states, which vLLM's
+    model classes return only where they implement ``SupportsEagle3`` (Llama, Mistral, Qwen2,
+    Phi-3 and the Transformers backend do; Gemma 3 does not). Refused before any worker
+    starts, where vLLM would fail inside the worker while loading."""
+    if not config.target_layers:
+        return
+    from vllm.model_executor.models import ModelRegistry
+    from vllm.model_executor.models.interfaces import supports_eagle3
+
+    architectures = target_model_config.architectures
+    model_cls, arch = ModelRegistry.resolve_model_cls(architectures, target_model_config)
+    if not supports_eagle3(model_cls):
+        raise CloverCheckpointError(
+            f"Clover checkpoint {model} reads the target's layers {config.target_layers}, but "
+            f"vLLM's {arch} ({model_cls.__name__}) cannot return a target's middle layers (it "
+            "does not implement SupportsEagle3); serve heads trained without --target-layers"
+        )
+
+
 def resolve_draft_confidence(
     override: float | list[float] | None, config: CloverConfig
 ) -> list[float] | None:

@@ -126,7 +126,8 @@ PATCHES = (
         "set_aux_hidden_state_layers (the CPU runner's load_model calls the setup too); "
         "the target (Llama's forward) then records each layer's input, hidden + residual; "
         "propose_draft_token_ids concatenates aux_hidden_states in place of H, so this patch "
-        "puts H first in that list",
+        "puts H first in that list; checks.check_target_serves_layers refuses a target whose "
+        "model class vLLM resolves without SupportsEagle3",
         "patches/method.py, integration/proposer.py",
         {
             f"{RUNNER}.propose_draft_token_ids": "a60269aca9de",
@@ -138,6 +139,8 @@ PATCHES = (
                 "95b3f566fbd1"
             ),
             f"{LLAMA}:LlamaModel.forward": "c88f184b4a6f",
+            "vllm.model_executor.models.registry:_ModelRegistry.resolve_model_cls": "c5b9ad9ba3f0",
+            "vllm.model_executor.models.interfaces:supports_eagle3": "e4df913267df",
         },
         attributes=("use_aux_hidden_state_outputs",),
         apply=method.patch_target_signal,

@@ -152,6 +152,7 @@ def _resolve_clover_settings(spec):
         CloverStartupError,
         check_clover_spec,
         check_draft_sampling,
+        check_target_serves_layers,
         resolve_draft_budget,
         resolve_draft_confidence,
         resolve_draft_sampling,
@@ -170,6 +171,7 @@ def _resolve_clover_settings(spec):
             None if tree else spec.num_speculative_tokens,
             spec.target_model_config.hf_config,
         )
+        check_target_serves_layers(config, spec.model, spec.target_model_config)
         spec.draft_sample_method = resolve_draft_sampling(spec)
         check_draft_sampling(spec)
         if tree:
