@@ -40,8 +40,7 @@ def layered_heads(reference_target, tmp_path_factory) -> Path:
     with torch.no_grad():
         for proj in model.fusion.projs:
             proj.weight.normal_(0, 0.002)
-    fusion = {f"layer_fusion.{n}": t for n, t in model.fusion.state_dict().items()}
-    model.load_checkpoint_state(state | fusion)
+    model.load_checkpoint_state(state | model.fusion.checkpoint_state())
     return save_clover(model, layered, tmp_path_factory.mktemp("layers") / "heads")
 
 

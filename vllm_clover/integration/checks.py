@@ -22,7 +22,7 @@ from vllm_clover.modeling.config import (
     CLOVER_ARCHITECTURE,
     CloverConfig,
     check_confidence,
-    check_target_layers,
+    target_layers_problem,
 )
 from vllm_clover.modeling.tables import check_draft_dtype_fits, draft_dtype_setting
 from vllm_clover.tree import TokenTree
@@ -101,8 +101,7 @@ def check_layers_fit(config: CloverConfig, model: str, target_hf_config) -> None
     """
     if not config.target_layers:
         return
-    count = getattr(target_hf_config, "num_hidden_layers", 0)
-    problem = check_target_layers(config.target_layers, count)
+    problem = target_layers_problem(config.target_layers, target_hf_config)
     if problem:
         raise CloverCheckpointError(
             f"Clover checkpoint {model} reads the target's layers {config.target_layers}: {problem}"

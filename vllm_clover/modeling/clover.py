@@ -151,7 +151,7 @@ class CloverModel(nn.Module):
         parts += [self.augmenting] if self.augmenting else []
         state = {name: t for part in parts for name, t in part.state_dict().items()}
         if self.fusion is not None:
-            state |= {FUSION_PREFIX + n: t for n, t in self.fusion.state_dict().items()}
+            state |= self.fusion.checkpoint_state()
         return state
 
     def load_checkpoint_state(self, state: dict[str, torch.Tensor], assign: bool = False) -> None:

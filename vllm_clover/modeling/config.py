@@ -248,13 +248,6 @@ class CloverConfig(PretrainedConfig):
         return self.use_regressive_connection and self.regressive_embedding == "input_embedding"
 
     @property
-    def signal_width(self) -> int:
-        """Width of the target signal the heads read per token: H, then each target layer.
-
-        Example: D = 576, target_layers [2, 15, 27] -> 2304 = [H | L_2 | L_15 | L_27]."""
-        return self.hidden_size * (1 + len(self.target_layers or ()))
-
-    @property
     def is_medusa(self) -> bool:
         """True when all three Clover components are off (= Medusa-1 heads)."""
         return not (
@@ -383,6 +376,12 @@ def check_target_layers(layers: object, num_target_layers: int) -> str:
             )
             return f"layer {j} is not in {span}"
     return ""
+
+
+def target_layers_problem(layers: object, target: Any) -> str:
+    """``check_target_layers`` against a target's config (its text part's layer count)."""
+    text = target.get_text_config() if hasattr(target, "get_text_config") else target
+    return check_target_layers(layers, getattr(text, "num_hidden_layers", 0))
 
 
 def _default(value: Any, default: Any) -> Any:

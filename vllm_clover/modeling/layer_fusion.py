@@ -54,6 +54,10 @@ class LayerFusion(nn.Module):
     def signal_width(self) -> int:
         return self.hidden_size * (1 + len(self.projs))
 
+    def checkpoint_state(self) -> dict[str, torch.Tensor]:
+        """This module's tensors under their checkpoint names (``layer_fusion.`` prefix)."""
+        return {FUSION_PREFIX + n: t for n, t in self.state_dict().items()}
+
     def forward(self, signal: torch.Tensor) -> torch.Tensor:
         # signal: (..., (1 + A) * D) in any dtype; returns x (..., D) in the fusion's dtype
         if signal.shape[-1] != self.signal_width:
@@ -65,9 +69,8 @@ class LayerFusion(nn.Module):
         d = self.hidden_size
         x = signal[..., :d].to(dtype)  # (..., D) H
         for a, (norm, proj) in enumerate(zip(self.norms, self.projs, strict=True)):
-            layer = signal[..., (1 + a) * d : (2 + a) * d].to(
-                dtype
-            )  # (..., D) L_{target_layers[a]}
+            # (..., D) L_{target_layers[a]}, the slot after H's
+            layer = signal[..., (1 + a) * d : (2 + a) * d].to(dtype)
             x = x + proj(norm(layer))
         return x
 

@@ -24,7 +24,7 @@ import torch
 from tqdm.auto import tqdm
 
 from vllm_clover.modeling import draft_vocab_from_counts
-from vllm_clover.modeling.config import check_target_layers
+from vllm_clover.modeling.config import target_layers_problem
 from vllm_clover.training.cache import HiddenStateCache, shard_bytes
 from vllm_clover.training.config import TrainingError
 from vllm_clover.training.data import (
@@ -67,6 +67,12 @@ class DataSpec:
         fields = {n: getattr(cfg, n) for n in names if hasattr(cfg, n)}
         fields["target_layers"] = tuple(fields.get("target_layers") or ())
         return cls(**fields)
+
+    def signal_width(self, hidden_size: int) -> int:
+        """Values per token of the signal: D, or (1 + A) * D with A target layers.
+
+        Example: D = 576, target_layers (2, 15, 27) -> 2304 = [H | L_2 | L_15 | L_27]."""
+        return hidden_size * (1 + len(self.target_layers))
 
 
 # `train_argmax="auto"` covers only the draft rows above this vocabulary size (Gemma 3,
@@ -155,7 +161,7 @@ def prepare(
         counts = token_counts(train, vocab_size)
         draft_ids = draft_vocab_from_counts(counts, spec.draft_vocab_size)
     fingerprint = cache_fingerprint(teacher, dtype, spec.target_layers)
-    width = fingerprint["hidden_size"] * (1 + len(spec.target_layers))
+    width = spec.signal_width(int(teacher.lm_head.shape[1]))
     root = default_cache_root(spec.cache_dir)
     cache = train_cache = HiddenStateCache(root, fingerprint)
     rows = argmax_rows_for(spec, vocab_size, draft_ids)
@@ -197,8 +203,7 @@ def check_layers_exist(spec: DataSpec, teacher: Teacher) -> None:
     """TrainingError before any caching when a target layer is not in the target."""
     if not spec.target_layers:
         return
-    count = getattr(teacher.config.get_text_config(), "num_hidden_layers", 0)
-    problem = check_target_layers(list(spec.target_layers), count)
+    problem = target_layers_problem(list(spec.target_layers), teacher.config)
     if problem:
         raise TrainingError(f"--target-layers {list(spec.target_layers)}: {problem}")
 
@@ -245,7 +250,7 @@ def fill_cache(
     """
     mine = cache.missing(sequences[runtime.rank :: runtime.world_size])
     if mine:
-        width = int(teacher.lm_head.shape[1]) * (1 + len(spec.target_layers))
+        width = spec.signal_width(int(teacher.lm_head.shape[1]))
         cache.check_free_space(sum(len(s) for s in mine), width)
     bar = tqdm(
         total=sum(len(s) for s in mine),

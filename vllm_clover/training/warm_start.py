@@ -32,7 +32,6 @@ from vllm_clover.modeling.checkpoint import (
     check_target_shape,
     read_config_json,
 )
-from vllm_clover.modeling.layer_fusion import FUSION_PREFIX
 from vllm_clover.training.config import TrainConfig, TrainingError
 from vllm_clover.training.medusa_export import read_medusa
 
@@ -114,7 +113,7 @@ class InitCheckpoint:
         read H alone: x = H at the start, so the heads begin exactly where they stopped."""
         if model.fusion is None or self.config.target_layers is not None:
             return {}
-        return {FUSION_PREFIX + n: t for n, t in model.fusion.state_dict().items()}
+        return model.fusion.checkpoint_state()
 
     def check_lm_heads(self, lm_head: torch.Tensor) -> None:
         """A native Medusa folder's LM-head rows are the target's (V, D) ``lm_head`` rows of

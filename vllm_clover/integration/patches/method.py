@@ -286,11 +286,12 @@ def patch_target_signal() -> None:
 
     @functools.wraps(original)
     def propose_draft_token_ids(self, *args, **kwargs):
-        names = ("hidden_states", "aux_hidden_states")
+        if not getattr(getattr(self, "drafter", None), "reads_target_layers", False):
+            return original(self, *args, **kwargs)  # every other drafter: untouched, no binding
         bound = signature.bind(self, *args, **kwargs)
-        hidden, aux = (bound.arguments.get(n) for n in names)
-        if aux is not None and getattr(self.drafter, "reads_target_layers", False):
-            bound.arguments["aux_hidden_states"] = [hidden, *aux]
+        aux = bound.arguments.get("aux_hidden_states")
+        if aux is not None:
+            bound.arguments["aux_hidden_states"] = [bound.arguments["hidden_states"], *aux]
         return original(*bound.args, **bound.kwargs)
 
     GPUModelRunner.propose_draft_token_ids = mark(propose_draft_token_ids, "target_signal")
