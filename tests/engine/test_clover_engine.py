@@ -45,11 +45,20 @@ def vanilla_tokens(reference_target, mtbench_path):
 
 
 def _drafter_facts(worker) -> tuple[str, int]:
-    """(dtype the draft rows are scored in, number of draft attention layers)."""
+    """(format the draft rows are scored in, number of draft attention layers); the format
+    is the dtype, "+packed" where vLLM's oneDNN GEMM holds the rows."""
     drafter = worker.model_runner.drafter
     model = drafter.model
     rows = model.tables.draft_rows(model.heads.dtype)
-    return str(rows.dtype), len(drafter._draft_attn_layer_names)
+    packed = "+packed" if rows.kernel is not None else ""
+    return str(rows.dtype) + packed, len(drafter._draft_attn_layer_names)
+
+
+def _auto_scoring_here() -> str:
+    """What _drafter_facts reads on this CPU by default: float32 packed into vLLM-CPU's
+    oneDNN GEMM without int8 dot-product units, int8 with them."""
+    dtype = scoring_dtype_for("auto", torch.float32, "cpu", packed_float32=True)
+    return str(dtype) + ("+packed" if dtype == torch.float32 else "")
 
 
 def _count_fused_rows(worker) -> None:
@@ -92,23 +101,26 @@ def test_greedy_output_equals_vanilla(
     assert (draft_layers > 0) == config["use_augmenting_block"]
     # Clover-2 fuses every scheduled position with its next token before the block
     assert (fused_rows >= stats.drafts) if config.get("fuse_next_token") else fused_rows == 0
-    assert rows_dtype == str(scoring_dtype_for("auto", torch.float32, "cpu"))  # the default
+    assert rows_dtype == _auto_scoring_here()  # the default
     assert budget is not None and budget.steps > 0  # the default: K chosen per step
 
 
-def test_float32_draft_scoring_on_request(
-    reference_target, clover_heads, mtbench_path, vanilla_tokens, monkeypatch
+@pytest.mark.parametrize(
+    ("setting", "scored_as"), [("float32", "torch.float32+packed"), ("float16", "torch.float16")]
+)
+def test_draft_scoring_format_on_request(
+    reference_target, clover_heads, mtbench_path, vanilla_tokens, monkeypatch, setting, scored_as
 ):
-    """float32 draft rows, the checkpoint's draft_confidence turned off (0), K fixed: every
-    step drafts 4 per request."""
-    monkeypatch.setenv("CLOVER_DRAFT_DTYPE", "float32")
+    """Draft rows in the format asked for (float32: through vLLM-CPU's packed GEMM), the
+    checkpoint's draft_confidence turned off (0), K fixed: every step drafts 4 per request."""
+    monkeypatch.setenv("CLOVER_DRAFT_DTYPE", setting)
     spec = {"method": "clover", "model": str(clover_heads), "num_speculative_tokens": 4}
     spec.update(draft_confidence=0, draft_budget="fixed")
     with in_process_llm(reference_target, speculative_config=spec, max_num_seqs=4) as llm:
         ((rows_dtype, _),) = set(llm.collective_rpc(_drafter_facts))
         outputs = _tokens(llm.chat(_chats(mtbench_path, 8), _greedy(MAX_TOKENS), use_tqdm=False))
         stats = speculation(llm)
-    assert rows_dtype == "torch.float32"
+    assert rows_dtype == scored_as
     assert outputs == vanilla_tokens[:8]
     assert_clover_speculated(stats, k=4, fixed=True)
 

@@ -132,10 +132,13 @@ def test_auto_scoring_follows_the_cpus_int8_units_and_the_target_dtype_elsewhere
     assert cpu_scoring_dtype(frozenset({"avx2", "avx512f", "avx512_vnni"})) == torch.int8
     assert cpu_scoring_dtype(frozenset({"avx2", "amx_int8"})) == torch.int8
     assert cpu_scoring_dtype(frozenset({"avx2", "f16c"})) == torch.float16
+    assert cpu_scoring_dtype(frozenset({"avx2", "f16c"}), packed_float32=True) == torch.float32
+    assert cpu_scoring_dtype(frozenset({"avx512_vnni"}), packed_float32=True) == torch.int8
     assert cpu_scoring_dtype(frozenset()) == torch.int8  # flags unknown: as before
     here = cpu_scoring_dtype(cpu_flags())
     for target in (torch.float32, torch.bfloat16):
         assert scoring_dtype_for("auto", target, "cpu") == here
+    assert scoring_dtype_for("auto", torch.float16, "cuda", packed_float32=True) == torch.float16
     assert scoring_dtype_for("auto", torch.float16, "cuda") == torch.float16
     assert scoring_dtype_for("auto", torch.float32, "cuda") == torch.float32
     assert scoring_dtype_for("float32", torch.float32, "cpu") == torch.float32
@@ -168,3 +171,24 @@ def test_draft_vocab_from_counts_and_its_check():
         check_draft_vocab(ids[:39], 40, V)
     with pytest.raises(ValueError, match=r"lie in \[0, 120\)"):
         check_draft_vocab(torch.cat([ids[:39], torch.tensor([V])]), 40, V)
+
+
+def test_a_packer_packs_the_float32_draft_rows_once() -> None:
+    """choose_scoring with a packer (the serving layer's GEMM): float32 rows go through it,
+    packed when the rows are first gathered and reused after."""
+    model, _ = random_clover(tiny_config(draft_vocab_size=16))
+    model.tables.set_draft_vocab(IDS)
+    packed = []
+
+    def packer(rows: torch.Tensor):
+        packed.append(rows.clone())
+        return lambda z: F.linear(z, packed[0])
+
+    model.tables.choose_scoring("float32", packer)
+    rows = model.tables.draft_rows(model.dtype)
+    assert rows.kernel is not None and model.tables.draft_rows(model.dtype) is rows
+    assert len(packed) == 1 and torch.equal(packed[0], model.tables.vocab_weight(torch.float32))
+    model.propose(torch.randn(3, D), torch.tensor([1, 2, 3]), 2)
+    assert len(packed) == 1
+    model.tables.choose_scoring("float16", packer)  # other formats are scored by torch
+    assert model.tables.draft_rows(model.dtype).kernel is None

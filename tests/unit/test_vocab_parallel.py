@@ -13,6 +13,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from helpers import D, K, tiny_config
+from vllm_clover.integration.cpu_gemm import onednn_row_packer
 from vllm_clover.modeling import CloverConfig, HeadLoop, TargetTables
 from vllm_clover.modeling.vocab_parallel import VocabParallelTables
 
@@ -50,7 +51,10 @@ def _drafts(
     """The same head loop drafting through `tables` (whole or one rank's shard)."""
     heads = HeadLoop(cfg)
     heads.load_state_dict(state)
-    tables.scoring_dtype = scoring
+    if scoring == "onednn":  # float32 rows packed into vLLM-CPU's GEMM, as served on CPU
+        tables.choose_scoring("float32", onednn_row_packer())
+    else:
+        tables.scoring_dtype = scoring
     if cfg.draft_vocab_size:
         tables.set_draft_vocab(draft_ids)
     gen = torch.Generator().manual_seed(1)
@@ -94,9 +98,11 @@ def _sharded(cfg: CloverConfig, low_ids: bool = False, scoring=None) -> dict:
 
 
 # scoring: the format draft rows are scored in (None: the heads' float32; int8: the CPU default
-# where it has int8 dot-product units)
+# where it has int8 dot-product units; "onednn": float32 rows in vLLM-CPU's packed GEMM, the
+# default where it has not)
 @pytest.mark.parametrize(
-    "draft_vocab_size,scoring", [(None, None), (20, None), (5, None), (20, torch.int8)]
+    "draft_vocab_size,scoring",
+    [(None, None), (20, None), (5, None), (20, torch.int8), (20, "onednn")],
 )
 def test_two_ranks_draft_what_one_process_drafts(draft_vocab_size, scoring):
     cfg = _config(draft_vocab_size=draft_vocab_size)

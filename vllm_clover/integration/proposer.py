@@ -30,6 +30,7 @@ from vllm.logger import init_logger
 from vllm.v1.spec_decode.eagle import EagleProposer
 
 from vllm_clover.integration.checks import CloverStartupError
+from vllm_clover.integration.cpu_gemm import onednn_row_packer
 from vllm_clover.modeling.checkpoint import CloverCheckpointError, check_target_fits
 from vllm_clover.modeling.draft_sampling import DraftSampler
 from vllm_clover.modeling.tables import DRAFT_DTYPE_ENV, draft_dtype_setting
@@ -299,10 +300,12 @@ class CloverProposer(EagleProposer):
                 lm_head.weight[:vocab], None if embedding is None else embedding.weight[:vocab]
             )
         setting = draft_dtype_setting()
-        scoring = tables.choose_scoring(setting)
+        packer = onednn_row_packer() if lm_head.weight.device.type == "cpu" else None
+        scoring = tables.choose_scoring(setting, packer)
         logger.info(
-            "Clover: draft rows scored in %s, head network and target in %s (%s=%s)",
+            "Clover: draft rows scored in %s%s, head network and target in %s (%s=%s)",
             scoring,
+            " (oneDNN, packed)" if packer and scoring == torch.float32 else "",
             lm_head.weight.dtype,
             DRAFT_DTYPE_ENV,
             setting,

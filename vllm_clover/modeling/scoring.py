@@ -7,16 +7,26 @@ than it computes, so drafting can score a copy of the rows in a smaller format:
 Only drafting uses it; training scores the rows in the heads' own dtype (``logits``).
 Drafts only propose: vLLM's rejection sampler verifies them against the target, so the
 scoring format changes how often drafts are accepted, never the output.
+
+float32 rows may also be handed to a ``RowPacker``: a serving layer's GEMM that prepacks
+the rows once and then multiplies few rows of z fast (vLLM-CPU's oneDNN kernel,
+integration/cpu_gemm.py). The scores are the same products; only the kernel differs.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
 INT8_MAX = 127.0
+
+# z (M, D) float32 -> z @ rows^T (M, N) float32, with the rows packed in beforehand
+RowKernel = Callable[[torch.Tensor], torch.Tensor]
+# rows (N, D) float32 -> its RowKernel, or None where the GEMM cannot take these rows
+RowPacker = Callable[[torch.Tensor], RowKernel | None]
 
 
 def row_scores(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -54,13 +64,20 @@ class DraftRows(NamedTuple):
 
     weight: torch.Tensor
     scale: torch.Tensor | None = None
+    kernel: RowKernel | None = None  # float32 rows prepacked by a RowPacker
 
     @classmethod
-    def of(cls, rows: torch.Tensor, dtype: torch.dtype) -> DraftRows:
-        """Rows (N, D) in `dtype`: a cast, or int8 quantization for torch.int8."""
-        if dtype != torch.int8:
-            return cls(rows.to(dtype))
-        return cls(*quantize_int8(rows))
+    def of(
+        cls, rows: torch.Tensor, dtype: torch.dtype, packer: RowPacker | None = None
+    ) -> DraftRows:
+        """Rows (N, D) in `dtype`: a cast, or int8 quantization for torch.int8; float32
+        rows on a CPU are packed by `packer` when one is given and takes them."""
+        if dtype == torch.int8:
+            return cls(*quantize_int8(rows))
+        weight = rows.to(dtype)
+        if packer is None or dtype != torch.float32 or weight.device.type != "cpu":
+            return cls(weight)
+        return cls(weight, kernel=packer(weight.contiguous()))
 
     @property
     def dtype(self) -> torch.dtype:
@@ -69,7 +86,8 @@ class DraftRows(NamedTuple):
     def scores(self, z: torch.Tensor) -> torch.Tensor:
         """Head features z (M, D) -> float scores (M, N) whose row-wise argmax is the draft.
 
-        Float rows: z @ weight^T in the rows' dtype (``row_scores``). int8 rows: z is
+        Float rows: z @ weight^T in the rows' dtype (``row_scores``, or the packed kernel
+        where there is one). int8 rows: z is
         quantized per row as well and the product runs on int8 units (``torch._int_mm``,
         int32 sums, exact); each column is then multiplied by its row's scale. z's own scale
         is left out: it multiplies a whole row of scores by one positive number, which moves
@@ -84,6 +102,8 @@ class DraftRows(NamedTuple):
 
     def _products(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(scores (M, N), z's int8 scale (M,) or None for float rows); see ``scores``."""
+        if self.kernel is not None:
+            return self.kernel(z.float().contiguous()), None
         if self.scale is None:
             return row_scores(z.to(self.weight.dtype), self.weight), None
         q, z_scale = quantize_int8(z)  # (M, D), (M,)

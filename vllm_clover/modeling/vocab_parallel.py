@@ -87,7 +87,9 @@ class VocabParallelTables(TargetTables):
         """This rank's draft rows (n, D), n >= 0; cached like the base class's."""
         dtype = self.scoring_dtype or default_dtype
         return self._cached(
-            "draft_rows", (dtype, self.vocab_start), lambda: self._local_draft_rows(dtype)
+            "draft_rows",
+            (dtype, self.vocab_start, self.row_packer),
+            lambda: self._local_draft_rows(dtype),
         )
 
     def _local_draft_rows(self, dtype: torch.dtype) -> DraftRows:
@@ -96,7 +98,8 @@ class VocabParallelTables(TargetTables):
             ids = torch.arange(self.config.vocab_size, device=self.lm_head.device)
         held = (ids >= self.vocab_start) & (ids < self.vocab_end)  # (N,), one run of True
         self.first_draft_index = int(held.int().argmax()) if bool(held.any()) else 0
-        return DraftRows.of(self.lm_head.index_select(0, ids[held] - self.vocab_start), dtype)
+        rows = self.lm_head.index_select(0, ids[held] - self.vocab_start)
+        return DraftRows.of(rows, dtype, self.row_packer if rows.shape[0] else None)
 
     def greedy_draft_ids(self, z: torch.Tensor, rows: DraftRows) -> torch.Tensor:
         """Draft-vocab indices of the best rows over all ranks: z (M, D) -> (M,) int64.

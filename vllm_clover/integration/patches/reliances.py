@@ -128,6 +128,20 @@ RELIANCES = (
         },
     ),
     Entry(
+        "cpu_row_gemm",
+        "relies",
+        "on CPU drafting scores the draft rows with vLLM's oneDNN GEMM, the kernel of its "
+        "own Linear layers: create_onednn_mm packs the (K, N) weight view once (its "
+        "CPUDNNLGEMMHandler frees the primitive when dropped), onednn_mm(handler, x, None) "
+        "returns x @ W; the build has it where _supports_onednn is true",
+        "integration/cpu_gemm.py",
+        {
+            "vllm._custom_ops:create_onednn_mm": "a84bc6b8f2fa",
+            "vllm._custom_ops:onednn_mm": "e7a98daed3c1",
+            "vllm._custom_ops:CPUDNNLGEMMHandler": "b050a9e6bead",
+        },
+    ),
+    Entry(
         "runner_timers",
         "hook",
         "the bench times drafting, and the step profile each phase of a step, inside the "
