@@ -71,11 +71,12 @@ class DraftRows(NamedTuple):
         cls, rows: torch.Tensor, dtype: torch.dtype, packer: RowPacker | None = None
     ) -> DraftRows:
         """Rows (N, D) in `dtype`: a cast, or int8 quantization for torch.int8; float32
-        rows on a CPU are packed by `packer` when one is given and takes them."""
+        rows are packed by `packer` when one is given and takes them (the serving layer
+        hands one over on CPU only, integration/proposer.py)."""
         if dtype == torch.int8:
             return cls(*quantize_int8(rows))
         weight = rows.to(dtype)
-        if packer is None or dtype != torch.float32 or weight.device.type != "cpu":
+        if packer is None or dtype != torch.float32:
             return cls(weight)
         return cls(weight, kernel=packer(weight.contiguous()))
 
