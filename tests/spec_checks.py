@@ -220,17 +220,30 @@ def assert_clover_speculated(spec: Speculation, k: int | None = None, fixed: boo
     assert max(spec.drafts_by_length, default=0) <= k, f"more than {k} drafts: {spec}"
 
 
+@dataclass(frozen=True)
+class CloverRun:
+    """One Clover engine of ``greedy_with_and_without_clover``: its greedy tokens and what it
+    speculated, or the error with which the engine refused to start (``refused``)."""
+
+    tokens: list[list[int]] | None = None
+    speculation: Speculation | None = None
+    refused: str | None = None
+
+
 def greedy_with_and_without_clover(
-    target: Path, spec: dict, prompts: list[dict], max_tokens: int, **engine_args
-) -> tuple[list[list[int]], list[list[int]], Speculation]:
-    """(vanilla tokens, Clover tokens, Clover's speculation) for greedy `prompts`, computed
-    in a child interpreter: vLLM serves some architectures (e.g. OLMo-2) through its
-    Transformers backend, which patches that Hugging Face model class in the process it runs
-    in, and later code in the test process must still find the class as it was."""
+    target: Path, specs: dict[str, dict], prompts: list[dict], max_tokens: int, **engine_args
+) -> tuple[list[list[int]], dict[str, CloverRun]]:
+    """(vanilla tokens, a CloverRun per named speculative config) for greedy `prompts`, all
+    computed in one child interpreter (one vLLM import for all the engines): vLLM serves some
+    architectures (e.g. OLMo-2) through its Transformers backend, which patches that Hugging
+    Face model class in the process it runs in, and later code in the test process must still
+    find the class as it was. An engine that refuses its config at start-up is reported, with
+    the error, as ``CloverRun.refused``; no engine starts after it (put such configs last)."""
     import json
 
     code = f"""
 import json, sys
+from contextlib import ExitStack
 sys.path.insert(0, {str(Path(__file__).parent)!r})
 from dataclasses import asdict
 from vllm import SamplingParams
@@ -245,11 +258,19 @@ def tokens(outputs):
 def main():  # no engine proxy may outlive its block as a module global: vLLM walks those
     prompts, greedy = {prompts!r}, SamplingParams(temperature=0.0, max_tokens={max_tokens})
     with in_process_llm({str(target)!r}, **{engine_args!r}) as llm:
-        expected = tokens(llm.generate(prompts, greedy, use_tqdm=False))
-    with in_process_llm({str(target)!r}, speculative_config={spec!r}, **{engine_args!r}) as llm:
-        got = tokens(llm.generate(prompts, greedy, use_tqdm=False))
-        stats = asdict(speculation(llm))
-    print("RESULT " + json.dumps([expected, got, stats]))
+        runs = {{"vanilla": {{"tokens": tokens(llm.generate(prompts, greedy, use_tqdm=False))}}}}
+    for name, spec in {specs!r}.items():
+        with ExitStack() as stack:
+            try:
+                llm = stack.enter_context(
+                    in_process_llm({str(target)!r}, speculative_config=spec, **{engine_args!r})
+                )
+            except Exception as err:  # a start-up refusal, which the test expects or fails on
+                runs[name] = {{"refused": f"{{type(err).__name__}}: {{err}}"}}
+                break
+            got = tokens(llm.generate(prompts, greedy, use_tqdm=False))
+            runs[name] = {{"tokens": got, "speculation": asdict(speculation(llm))}}
+    print("RESULT " + json.dumps(runs))
 
 
 if __name__ == "__main__":
@@ -257,7 +278,16 @@ if __name__ == "__main__":
 """
     output = run_python(code)
     (line,) = [line for line in output.splitlines() if line.startswith("RESULT ")]
-    expected, got, stats = json.loads(line[len("RESULT ") :])
-    stats["accepted_per_pos"] = tuple(stats["accepted_per_pos"])
-    stats["steps_by_k"] = {int(k): n for k, n in stats["steps_by_k"].items()}
-    return expected, got, Speculation(**stats)
+    runs = json.loads(line[len("RESULT ") :])
+    vanilla = runs.pop("vanilla")["tokens"]
+    return vanilla, {name: _clover_run(run) for name, run in runs.items()}
+
+
+def _clover_run(run: dict) -> CloverRun:
+    stats = run.get("speculation")
+    if stats is not None:
+        stats["accepted_per_pos"] = tuple(stats["accepted_per_pos"])
+        stats["steps_by_k"] = {int(k): n for k, n in stats["steps_by_k"].items()}
+        stats["drafts_by_length"] = {int(k): n for k, n in stats["drafts_by_length"].items()}
+        stats = Speculation(**stats)
+    return CloverRun(run.get("tokens"), stats, run.get("refused"))

@@ -118,34 +118,39 @@ def _prompts(workspace: dict) -> list[dict]:
     return prompts
 
 
-def test_greedy_output_equals_vanilla_with_drafts_accepted(workspace, heads):
+@pytest.fixture(scope="module")
+def served(workspace, heads) -> tuple[list[list[int]], dict]:
+    """Greedy output without Clover, with the heads and with heads trained with
+    --target-layers (those last: an engine may refuse them), from one child interpreter."""
+    block = ARCHITECTURES[workspace["architecture"]]
+    layered = _train(workspace, block, "layers", target_layers=[1]).out
+    fixed_k3 = {"method": "clover", "num_speculative_tokens": 3, "draft_budget": "fixed"}
+    specs = {
+        "heads": {**fixed_k3, "model": str(heads)},
+        "layers": {**fixed_k3, "model": str(layered)},
+    }
+    run = dict(max_num_seqs=8, max_model_len=256)
     prompts = _prompts(workspace)
-    spec = {"method": "clover", "model": str(heads), "num_speculative_tokens": 3}
-    spec["draft_budget"] = "fixed"
-    expected, got, stats = greedy_with_and_without_clover(
-        workspace["target"], spec, prompts, MAX_TOKENS, max_num_seqs=8, max_model_len=256
-    )
-    assert got == expected
-    assert_clover_speculated(stats, k=3, fixed=True)  # heads without thresholds
+    return greedy_with_and_without_clover(workspace["target"], specs, prompts, MAX_TOKENS, **run)
 
 
-def test_heads_reading_target_layers_serve_or_are_refused_naming_why(workspace):
+def test_greedy_output_equals_vanilla_with_drafts_accepted(served):
+    expected, runs = served
+    assert runs["heads"].refused is None, runs["heads"].refused
+    assert runs["heads"].tokens == expected
+    assert_clover_speculated(runs["heads"].speculation, k=3, fixed=True)  # no thresholds
+
+
+def test_heads_reading_target_layers_serve_or_are_refused_naming_why(workspace, served):
     """Heads trained with --target-layers: where vLLM's model class returns the target's
     middle layers, greedy output equals vanilla with drafts accepted; elsewhere the engine
     refuses them at start-up, naming the class."""
-    block = ARCHITECTURES[workspace["architecture"]]
-    heads = _train(workspace, block, "layers", target_layers=[1]).out
-    spec = {"method": "clover", "model": str(heads), "num_speculative_tokens": 3}
-    spec["draft_budget"] = "fixed"
-    run = dict(max_num_seqs=8, max_model_len=256)
-    prompts = _prompts(workspace)
-    if workspace["architecture"] in NO_TARGET_LAYERS:  # the child engine's start-up error
-        with pytest.raises(pytest.fail.Exception, match="does not implement SupportsEagle3") as e:
-            greedy_with_and_without_clover(workspace["target"], spec, prompts, MAX_TOKENS, **run)
-        assert "reads the target's layers [1]" in str(e.value)
+    expected, runs = served
+    run = runs["layers"]
+    if workspace["architecture"] in NO_TARGET_LAYERS:
+        assert run.refused is not None and "does not implement SupportsEagle3" in run.refused
+        assert "reads the target's layers [1]" in run.refused
         return
-    expected, got, stats = greedy_with_and_without_clover(
-        workspace["target"], spec, prompts, MAX_TOKENS, **run
-    )
-    assert got == expected
-    assert_clover_speculated(stats, k=3, fixed=True)
+    assert run.refused is None, run.refused
+    assert run.tokens == expected
+    assert_clover_speculated(run.speculation, k=3, fixed=True)
