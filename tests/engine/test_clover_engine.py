@@ -247,11 +247,11 @@ BF16 = {"dtype": "bfloat16", "max_num_seqs": 4}
 
 @pytest.fixture(scope="module")
 def vanilla_bf16(reference_target, mtbench_path):
-    """8 chats and their greedy outputs with logprobs, bfloat16, without speculation (once
-    for every configuration)."""
+    """4 chats (one batch) and their greedy outputs with logprobs, bfloat16, without
+    speculation (once for every configuration)."""
     from vllm import SamplingParams
 
-    chats = _chats(mtbench_path, 8)
+    chats = _chats(mtbench_path, 4)
     with in_process_llm(reference_target, **BF16) as llm:
         params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, logprobs=2)
         return chats, llm.chat(chats, params, use_tqdm=False)
