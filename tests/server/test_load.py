@@ -32,7 +32,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from spec_checks import assert_clover_speculated, server_speculation
 
-from helpers import http_get, run_python, running_server
+from helpers import http_get, in_process_llm, running_server
 
 pytestmark = pytest.mark.server
 
@@ -263,36 +263,16 @@ def valid_bodies(mtbench_path) -> list[dict]:
     ]
 
 
-# Generates the requests of BODIES (a JSON file) without speculation; prints their token ids.
-REFERENCE_SCRIPT = """
-import json
-if __name__ == "__main__":
-    from vllm import SamplingParams
-    from vllm_clover.engine import start_llm
-    bodies = json.loads(open(BODIES).read())
-    llm = start_llm(TARGET, max_model_len=MAX_MODEL_LEN)
-    params = [SamplingParams(temperature=0.0, max_tokens=b["max_tokens"]) for b in bodies]
-    outputs = llm.chat([b["messages"] for b in bodies], params, use_tqdm=False)
-    print("TOKEN_IDS " + json.dumps([list(o.outputs[0].token_ids) for o in outputs]))
-"""
-
-
 @pytest.fixture(scope="module")
-def vanilla_tokens(reference_target, valid_bodies, tmp_path_factory) -> list[list[int]]:
-    """The same requests without speculation (vLLM engine, same settings): token ids.
+def vanilla_tokens(reference_target, valid_bodies) -> list[list[int]]:
+    """The same requests without speculation (a vLLM engine with the server's settings, in
+    this process: ~20 s, where a child with vLLM's engine processes took ~60 s): token ids."""
+    from vllm import SamplingParams
 
-    A fresh process with vLLM's usual engine processes: the in-process engine
-    (helpers.in_process_llm) starts faster but decodes this batch ~4x slower on CPU.
-    """
-    bodies = tmp_path_factory.mktemp("reference") / "bodies.json"
-    bodies.write_text(json.dumps(valid_bodies))
-    settings = (
-        f"BODIES = {str(bodies)!r}\nTARGET = {str(reference_target)!r}\n"
-        f"MAX_MODEL_LEN = {MAX_MODEL_LEN}\n"
-    )
-    output = run_python(settings + REFERENCE_SCRIPT)
-    (line,) = [line for line in output.splitlines() if line.startswith("TOKEN_IDS ")]
-    return json.loads(line[len("TOKEN_IDS ") :])
+    with in_process_llm(reference_target, max_model_len=MAX_MODEL_LEN) as llm:
+        params = [SamplingParams(temperature=0.0, max_tokens=b["max_tokens"]) for b in valid_bodies]
+        outputs = llm.chat([b["messages"] for b in valid_bodies], params, use_tqdm=False)
+        return [list(o.outputs[0].token_ids) for o in outputs]
 
 
 @pytest.fixture(scope="module")
