@@ -230,6 +230,44 @@ class CloverRun:
     refused: str | None = None
 
 
+# Run in a child by greedy_with_and_without_clover, after TESTS (this folder) and ARGS (JSON).
+GREEDY_SCRIPT = """
+import json, sys
+from contextlib import ExitStack
+from dataclasses import asdict
+sys.path.insert(0, TESTS)
+from vllm import SamplingParams
+from helpers import in_process_llm
+from spec_checks import speculation
+
+
+def tokens(outputs):
+    return [list(o.outputs[0].token_ids) for o in outputs]
+
+
+def main(target, specs, prompts, max_tokens, engine_args):
+    greedy = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    with in_process_llm(target, **engine_args) as llm:
+        runs = {"vanilla": {"tokens": tokens(llm.generate(prompts, greedy, use_tqdm=False))}}
+    for name, spec in specs.items():
+        with ExitStack() as stack:
+            try:
+                llm = stack.enter_context(
+                    in_process_llm(target, speculative_config=spec, **engine_args)
+                )
+            except Exception as err:  # a start-up refusal, which the test expects or fails on
+                runs[name] = {"refused": f"{type(err).__name__}: {err}"}
+                break
+            got = tokens(llm.generate(prompts, greedy, use_tqdm=False))
+            runs[name] = {"tokens": got, "speculation": asdict(speculation(llm))}
+    print("RESULT " + json.dumps(runs))
+
+
+if __name__ == "__main__":  # no engine proxy may outlive main(): vLLM walks module globals
+    main(**json.loads(ARGS))
+"""
+
+
 def greedy_with_and_without_clover(
     target: Path, specs: dict[str, dict], prompts: list[dict], max_tokens: int, **engine_args
 ) -> tuple[list[list[int]], dict[str, CloverRun]]:
@@ -241,42 +279,10 @@ def greedy_with_and_without_clover(
     the error, as ``CloverRun.refused``; no engine starts after it (put such configs last)."""
     import json
 
-    code = f"""
-import json, sys
-from contextlib import ExitStack
-sys.path.insert(0, {str(Path(__file__).parent)!r})
-from dataclasses import asdict
-from vllm import SamplingParams
-from helpers import in_process_llm
-from spec_checks import speculation
-
-
-def tokens(outputs):
-    return [list(o.outputs[0].token_ids) for o in outputs]
-
-
-def main():  # no engine proxy may outlive its block as a module global: vLLM walks those
-    prompts, greedy = {prompts!r}, SamplingParams(temperature=0.0, max_tokens={max_tokens})
-    with in_process_llm({str(target)!r}, **{engine_args!r}) as llm:
-        runs = {{"vanilla": {{"tokens": tokens(llm.generate(prompts, greedy, use_tqdm=False))}}}}
-    for name, spec in {specs!r}.items():
-        with ExitStack() as stack:
-            try:
-                llm = stack.enter_context(
-                    in_process_llm({str(target)!r}, speculative_config=spec, **{engine_args!r})
-                )
-            except Exception as err:  # a start-up refusal, which the test expects or fails on
-                runs[name] = {{"refused": f"{{type(err).__name__}}: {{err}}"}}
-                break
-            got = tokens(llm.generate(prompts, greedy, use_tqdm=False))
-            runs[name] = {{"tokens": got, "speculation": asdict(speculation(llm))}}
-    print("RESULT " + json.dumps(runs))
-
-
-if __name__ == "__main__":
-    main()
-"""
-    output = run_python(code)
+    args = dict(target=str(target), specs=specs, prompts=prompts, max_tokens=max_tokens)
+    args["engine_args"] = engine_args
+    header = f"TESTS = {str(Path(__file__).parent)!r}\nARGS = {json.dumps(args)!r}\n"
+    output = run_python(header + GREEDY_SCRIPT)
     (line,) = [line for line in output.splitlines() if line.startswith("RESULT ")]
     runs = json.loads(line[len("RESULT ") :])
     vanilla = runs.pop("vanilla")["tokens"]
