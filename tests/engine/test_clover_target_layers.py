@@ -1,13 +1,15 @@
 """Heads that read the target's middle layers (``target_layers``) under vLLM: the rows the
 proposer receives are [H | L_2 | L_15 | L_27] exactly as the trainer's teacher computes them
 (Hugging Face ``hidden_states``), and greedy output equals vanilla with a chain and a tree,
-with drafts accepted. The heads are the shipped Clover-2 ones with a small random fusion, so
-the layers change the drafts without ruining them."""
+with drafts accepted. The heads are the shipped Clover-2 ones, trained to read layers 2, 15
+and 27, so every draft depends on the layers."""
 
+import json
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from spec_checks import (
     TEST_TREE,
     TEST_TREE_SIZE,
@@ -27,21 +29,14 @@ MAX_TOKENS = 32
 
 
 @pytest.fixture(scope="module")
-def layered_heads(reference_target, tmp_path_factory) -> Path:
-    """-clover2 with target layers added: its weights, and W_j ~ N(0, 0.002) (not zero, so
-    every draft depends on the layers)."""
-    from vllm_clover.modeling import CloverConfig, CloverModel, read_clover, save_clover
-
-    config, state = read_clover(CLOVER2_HEADS)
-    fields = {**config.to_dict(), "target_layers": LAYERS, "target_num_hidden_layers": 30}
-    layered = CloverConfig(**{k: v for k, v in fields.items() if k != "model_type"})
-    model = CloverModel(layered)
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for proj in model.fusion.projs:
-            proj.weight.normal_(0, 0.002)
-    model.load_checkpoint_state(state | model.fusion.checkpoint_state())
-    return save_clover(model, layered, tmp_path_factory.mktemp("layers") / "heads")
+def layered_heads() -> Path:
+    """-clover2, whose config reads LAYERS and whose trained fusion weights are not zero."""
+    config = json.loads((CLOVER2_HEADS / "config.json").read_text())
+    assert config["target_layers"] == LAYERS
+    state = load_file(CLOVER2_HEADS / "model.safetensors")
+    projs = [t for n, t in state.items() if n.startswith("layer_fusion.projs.")]
+    assert len(projs) == len(LAYERS) and all(w.abs().max() > 0 for w in projs)
+    return CLOVER2_HEADS
 
 
 @pytest.fixture(scope="module")
