@@ -4,12 +4,10 @@ proposer receives are [H | L_2 | L_15 | L_27] exactly as the trainer's teacher c
 with drafts accepted. The heads are the shipped Clover-2 ones, trained to read layers 2, 15
 and 27, so every draft depends on the layers."""
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 from spec_checks import (
     TEST_TREE,
     TEST_TREE_SIZE,
@@ -31,9 +29,10 @@ MAX_TOKENS = 32
 @pytest.fixture(scope="module")
 def layered_heads() -> Path:
     """-clover2, whose config reads LAYERS and whose trained fusion weights are not zero."""
-    config = json.loads((CLOVER2_HEADS / "config.json").read_text())
-    assert config["target_layers"] == LAYERS
-    state = load_file(CLOVER2_HEADS / "model.safetensors")
+    from vllm_clover.modeling import read_clover
+
+    config, state = read_clover(CLOVER2_HEADS)
+    assert config.target_layers == LAYERS
     projs = [t for n, t in state.items() if n.startswith("layer_fusion.projs.")]
     assert len(projs) == len(LAYERS) and all(w.abs().max() > 0 for w in projs)
     return CLOVER2_HEADS
