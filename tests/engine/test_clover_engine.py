@@ -55,10 +55,11 @@ def _drafter_facts(worker) -> tuple[str, int]:
 
 
 def _auto_scoring_here() -> str:
-    """What _drafter_facts reads on this CPU by default: float32 packed into vLLM-CPU's
-    oneDNN GEMM without int8 dot-product units, int8 with them."""
-    dtype = scoring_dtype_for("auto", torch.float32, "cpu", packed_float32=True)
-    return str(dtype) + ("+packed" if dtype == torch.float32 else "")
+    """What _drafter_facts reads on this CPU by default: bfloat16 packed into vLLM-CPU's
+    oneDNN GEMM with bfloat16 dot-product units, else int8 with int8 units, else float32
+    packed."""
+    dtype = scoring_dtype_for("auto", torch.float32, "cpu", packed=True)
+    return str(dtype) + ("+packed" if dtype in (torch.float32, torch.bfloat16) else "")
 
 
 def _count_fused_rows(worker) -> None:

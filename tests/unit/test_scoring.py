@@ -49,6 +49,17 @@ def test_int8_rows_score_like_the_float_rows():
     torch.testing.assert_close(got, expected, rtol=0.05, atol=0.15)
     agree = (got.argmax(-1) == expected.argmax(-1)).float().mean()
     assert agree >= 0.9, agree  # near-ties may differ: drafts only propose
+    torch.testing.assert_close(rows.logits(z), got, rtol=1e-5, atol=1e-5)  # scale put back
+
+
+def test_logits_keep_each_rows_scores_contiguous():
+    """Row-wise max and logsumexp follow scoring; on a transposed (N, M) view they run
+    several times slower, so every format hands back (M, N) row-major logits."""
+    exact, z = torch.randn(16, D), torch.randn(4, D)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.int8):
+        logits = DraftRows.of(exact, dtype).logits(z)
+        assert logits.shape == (4, 16) and logits.dtype == torch.float32, dtype
+        assert logits.is_contiguous(), dtype
 
 
 def test_float_rows_are_a_cast():

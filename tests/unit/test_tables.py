@@ -126,19 +126,23 @@ def test_drafting_scores_its_own_copy_of_the_rows(scoring: torch.dtype) -> None:
     assert set(drafts.flatten().tolist()) <= set(IDS.tolist())
 
 
-def test_auto_scoring_follows_the_cpus_int8_units_and_the_target_dtype_elsewhere() -> None:
+def test_auto_scoring_follows_the_cpus_dot_product_units_and_the_target_dtype_elsewhere():
     from vllm_clover.modeling.tables import cpu_flags, cpu_scoring_dtype
 
+    zen4 = frozenset({"avx2", "avx512f", "avx512_vnni", "avx512_bf16"})
     assert cpu_scoring_dtype(frozenset({"avx2", "avx512f", "avx512_vnni"})) == torch.int8
     assert cpu_scoring_dtype(frozenset({"avx2", "amx_int8"})) == torch.int8
     assert cpu_scoring_dtype(frozenset({"avx2", "f16c"})) == torch.float16
-    assert cpu_scoring_dtype(frozenset({"avx2", "f16c"}), packed_float32=True) == torch.float32
-    assert cpu_scoring_dtype(frozenset({"avx512_vnni"}), packed_float32=True) == torch.int8
+    assert cpu_scoring_dtype(frozenset({"avx2", "f16c"}), packed=True) == torch.float32
+    assert cpu_scoring_dtype(frozenset({"avx512_vnni"}), packed=True) == torch.int8
+    assert cpu_scoring_dtype(zen4) == torch.int8  # bfloat16 only where the GEMM packs it
+    assert cpu_scoring_dtype(zen4, packed=True) == torch.bfloat16
+    assert cpu_scoring_dtype(frozenset({"amx_bf16", "amx_int8"}), packed=True) == torch.bfloat16
     assert cpu_scoring_dtype(frozenset()) == torch.int8  # flags unknown: as before
     here = cpu_scoring_dtype(cpu_flags())
     for target in (torch.float32, torch.bfloat16):
         assert scoring_dtype_for("auto", target, "cpu") == here
-    assert scoring_dtype_for("auto", torch.float16, "cuda", packed_float32=True) == torch.float16
+    assert scoring_dtype_for("auto", torch.float16, "cuda", packed=True) == torch.float16
     assert scoring_dtype_for("auto", torch.float16, "cuda") == torch.float16
     assert scoring_dtype_for("auto", torch.float32, "cuda") == torch.float32
     assert scoring_dtype_for("float32", torch.float32, "cpu") == torch.float32
@@ -175,7 +179,8 @@ def test_draft_vocab_from_counts_and_its_check():
 
 def test_a_packer_packs_the_float32_draft_rows_once() -> None:
     """choose_scoring with a packer (the serving layer's GEMM): float32 rows go through it,
-    packed when the rows are first gathered and reused after."""
+    packed when the rows are first gathered and reused after (bfloat16 rows alike,
+    tests/unit/test_integration_cpu_gemm.py)."""
     model, _ = random_clover(tiny_config(draft_vocab_size=16))
     model.tables.set_draft_vocab(IDS)
     packed = []

@@ -8,8 +8,8 @@ Only drafting uses it; training scores the rows in the heads' own dtype (``logit
 Drafts only propose: vLLM's rejection sampler verifies them against the target, so the
 scoring format changes how often drafts are accepted, never the output.
 
-float32 rows may also be handed to a ``RowPacker``: a serving layer's GEMM that prepacks
-the rows once and then multiplies few rows of z fast (vLLM-CPU's oneDNN kernel,
+float32 and bfloat16 rows may also be handed to a ``RowPacker``: a serving layer's GEMM that
+prepacks the rows once and then multiplies few rows of z fast (vLLM-CPU's oneDNN kernel,
 integration/cpu_gemm.py). The scores are the same products; only the kernel differs.
 """
 
@@ -23,10 +23,12 @@ import torch.nn.functional as F
 
 INT8_MAX = 127.0
 
-# z (M, D) float32 -> z @ rows^T (M, N) float32, with the rows packed in beforehand
+# z (M, D) -> z @ rows^T (M, N), both in the rows' dtype, with the rows packed in beforehand
 RowKernel = Callable[[torch.Tensor], torch.Tensor]
-# rows (N, D) float32 -> its RowKernel, or None where the GEMM cannot take these rows
+# rows (N, D) float32 or bfloat16 -> its RowKernel, or None where the GEMM cannot take them
 RowPacker = Callable[[torch.Tensor], RowKernel | None]
+# The row dtypes a RowPacker is handed (``DraftRows.of``)
+PACKED_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def row_scores(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -64,19 +66,19 @@ class DraftRows(NamedTuple):
 
     weight: torch.Tensor
     scale: torch.Tensor | None = None
-    kernel: RowKernel | None = None  # float32 rows prepacked by a RowPacker
+    kernel: RowKernel | None = None  # float32 / bfloat16 rows prepacked by a RowPacker
 
     @classmethod
     def of(
         cls, rows: torch.Tensor, dtype: torch.dtype, packer: RowPacker | None = None
     ) -> DraftRows:
-        """Rows (N, D) in `dtype`: a cast, or int8 quantization for torch.int8; float32
-        rows are packed by `packer` when one is given and takes them (the serving layer
-        hands one over on CPU only, integration/proposer.py)."""
+        """Rows (N, D) in `dtype`: a cast, or int8 quantization for torch.int8; float32 and
+        bfloat16 rows are packed by `packer` when one is given and takes them (the serving
+        layer hands one over on CPU only, integration/proposer.py)."""
         if dtype == torch.int8:
             return cls(*quantize_int8(rows))
         weight = rows.to(dtype)
-        if packer is None or dtype != torch.float32:
+        if packer is None or dtype not in PACKED_DTYPES:
             return cls(weight)
         return cls(weight, kernel=packer(weight.contiguous()))
 
@@ -99,13 +101,17 @@ class DraftRows(NamedTuple):
     def logits(self, z: torch.Tensor) -> torch.Tensor:
         """Head features z (M, D) -> float logits z . W[j] (M, N), z's int8 scale put back."""
         products, z_scale = self._products(z)
-        return products.float() if z_scale is None else products * z_scale[:, None]
+        products = products.float().contiguous()  # row-wise reductions follow: N contiguous
+        return products if z_scale is None else products.mul_(z_scale[:, None])
 
     def _products(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(scores (M, N), z's int8 scale (M,) or None for float rows); see ``scores``."""
         if self.kernel is not None:
-            return self.kernel(z.float().contiguous()), None
+            return self.kernel(z.to(self.weight.dtype).contiguous()).float(), None
         if self.scale is None:
             return row_scores(z.to(self.weight.dtype), self.weight), None
         q, z_scale = quantize_int8(z)  # (M, D), (M,)
-        return torch._int_mm(self.weight, q.t()).t().float() * self.scale, z_scale  # (M, N)
+        # (N, M) int32 sums -> (M, N) float, made contiguous before the row-wise reductions
+        # that follow (max, logsumexp over N run 2-7x slower on the transposed view)
+        products = torch._int_mm(self.weight, q.t()).t().contiguous().float()
+        return products.mul_(self.scale), z_scale  # (M, N)

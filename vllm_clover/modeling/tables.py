@@ -65,8 +65,10 @@ def check_draft_dtype_fits(setting: str, device_type: str) -> None:
         )
 
 
-# CPU flags of int8 dot-product units, where int8 draft scoring is the fastest format measured
+# CPU flags of int8 dot-product units, where int8 draft scoring beats float in PyTorch
 INT8_DOT_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
+# CPU flags of bfloat16 dot-product units, where packed bfloat16 rows are the fastest format
+BF16_DOT_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 
 
 @functools.lru_cache(maxsize=1)
@@ -80,38 +82,46 @@ def cpu_flags() -> frozenset[str]:
     return frozenset(line.partition(":")[2].split())
 
 
-def cpu_scoring_dtype(flags: frozenset[str], packed_float32: bool = False) -> torch.dtype:
-    """The CPU's "auto" scoring format: int8 where the CPU multiplies int8 in hardware (VNNI,
-    AMX: a quarter of fp32's bytes, the fastest format measured on Zen 4 and on Sapphire
-    Rapids); where it does not, float32 if a packed float32 GEMM is at hand (vLLM-CPU's
-    oneDNN kernel: on an AVX2-only EPYC 2-4x faster than float16 from 4 rows of z on), else
-    float16 (int8 matmuls emulated on AVX2 run 4-9x slower than float16, which halves fp32's
-    bytes; docs/drafting-cost.md). Unknown flags keep int8.
-    Examples: {"avx2", "f16c"} -> float16; the same with packed_float32 -> float32."""
+def cpu_scoring_dtype(flags: frozenset[str], packed: bool = False) -> torch.dtype:
+    """The CPU's "auto" scoring format, given whether a packed GEMM is at hand (`packed`:
+    vLLM-CPU's oneDNN kernel, which takes float32 and bfloat16 rows):
+
+    - packed bfloat16 where the CPU multiplies bfloat16 in hardware (AVX512-BF16, AMX):
+      on a Zen 5 1.5-2x faster than int8 from 2 rows of z on, a fifth slower at 1 row;
+    - else int8 where it multiplies int8 in hardware (VNNI, AMX-INT8: a quarter of fp32's
+      bytes, the fastest PyTorch format measured on Zen 4 and Sapphire Rapids);
+    - else packed float32 (on an AVX2-only EPYC 2-4x faster than float16 from 4 rows on);
+    - else float16 (int8 matmuls emulated on AVX2 run 4-9x slower than float16, which
+      halves fp32's bytes). docs/drafting-cost.md has the timings.
+
+    Unknown flags keep int8. Examples: {"avx2", "f16c"} -> float16; the same with packed
+    -> float32; {"avx512_vnni", "avx512_bf16"} -> int8, with packed -> bfloat16."""
+    if packed and flags & BF16_DOT_FLAGS:
+        return torch.bfloat16
     if not flags or flags & INT8_DOT_FLAGS:
         return torch.int8
-    return torch.float32 if packed_float32 else torch.float16
+    return torch.float32 if packed else torch.float16
 
 
 def scoring_dtype_for(
-    setting: str, target_dtype: torch.dtype, device_type: str, packed_float32: bool = False
+    setting: str, target_dtype: torch.dtype, device_type: str, packed: bool = False
 ) -> torch.dtype:
     """The format drafting scores the draft-vocabulary rows in.
 
     Scoring N x D LM-head rows is the one large read of a head step; the head network runs
-    in the target's dtype. "auto" picks, on a CPU, int8 where it has int8 dot-product units
-    (rows and head features quantized per row, int8 matmul: a quarter of an fp32 target's
-    bytes, modeling/scoring.py), else float32 through a packed GEMM where one is at hand
-    (`packed_float32`), else float16 (``cpu_scoring_dtype``), and the target's dtype
-    elsewhere; any other setting is a key of DRAFT_DTYPES. Drafts only propose: vLLM
-    verifies them against the target, so this never changes the output.
-    Examples: ("auto", float32, "cpu") -> int8 with VNNI; ("auto", bfloat16, "cuda") ->
-    bfloat16; ("bfloat16", float32, "cpu") -> bfloat16; ("int8", ..., "cuda") -> ValueError.
+    in the target's dtype. "auto" picks, on a CPU, by its dot-product units and whether a
+    packed GEMM is at hand (``cpu_scoring_dtype``: packed bfloat16, int8 with rows and head
+    features quantized per row (modeling/scoring.py), packed float32 or float16), and the
+    target's dtype elsewhere; any other setting is a key of DRAFT_DTYPES. Drafts only
+    propose: vLLM verifies them against the target, so this never changes the output.
+    Examples: ("auto", float32, "cpu") -> int8 with VNNI and no packed GEMM; ("auto",
+    bfloat16, "cuda") -> bfloat16; ("bfloat16", float32, "cpu") -> bfloat16; ("int8", ...,
+    "cuda") -> ValueError.
     """
     if setting == "auto":
         if device_type != "cpu":
             return target_dtype
-        return cpu_scoring_dtype(cpu_flags(), packed_float32)
+        return cpu_scoring_dtype(cpu_flags(), packed)
     check_draft_dtype_fits(setting, device_type)
     return DRAFT_DTYPES[setting]
 
@@ -196,7 +206,7 @@ class TargetTables(nn.Module):
     def choose_scoring(self, setting: str, packer: RowPacker | None = None) -> torch.dtype:
         """Set and return the drafting format for this LM head's dtype and device
         (``scoring_dtype_for``; setting as $CLOVER_DRAFT_DTYPE). A `packer` (the serving
-        layer's float32 GEMM) then packs float32 draft rows (``DraftRows.of``)."""
+        layer's GEMM) then packs float32 and bfloat16 draft rows (``DraftRows.of``)."""
         w = self.lm_head
         self.row_packer = packer
         self.scoring_dtype = scoring_dtype_for(setting, w.dtype, w.device.type, packer is not None)
