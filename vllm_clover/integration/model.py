@@ -27,6 +27,7 @@ from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.model_executor.models.llama import LlamaDecoderLayer
 from vllm.model_executor.models.utils import maybe_prefix
 
+from vllm_clover.integration.cpu_gemm import pack_linears
 from vllm_clover.modeling.block_adapter import BlockAdapter
 from vllm_clover.modeling.clover import load_fusion, split_checkpoint_state
 from vllm_clover.modeling.config import CloverConfig
@@ -144,7 +145,11 @@ class CloverDraftModel(nn.Module):
         loaded |= {f"adapter.{name}" for name, _ in self.adapter.named_parameters()}
         if self.fusion is not None:
             loaded |= {f"fusion.{name}" for name, _ in self.fusion.named_parameters()}
-        return loaded | self._load_augmenting(list(parts.augmenting.items()))
+        loaded |= self._load_augmenting(list(parts.augmenting.items()))
+        # On CPU the head network's few-row products run on vLLM's packed GEMM, as vLLM's
+        # own layers do (the block's layers above already are vLLM's)
+        pack_linears(self.heads, self.adapter, self.fusion)
+        return loaded
 
     def _load_augmenting(self, weights: list[tuple[str, torch.Tensor]]) -> set[str]:
         """Load `layers.{j}.*` / `norm.weight`, fusing q/k/v and gate/up as vLLM stores them."""

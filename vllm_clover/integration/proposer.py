@@ -33,6 +33,7 @@ from vllm_clover.integration.checks import CloverStartupError
 from vllm_clover.integration.cpu_gemm import onednn_row_packer
 from vllm_clover.modeling.checkpoint import CloverCheckpointError, check_target_fits
 from vllm_clover.modeling.draft_sampling import DraftSampler
+from vllm_clover.modeling.scoring import PACKED_DTYPES
 from vllm_clover.modeling.tables import DRAFT_DTYPE_ENV, draft_dtype_setting
 from vllm_clover.modeling.vocab_parallel import VocabParallelTables
 from vllm_clover.tree.draft import propose_confident_tree, propose_tree
@@ -305,7 +306,7 @@ class CloverProposer(EagleProposer):
         logger.info(
             "Clover: draft rows scored in %s%s, head network and target in %s (%s=%s)",
             scoring,
-            " (oneDNN, packed)" if packer and scoring == torch.float32 else "",
+            " (oneDNN, packed)" if packer and scoring in PACKED_DTYPES else "",
             lm_head.weight.dtype,
             DRAFT_DTYPE_ENV,
             setting,

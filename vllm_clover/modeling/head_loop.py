@@ -77,7 +77,12 @@ class LinearHead(nn.Module):
 
     def forward(self, h: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
         # h, e: (..., D) -> (..., D)
-        return F.linear(torch.cat([h, e], dim=-1), self.weight, self.bias)
+        return self.project(torch.cat([h, e], dim=-1))
+
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        """x (..., 2D) -> W x + b (..., D): the affine map, which a serving layer may hand to
+        a faster kernel with the same weights (integration/cpu_gemm.py)."""
+        return F.linear(x, self.weight, self.bias)
 
 
 class AttentionDecoder(nn.Module):

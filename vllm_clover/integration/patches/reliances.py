@@ -130,10 +130,11 @@ RELIANCES = (
     Entry(
         "cpu_row_gemm",
         "relies",
-        "on CPU drafting scores the draft rows with vLLM's oneDNN GEMM, the kernel of its "
-        "own Linear layers: create_onednn_mm packs the (K, N) weight view once (its "
-        "CPUDNNLGEMMHandler frees the primitive when dropped), onednn_mm(handler, x, None) "
-        "returns x @ W; the build has it where _supports_onednn is true",
+        "on CPU drafting scores the draft rows, and runs the head network's linear layers, "
+        "with vLLM's oneDNN GEMM, the kernel of its own Linear layers: create_onednn_mm "
+        "packs the (K, N) float32 or bfloat16 weight view once (its CPUDNNLGEMMHandler "
+        "frees the primitive when dropped), onednn_mm(handler, x, bias) returns x @ W + "
+        "bias in x's dtype; the build has it where _supports_onednn is true",
         "integration/cpu_gemm.py",
         {
             "vllm._custom_ops:create_onednn_mm": "a84bc6b8f2fa",
