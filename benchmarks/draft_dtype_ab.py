@@ -10,6 +10,10 @@ step and whether every greedy output equalled vanilla's; writes the runs as JSON
 
     python benchmarks/draft_dtype_ab.py --batch-size 4 --rounds 5 \
         --heads checkpoints/smollm2-135m-instruct-clover --out ab.json
+
+A format ending in ``:torch-linears`` (e.g. ``auto:torch-linears``) leaves the head network's
+linear layers to PyTorch instead of vLLM's packed GEMM (``cpu_gemm.pack_linears``), to time
+what packing them buys; ``--dtype bfloat16`` runs the target (and the heads) in bfloat16.
 """
 
 from __future__ import annotations
@@ -23,12 +27,17 @@ from pathlib import Path
 from vllm_clover.bundled import REFERENCE_HEADS
 
 
-def one_engine(job: tuple[int, str, str | None]) -> dict:
+def one_engine(job: tuple[int, str, str | None, str]) -> dict:
     """(In a child.) One engine's timed run: vanilla when the format is None."""
-    batch, heads, draft_dtype = job
+    batch, heads, draft_format, dtype = job
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    if draft_dtype is not None:
+    if draft_format is not None:
+        draft_dtype, _, linears = draft_format.partition(":")
         os.environ["CLOVER_DRAFT_DTYPE"] = draft_dtype
+        if linears == "torch-linears":  # this child only: the engine runs in this process
+            from vllm_clover.integration import model
+
+            model.pack_linears = lambda *modules: 0
     from vllm import SamplingParams
 
     from vllm_clover.assets.target import fetch_reference_target
@@ -36,8 +45,8 @@ def one_engine(job: tuple[int, str, str | None]) -> dict:
     from vllm_clover.bench.prompts import load_prompts, take_prompts
 
     chats = take_prompts(load_prompts(), max(8, 2 * batch))
-    spec = None if draft_dtype is None else {"method": "clover", "model": heads}
-    with engine(str(fetch_reference_target()), spec, batch) as llm:
+    spec = None if draft_format is None else {"method": "clover", "model": heads}
+    with engine(str(fetch_reference_target()), spec, batch, dtype=dtype) as llm:
         if spec is not None:
             install_drafting_timer(llm)
         llm.chat(chats[:2], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
@@ -82,6 +91,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--heads", default=str(REFERENCE_HEADS))
     parser.add_argument("--formats", nargs="+", default=["auto", "float16"])
+    parser.add_argument("--dtype", default="float32", help="the target's dtype")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     from vllm_clover.bench.runner import prepare_engine_server, run_isolated
@@ -91,7 +101,7 @@ def main() -> None:
     for round_ in range(args.rounds):
         for name in runs:
             fmt = None if name == "vanilla" else name
-            result = run_isolated(one_engine, (args.batch_size, args.heads, fmt))
+            result = run_isolated(one_engine, (args.batch_size, args.heads, fmt, args.dtype))
             runs[name].append(result)
             print(round_, name, f"{result['tokens_per_second']:.2f} tokens/s", flush=True)
     summary = summarize(runs)
