@@ -14,7 +14,7 @@ from pathlib import Path
 from vllm_clover.assets.data import fetch_mtbench, mtbench_questions
 from vllm_clover.assets.target import fetch_reference_target
 from vllm_clover.bench.measure import Run, engine, identical_outputs, timed_chat
-from vllm_clover.bundled import REFERENCE_HEADS
+from vllm_clover.bundled import CLOVER2_HEADS
 
 BF16_NOTE = (
     "  (in bfloat16 a verification step, which scores several tokens per request, runs other\n"
@@ -81,7 +81,7 @@ def run_demo(
     if not verbose:  # read by vLLM when it is first imported, below
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
         warnings.filterwarnings("ignore", category=FutureWarning)  # deprecations in vLLM's code
-    heads_dir = Path(heads) if heads else REFERENCE_HEADS
+    heads_dir = Path(heads) if heads else CLOVER2_HEADS  # the best bundled heads
     num_heads = _num_heads(heads_dir) if heads or (heads_dir / "config.json").is_file() else 0
     target = fetch_reference_target(cache_dir)
     questions = mtbench_questions(fetch_mtbench(cache_dir))[:num_prompts]

@@ -42,8 +42,9 @@ def test_batched_greedy_equals_one_at_a_time(llm, mtbench_path):
 
 
 def test_demo_command_compares_clover_with_vanilla(reference_target):
-    """The README's main job, small, with the reference heads (no Augmenting Block): both
-    runs, identical greedy outputs in float32, figures printed, vLLM's own logs kept out."""
+    """The README's main job, small, with its default heads (the bundled Clover-2 ones):
+    both runs, identical greedy outputs in float32, figures printed, vLLM's own logs kept
+    out."""
     code = (
         "from vllm_clover.cli import main; import sys; sys.exit(main(['demo', "
         "'--num-prompts', '2', '--max-tokens', '16', '--dtype', 'float32']))"
