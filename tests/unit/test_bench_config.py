@@ -161,6 +161,8 @@ def test_quick_preset_and_explicit_flags():
     assert (quick.repeats, quick.engines) == (1, ("in-process",))
     full = config_from_args(parser.parse_args(["bench"]))
     assert (full.repeats, full.engines) == (3, ("in-process", "multiprocess"))
+    compiled = config_from_args(parser.parse_args(["bench", "--compiled"]))
+    assert compiled.compiled and not full.compiled  # eager unless asked
     chosen = config_from_args(
         parser.parse_args(["bench", "--repeats", "5", "--engines", "multiprocess"])
     )

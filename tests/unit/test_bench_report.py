@@ -139,6 +139,9 @@ def test_markdown_document_names_command_machine_and_definitions():
     assert "    vllm-clover bench --quick" in text and "Some CPU" in text
     assert "MT-Bench first turns" in text and "- **tau**: 1 + accepted / drafts" in text
     assert "1 alternating round(s) of every engine, engine mode(s) in-process" in text
+    assert "float32, eager;" in text
+    report["config"]["compiled"] = True
+    assert "float32, compiled;" in markdown_document(report)
     assert "answers stop at EOS;" in text  # a report written before --ignore-eos
     report["config"]["ignore_eos"] = "auto"
     assert "stop at EOS at T = 0 and run to the token limit at T > 0" in markdown_document(report)

@@ -137,6 +137,13 @@ def _add_workload_arguments(parser: argparse.ArgumentParser) -> None:
         "bfloat16 (what a CPU with AMX serves fastest; equal except at rounding ties)",
     )
     parser.add_argument(
+        "--compiled",
+        action="store_true",
+        help="run the target under vLLM's torch.compile mode, as `vllm serve` and LLM() do by "
+        "default (each engine start compiles: about a minute more); default eager, where "
+        "engines start fast. The Clover heads run eager either way",
+    )
+    parser.add_argument(
         "--ignore-eos",
         default="auto",
         choices=EOS_POLICIES,
@@ -180,6 +187,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         **{**preset, **chosen},
         prompts_file=args.prompts,
         dtype=args.dtype,
+        compiled=args.compiled,
         ignore_eos=args.ignore_eos,
         out=Path(args.out),
         cache_dir=args.cache_dir,

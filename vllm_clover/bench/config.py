@@ -93,6 +93,7 @@ class BenchConfig:
     repeats: int = FULL_PRESET["repeats"]  # rounds; each runs every engine once, in turn
     engines: tuple[str, ...] = FULL_PRESET["engines"]  # ENGINE_MODES measured
     dtype: str = "float32"  # the target's: float32 (where greedy equality is exact) or bfloat16
+    compiled: bool = False  # vLLM's torch.compile mode for the target, as `vllm serve` runs it
     ignore_eos: str = "auto"  # EOS_POLICIES
     prompts_file: str | None = None  # None: MT-Bench first turns
     out: Path = Path("bench-results")

@@ -251,7 +251,9 @@ def markdown_document(report: dict[str, Any]) -> str:
         f"{config['min_prompts']} and {config['prompts_per_seq']}x the batch size per run"
         f"{' (cycled: fewer prompts available)' if config['prompts_repeated'] else ''}; "
         f"{_eos_text(config.get('ignore_eos', 'never'))}; "
-        f"{config.get('dtype', 'float32')}, eager; {config['repeats']} alternating round(s) "
+        f"{config.get('dtype', 'float32')}, "
+        f"{'compiled' if config.get('compiled') else 'eager'}; "
+        f"{config['repeats']} alternating round(s) "
         "of every engine, engine "
         f"mode(s) {', '.join(config['engines'])}; batch size = max_num_seqs.",
         "",

@@ -41,6 +41,7 @@ class EngineJob:
     engine_mode: str = "in-process"  # ENGINE_MODES
     dtype: str = "float32"  # the target's
     ignore_eos: str = "auto"  # EOS_POLICIES
+    compiled: bool = False  # the target under vLLM's torch.compile mode, else eager
 
 
 def run_engine_job(job: EngineJob) -> tuple[dict[float, Run], dict[str, Any]]:
@@ -58,7 +59,8 @@ def run_engine_job(job: EngineJob) -> tuple[dict[float, Run], dict[str, Any]]:
         # core by pickle; that socket only links this bench's own two processes
         os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     spec = job.method.speculative_config()
-    with engine(job.target, spec, job.batch_size, dtype=job.dtype) as llm:
+    compile_args = {"enforce_eager": not job.compiled}
+    with engine(job.target, spec, job.batch_size, dtype=job.dtype, **compile_args) as llm:
         install_drafting_timer(llm)
         settings = engine_settings(llm)
         warm_up = SamplingParams(temperature=0.0, max_tokens=WARM_UP_TOKENS)
@@ -134,6 +136,7 @@ def engine_jobs(config: BenchConfig, target: str, chats: list[Chat]) -> list[Eng
             mode,
             config.dtype,
             config.ignore_eos,
+            config.compiled,
         )
         for repeat in range(config.repeats)
         for mode in config.engines
