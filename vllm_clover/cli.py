@@ -68,9 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--num-prompts", type=int, default=8)
     demo.add_argument("--max-tokens", type=int, default=128)
     demo.add_argument("--batch-size", type=int, default=1, help="vLLM max_num_seqs")
-    demo.add_argument(
-        "--heads", help="Clover checkpoint (default: the bundled Clover-2 heads, the best we ship)"
-    )
+    demo.add_argument("--heads", help="Clover checkpoint (default: the bundled Clover-2 heads)")
     demo.add_argument("--cache-dir")
     demo.add_argument("--verbose", action="store_true", help="show vLLM's own log lines")
     demo.add_argument(
