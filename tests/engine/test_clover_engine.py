@@ -12,6 +12,7 @@ from spec_checks import assert_clover_speculated, goodput_budget, speculation
 
 from helpers import in_process_llm
 from vllm_clover.assets.data import mtbench_questions
+from vllm_clover.modeling.scoring import PACKED_DTYPES
 from vllm_clover.modeling.tables import scoring_dtype_for
 
 pytestmark = pytest.mark.engine
@@ -48,17 +49,14 @@ def _drafter_facts(worker) -> tuple[str, int, tuple[int, int]]:
     """(format the draft rows are scored in, number of draft attention layers, (linear
     layers of the head network on vLLM's packed GEMM, linear layers in it)); the format is
     the dtype, "+packed" where vLLM's oneDNN GEMM holds the rows."""
-    from vllm_clover.modeling.head_loop import LinearHead
+    from vllm_clover.integration.cpu_gemm import linear_slots
 
     drafter = worker.model_runner.drafter
     model = drafter.model
     rows = model.tables.draft_rows(model.heads.dtype)
     packed = "+packed" if rows.kernel is not None else ""
-    slots = {torch.nn.Linear: "forward", LinearHead: "project"}  # what pack_linears replaces
-    parts = (model.heads, model.adapter, model.fusion)
-    linears = [m for p in parts if p is not None for m in p.modules() if type(m) in slots]
-    on_gemm = sum(slots[type(m)] in vars(m) for m in linears)  # an instance attribute: packed
-    facts = (on_gemm, len(linears))
+    linears = linear_slots(model.heads, model.adapter, model.fusion)
+    facts = (sum(slot in vars(m) for m, slot in linears), len(linears))  # (packed, all)
     return str(rows.dtype) + packed, len(drafter._draft_attn_layer_names), facts
 
 
@@ -67,7 +65,7 @@ def _auto_scoring_here() -> str:
     oneDNN GEMM with bfloat16 dot-product units, else int8 with int8 units, else float32
     packed."""
     dtype = scoring_dtype_for("auto", torch.float32, "cpu", packed=True)
-    return str(dtype) + ("+packed" if dtype in (torch.float32, torch.bfloat16) else "")
+    return str(dtype) + ("+packed" if dtype in PACKED_DTYPES else "")
 
 
 def _count_fused_rows(worker) -> None:

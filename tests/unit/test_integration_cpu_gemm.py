@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from helpers import D, K, random_clover, tiny_config
-from vllm_clover.integration.cpu_gemm import onednn_row_packer, pack_linears
+from vllm_clover.integration.cpu_gemm import linear_slots, onednn_row_packer, pack_linears
 from vllm_clover.modeling.head_loop import LinearHead
 from vllm_clover.modeling.scoring import DraftRows
 
@@ -77,7 +77,7 @@ def test_pack_linears_runs_the_head_network_on_the_gemm_with_the_same_drafts():
     linears = [m for p in parts for m in p.modules() if isinstance(m, kinds)]
     # the layer fusion's 2, the next-token fusion's and the decoder's q/k/v, the K heads
     assert pack_linears(*parts, None) == len(linears) == 2 + 3 + 3 + K
-    assert all(("project" if isinstance(m, LinearHead) else "forward") in vars(m) for m in linears)
+    assert all(slot in vars(m) for m, slot in linear_slots(*parts))  # the instances' own
     h0 = model.adapter.block_input(model.fusion(signal), torch.arange(6), model.tables)
     torch.testing.assert_close(h0, before[0], rtol=1e-5, atol=1e-5)
     assert torch.equal(model.heads.propose(h0, t0, K, model.tables), before[1])

@@ -75,9 +75,8 @@ def pack_linears(*modules: nn.Module | None) -> int:
     if not getattr(ops, "_supports_onednn", False):
         return 0
     count = 0
-    for module in (m for root in modules if root is not None for m in root.modules()):
-        slot = _AFFINE_SLOTS.get(type(module))
-        if slot is None or module.weight.device.type != "cpu":
+    for module, slot in linear_slots(*modules):
+        if module.weight.device.type != "cpu":
             continue
         kernel = _packed(module.weight, module.bias)
         if kernel is not None:
@@ -88,3 +87,11 @@ def pack_linears(*modules: nn.Module | None) -> int:
 
 # Which method computes x @ W^T + b from the module's own weight and bias, per module type.
 _AFFINE_SLOTS: dict[type, str] = {nn.Linear: "forward", LinearHead: "project"}
+
+
+def linear_slots(*modules: nn.Module | None) -> list[tuple[nn.Module, str]]:
+    """Every linear layer inside these modules, with the method ``pack_linears`` replaces in
+    it ("forward" of an ``nn.Linear``, "project" of a ``LinearHead``); a layer is packed
+    when that method is an attribute of the instance (``slot in vars(module)``)."""
+    found = (m for root in modules if root is not None for m in root.modules())
+    return [(m, _AFFINE_SLOTS[type(m)]) for m in found if type(m) in _AFFINE_SLOTS]
