@@ -59,8 +59,8 @@ def run_engine_job(job: EngineJob) -> tuple[dict[float, Run], dict[str, Any]]:
         # core by pickle; that socket only links this bench's own two processes
         os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     spec = job.method.speculative_config()
-    compile_args = {"enforce_eager": not job.compiled}
-    with engine(job.target, spec, job.batch_size, dtype=job.dtype, **compile_args) as llm:
+    eager = not job.compiled
+    with engine(job.target, spec, job.batch_size, dtype=job.dtype, enforce_eager=eager) as llm:
         install_drafting_timer(llm)
         settings = engine_settings(llm)
         warm_up = SamplingParams(temperature=0.0, max_tokens=WARM_UP_TOKENS)
