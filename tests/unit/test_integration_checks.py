@@ -5,9 +5,15 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from helpers import tiny_config
-from vllm_clover.integration.checks import resolve_draft_budget, resolve_draft_confidence
+from vllm_clover.integration.checks import (
+    CloverStartupError,
+    resolve_draft_budget,
+    resolve_draft_confidence,
+    target_lm_head_layers,
+)
 from vllm_clover.modeling.checkpoint import CloverCheckpointError
 
 pytestmark = pytest.mark.unit
@@ -205,3 +211,36 @@ def test_heads_reading_layers_the_target_lacks_are_refused(tmp_path):
     message = r"reads the target's layers \[2, 27\]: layer 27 is not in \[1, 23\]"
     with pytest.raises(CloverCheckpointError, match=message):
         check_clover_spec(str(folder), None, smaller)
+
+
+HEADS_ONLY = SimpleNamespace(needs_input_embedding=False)
+WITH_EMBEDDING = SimpleNamespace(needs_input_embedding=True)
+
+
+def target(soft_cap=None, scale=1.0, lm_head=True, embed=True):
+    layer = SimpleNamespace(weight=torch.zeros(4, 2))
+    return SimpleNamespace(
+        lm_head=layer if lm_head else None,
+        logits_processor=SimpleNamespace(soft_cap=soft_cap, scale=scale),
+        model=SimpleNamespace(embed_tokens=layer if embed else None),
+    )
+
+
+def test_a_plain_target_gives_its_tables():
+    plain = target()
+    assert target_lm_head_layers(plain, HEADS_ONLY) == (plain.lm_head, None)
+    assert target_lm_head_layers(plain, WITH_EMBEDDING) == (plain.lm_head, plain.model.embed_tokens)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "config", "message"),
+    [
+        ({"soft_cap": 30.0}, HEADS_ONLY, "its logits are soft-capped at 30.0"),
+        ({"scale": 0.5}, HEADS_ONLY, "its logits are scaled by 0.5"),
+        ({"lm_head": False}, HEADS_ONLY, "it has no LM-head weight"),
+        ({"embed": False}, WITH_EMBEDDING, "its input embedding is not at model.embed_tokens"),
+    ],
+)
+def test_a_target_the_heads_cannot_score_is_refused(kwargs, config, message):
+    with pytest.raises(CloverStartupError, match=message):
+        target_lm_head_layers(target(**kwargs), config)

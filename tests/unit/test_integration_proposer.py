@@ -1,5 +1,5 @@
-"""CloverProposer's pieces that need no engine: which target it can draft for, the draft log,
-and the index of each request's last accepted token."""
+"""CloverProposer's pieces that need no engine: the draft log and the index of each
+request's last accepted token."""
 
 from __future__ import annotations
 
@@ -8,42 +8,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from vllm_clover.integration.checks import CloverStartupError
-from vllm_clover.integration.proposer import DraftLog, _last_accepted, _target_layers
+from vllm_clover.integration.proposer import DraftLog, _last_accepted
 
 pytestmark = pytest.mark.unit
-
-HEADS_ONLY = SimpleNamespace(needs_input_embedding=False)
-WITH_EMBEDDING = SimpleNamespace(needs_input_embedding=True)
-
-
-def target(soft_cap=None, scale=1.0, lm_head=True, embed=True):
-    layer = SimpleNamespace(weight=torch.zeros(4, 2))
-    return SimpleNamespace(
-        lm_head=layer if lm_head else None,
-        logits_processor=SimpleNamespace(soft_cap=soft_cap, scale=scale),
-        model=SimpleNamespace(embed_tokens=layer if embed else None),
-    )
-
-
-def test_a_plain_target_gives_its_tables():
-    plain = target()
-    assert _target_layers(plain, HEADS_ONLY) == (plain.lm_head, None)
-    assert _target_layers(plain, WITH_EMBEDDING) == (plain.lm_head, plain.model.embed_tokens)
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "config", "message"),
-    [
-        ({"soft_cap": 30.0}, HEADS_ONLY, "its logits are soft-capped at 30.0"),
-        ({"scale": 0.5}, HEADS_ONLY, "its logits are scaled by 0.5"),
-        ({"lm_head": False}, HEADS_ONLY, "it has no LM-head weight"),
-        ({"embed": False}, WITH_EMBEDDING, "its input embedding is not at model.embed_tokens"),
-    ],
-)
-def test_a_target_the_heads_cannot_score_is_refused(kwargs, config, message):
-    with pytest.raises(CloverStartupError, match=message):
-        _target_layers(target(**kwargs), config)
 
 
 def test_draft_log_counts_steps_by_k_and_keeps_drafts_on_request():

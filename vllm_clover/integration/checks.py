@@ -3,13 +3,17 @@
 Runs in the process that builds the engine config (API server / `LLM(...)`), before any
 worker starts, so a bad checkpoint fails with a message that names the problem instead of
 an engine-core crash. Only the LM-head fingerprint needs the target's weights; the worker
-checks it when it attaches them (`CloverProposer._maybe_share_lm_head`).
+checks it when it attaches them (`CloverProposer._maybe_share_lm_head`), with the last two
+functions here (the target's LM-head layers, the confidence thresholds the worker applies).
 """
 
 from __future__ import annotations
 
 import os
 
+import torch
+from torch import nn
+from vllm.logger import init_logger
 from vllm.platforms import current_platform
 
 from vllm_clover.modeling.checkpoint import (
@@ -26,6 +30,8 @@ from vllm_clover.modeling.config import (
 )
 from vllm_clover.modeling.tables import check_draft_dtype_fits, draft_dtype_setting
 from vllm_clover.tree import TokenTree
+
+logger = init_logger("vllm.clover.checks")
 
 
 class CloverStartupError(RuntimeError):
@@ -278,3 +284,57 @@ def resolve_tree_budget(spec_config, config: CloverConfig) -> None:
     spec_config.draft_budget = budget or TREE_DRAFT_BUDGET
     if confidence is not None:  # the user's own: a tree's threshold
         spec_config.draft_confidence = resolve_draft_confidence(confidence, config)
+
+
+def target_lm_head_layers(
+    target: nn.Module, config: CloverConfig
+) -> tuple[nn.Module, nn.Module | None]:
+    """The target's LM head layer and, if the heads read it, its input-embedding layer.
+
+    CloverStartupError naming why when the heads cannot serve the target: its logits are
+    not the plain LM-head product of H the heads score (soft-capped or scaled logits), or it
+    has no LM head or input embedding where expected.
+    """
+    processor = getattr(target, "logits_processor", None)
+    problems = []
+    lm_head = getattr(target, "lm_head", None)
+    if getattr(lm_head, "weight", None) is None:
+        problems.append("it has no LM-head weight (lm_head)")
+    if getattr(processor, "soft_cap", None):
+        problems.append(f"its logits are soft-capped at {processor.soft_cap}")
+    if getattr(processor, "scale", 1.0) != 1.0:
+        problems.append(f"its logits are scaled by {processor.scale}")
+    embedding = None
+    if config.needs_input_embedding:
+        inner = getattr(target, "model", None)
+        embedding = getattr(inner, "embed_tokens", None)
+        if getattr(embedding, "weight", None) is None:
+            problems.append("its input embedding is not at model.embed_tokens")
+    if problems:
+        raise CloverStartupError(
+            f"Clover cannot draft for target {type(target).__name__}: {'; '.join(problems)} "
+            "(the heads score draft tokens with the target's plain LM head)"
+        )
+    return lm_head, embedding
+
+
+def confidence_thresholds(vllm_config, device: torch.device) -> torch.Tensor | None:
+    """The per-head draft-confidence thresholds (resolved at start-up by the post_init patch
+    from the checkpoint and `speculative_config`), or None for fixed-length chains.
+
+    Under async scheduling the runner feeds the on-device [num_reqs, K] drafts to the next
+    step itself, -1 included, so chains are never cut there.
+    """
+    thresholds = vllm_config.speculative_config.draft_confidence
+    if thresholds is None:
+        return None
+    if vllm_config.scheduler_config.async_scheduling:
+        logger.warning(
+            "Clover: draft_confidence %s is not applied under async scheduling "
+            "(drafts stay %d long); pass --no-async-scheduling to use it",
+            thresholds,
+            vllm_config.speculative_config.num_speculative_tokens,
+        )
+        return None
+    logger.info("Clover: draft chains stop below head confidence %s", thresholds)
+    return torch.tensor(thresholds, dtype=torch.float32, device=device)

@@ -29,7 +29,7 @@ from vllm.forward_context import set_forward_context
 from vllm.logger import init_logger
 from vllm.v1.spec_decode.eagle import EagleProposer
 
-from vllm_clover.integration.checks import CloverStartupError
+from vllm_clover.integration.checks import confidence_thresholds, target_lm_head_layers
 from vllm_clover.integration.cpu_gemm import onednn_row_packer
 from vllm_clover.modeling.checkpoint import CloverCheckpointError, check_target_fits
 from vllm_clover.modeling.draft_sampling import DraftSampler
@@ -78,7 +78,7 @@ class CloverProposer(EagleProposer):
         super().__init__(vllm_config, device, runner)
         self.draft_log = DraftLog()
         self.trees = getattr(runner, "clover_trees", None)  # a TreeVerifier, or None: chains
-        self.min_confidence = _confidence_thresholds(vllm_config, device)  # (K_max,) or None
+        self.min_confidence = confidence_thresholds(vllm_config, device)  # (K_max,) or None
         draft_config = vllm_config.speculative_config.draft_model_config.hf_config
         # Read by the target_signal patch: these heads want [H | L_a ...], not H.
         self.reads_target_layers = bool(getattr(draft_config, "target_layers", None))
@@ -275,7 +275,7 @@ class CloverProposer(EagleProposer):
         head is gathered once, here, for the fingerprint check only.
         """
         config, tables = self.model.config, self.model.tables
-        lm_head, embedding = _target_layers(target_language_model, config)
+        lm_head, embedding = target_lm_head_layers(target_language_model, config)
         vocab = config.vocab_size
         if isinstance(tables, VocabParallelTables):
             full_lm_head = tensor_model_parallel_all_gather(lm_head.weight, dim=0)[:vocab]
@@ -326,61 +326,9 @@ class CloverProposer(EagleProposer):
             raise
 
 
-def _confidence_thresholds(vllm_config, device: torch.device) -> torch.Tensor | None:
-    """The per-head draft-confidence thresholds (resolved at start-up by the post_init patch
-    from the checkpoint and `speculative_config`), or None for fixed-length chains.
-
-    Under async scheduling the runner feeds the on-device [num_reqs, K] drafts to the next
-    step itself, -1 included, so chains are never cut there.
-    """
-    thresholds = vllm_config.speculative_config.draft_confidence
-    if thresholds is None:
-        return None
-    if vllm_config.scheduler_config.async_scheduling:
-        logger.warning(
-            "Clover: draft_confidence %s is not applied under async scheduling "
-            "(drafts stay %d long); pass --no-async-scheduling to use it",
-            thresholds,
-            vllm_config.speculative_config.num_speculative_tokens,
-        )
-        return None
-    logger.info("Clover: draft chains stop below head confidence %s", thresholds)
-    return torch.tensor(thresholds, dtype=torch.float32, device=device)
-
-
 def _last_accepted(token_indices_to_sample: torch.Tensor | None, common_attn_metadata):
     """[num_reqs] index of each request's last accepted token among the scheduled ones (the
     last scheduled token of each request when the runner gives no indices)."""
     if token_indices_to_sample is not None:
         return token_indices_to_sample
     return common_attn_metadata.query_start_loc[1:] - 1
-
-
-def _target_layers(target: nn.Module, config) -> tuple[nn.Module, nn.Module | None]:
-    """The target's LM head layer and, if the heads read it, its input-embedding layer.
-
-    CloverStartupError naming why when the heads cannot serve the target: its logits are
-    not the plain LM-head product of H the heads score (soft-capped or scaled logits), or it
-    has no LM head or input embedding where expected.
-    """
-    processor = getattr(target, "logits_processor", None)
-    problems = []
-    lm_head = getattr(target, "lm_head", None)
-    if getattr(lm_head, "weight", None) is None:
-        problems.append("it has no LM-head weight (lm_head)")
-    if getattr(processor, "soft_cap", None):
-        problems.append(f"its logits are soft-capped at {processor.soft_cap}")
-    if getattr(processor, "scale", 1.0) != 1.0:
-        problems.append(f"its logits are scaled by {processor.scale}")
-    embedding = None
-    if config.needs_input_embedding:
-        inner = getattr(target, "model", None)
-        embedding = getattr(inner, "embed_tokens", None)
-        if getattr(embedding, "weight", None) is None:
-            problems.append("its input embedding is not at model.embed_tokens")
-    if problems:
-        raise CloverStartupError(
-            f"Clover cannot draft for target {type(target).__name__}: {'; '.join(problems)} "
-            "(the heads score draft tokens with the target's plain LM head)"
-        )
-    return lm_head, embedding
