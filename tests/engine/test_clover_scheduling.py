@@ -200,6 +200,57 @@ def test_dynamic_speculation_down_to_k_zero(reference_target, clover_spec, cases
     assert stats.drafts > 0 and stats.accepted > 0 and stats.drafter == "CloverProposer"
 
 
+def _drafts_and_deferral(worker) -> tuple:
+    drafter = worker.model_runner.drafter
+    stats = None if drafter.deferral is None else vars(drafter.deferral.stats)
+    return drafter.draft_log.drafts, stats
+
+
+def _keep_drafts(worker) -> None:
+    worker.model_runner.drafter.draft_log.keep_drafts = True
+
+
+def test_steps_without_drafts_defer_the_block_without_changing_a_draft(
+    reference_target, clover_spec, cases
+):
+    """A dynamic schedule as above (K = 0 above 4 requests), with a token budget small
+    enough that the deferred rows of the requests left must be caught up over several
+    passes: every draft equals the one drafted with the block run at every step
+    (defer_block false), outputs equal vanilla, and the block's rows were deferred, caught
+    up in backlog passes and dropped for requests that finished while they waited, while
+    prompt rows ran at once. Heads without an Augmenting Block have nothing to defer."""
+    prompts, params, expected = cases["mixed"]
+    k = clover_spec["num_speculative_tokens"]
+    schedule = [[1, 2, k], [3, 4, 2], [5, 256, 0]]
+    runs = []
+    for defer in (None, False):  # the default, then off
+        spec = {**clover_spec, "num_speculative_tokens_per_batch_size": schedule}
+        spec["defer_block"] = defer
+        with in_process_llm(
+            reference_target,
+            speculative_config=spec,
+            max_num_seqs=16,
+            max_num_batched_tokens=32,
+            enable_chunked_prefill=True,
+        ) as llm:
+            llm.collective_rpc(_keep_drafts)
+            outputs = _generate(llm, prompts, params)
+            ((drafts, deferral),) = llm.collective_rpc(_drafts_and_deferral)
+            runs.append((outputs, drafts, deferral, speculation(llm)))
+    (deferred_outputs, deferred_drafts, deferral, stats), (outputs, drafts, off, _) = runs
+    assert deferred_outputs == expected == outputs
+    assert deferred_drafts == drafts and off is None
+    assert_clover_speculated(stats)
+    assert {0, 2, k} <= set(stats.steps_by_k), stats.steps_by_k
+    config = json.loads((Path(clover_spec["model"]) / "config.json").read_text())
+    if not config.get("use_augmenting_block"):
+        assert deferral is None
+        return
+    assert deferral["caught_up"] > 0 and deferral["backlog_passes"] > 0, deferral
+    assert deferral["dropped"] > 0 and deferral["deferred"] > deferral["caught_up"], deferral
+    assert deferral["prompt_rows"] > 0, deferral
+
+
 def _together_then_alone(reference_target, spec, cases, alone: int):
     """One engine with `spec`: the 16 plain prompts at once, then the first `alone` one by
     one. (outputs together, outputs alone, speculation, the controller's {batch: {K: steps}})."""

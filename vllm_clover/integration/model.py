@@ -126,13 +126,22 @@ class CloverDraftModel(nn.Module):
         """
         if not self.layers:
             return hidden_states, hidden_states
-        x = self.adapter.block_input(hidden_states, input_ids, self.tables)
+        h0 = self.block(self.block_input(hidden_states, input_ids), positions)
+        return h0, h0
+
+    def block_input(self, hidden_states: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+        """x [num_tokens, D]: what the Augmenting Block reads at each position (H, or H fused
+        with the next token); position-wise, so it can be computed ahead of the block."""
+        return self.adapter.block_input(hidden_states, input_ids, self.tables)
+
+    def block(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """h0 [num_tokens, D] from x [num_tokens, D]: the block's layers, reading and writing
+        its paged KV cache (the forward context's attention metadata), then the gate."""
         hidden_states, residual = x, None
         for layer in self.layers:
             hidden_states, residual = layer(positions, hidden_states, residual)
         hidden_states, _ = self.norm(hidden_states, residual)
-        h0 = self.adapter.block_output(x, hidden_states)
-        return h0, h0
+        return self.adapter.block_output(x, hidden_states)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Route checkpoint tensors to the vLLM layers, the head loop and the tables; strict."""

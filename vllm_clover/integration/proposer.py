@@ -31,6 +31,12 @@ from vllm.v1.spec_decode.eagle import EagleProposer
 
 from vllm_clover.integration.checks import confidence_thresholds, target_lm_head_layers
 from vllm_clover.integration.cpu_gemm import onednn_row_packer
+from vllm_clover.integration.deferred_block import (
+    StepRows,
+    block_deferral,
+    next_token_ids_after,
+)
+from vllm_clover.integration.deferred_passes import run_deferring
 from vllm_clover.modeling.checkpoint import CloverCheckpointError, check_target_fits
 from vllm_clover.modeling.draft_sampling import DraftSampler
 from vllm_clover.modeling.scoring import PACKED_DTYPES
@@ -87,6 +93,8 @@ class CloverProposer(EagleProposer):
         pruned = self.trees is not None and self.trees.subsets is not None
         # Read by the draft_lengths patch: rows may end in -1 (a chain stopped, a tree pruned).
         self.stops_early = self.min_confidence is not None or pruned
+        self.deferral = block_deferral(vllm_config, self.trees is not None)
+        self.runner = runner  # its request ids and live requests, read with deferral
 
     def propose(
         self,
@@ -109,30 +117,28 @@ class CloverProposer(EagleProposer):
     ) -> torch.Tensor:
         """Draft a chain of K = `num_speculative_tokens` per request: [num_reqs, K] int64.
 
-        K may change from step to step (dynamic speculation) and may be 0, in which case
-        the Augmenting Block still runs so its KV cache stays in sync.
+        K may change from step to step (dynamic speculation) and may be 0; a step at K = 0
+        defers the Augmenting Block where it can (``deferred_block.py``), else runs it so
+        that its KV cache stays in sync.
         """
         self.num_speculative_tokens = num_speculative_tokens
         self._last_draft_probs = None  # vLLM treats drafts as one-hot unless _propose_chain sets it
-        # Rows [H | L_a ...] with target_layers (patch target_signal) -> x, H's stand-in.
+        # Rows [H | L_a ...] with target_layers (patch target_signal); fuse() -> x, H's stand-in.
         self.draft_log.signal_width = target_hidden_states.shape[-1]
-        target_hidden_states = self.model.fuse(target_hidden_states)
         if self.trees is not None:  # the accepted paths' rows where a chain's would be
             target_token_ids, target_positions, target_hidden_states = self._chain_order(
                 target_token_ids, target_positions, target_hidden_states
             )
-        if self.model.layers:
+        inputs = (target_token_ids, target_positions, target_hidden_states, next_token_ids)
+        last = _last_accepted(token_indices_to_sample, common_attn_metadata)
+        if not self.model.layers:  # no Augmenting Block: h0 = x at the last accepted token
+            h0 = self.model.fuse(target_hidden_states[last])
+        elif self.deferral is not None:
+            h0 = self._deferring_pass(*inputs, last, common_attn_metadata, num_speculative_tokens)
+        else:
             h0 = self._augmenting_pass(
-                target_token_ids,
-                target_positions,
-                target_hidden_states,
-                next_token_ids,
-                token_indices_to_sample,
-                common_attn_metadata,
-                num_rejected_tokens_gpu,
+                *inputs, token_indices_to_sample, common_attn_metadata, num_rejected_tokens_gpu
             )
-        else:  # no Augmenting Block: h0 = H at the last accepted token, no draft KV cache
-            h0 = target_hidden_states[_last_accepted(token_indices_to_sample, common_attn_metadata)]
         drafts = self._draft(h0, next_token_ids.long(), num_speculative_tokens, sampling_metadata)
         self.draft_log.record(
             num_speculative_tokens, drafts, target_token_ids.shape[0], self.stops_early
@@ -217,7 +223,7 @@ class CloverProposer(EagleProposer):
             target_token_ids=target_token_ids,
             next_token_ids=next_token_ids,
             target_positions=target_positions,
-            target_hidden_states=target_hidden_states,
+            target_hidden_states=self.model.fuse(target_hidden_states),
             token_indices_to_sample=token_indices_to_sample,
             cad=common_attn_metadata,
             num_rejected_tokens_gpu=num_rejected_tokens_gpu,
@@ -239,6 +245,51 @@ class CloverProposer(EagleProposer):
         ):
             h0, _ = self.model(**model_kwargs)
         return h0[rows]
+
+    def _deferring_pass(
+        self,
+        token_ids: torch.Tensor,
+        positions: torch.Tensor,
+        signal: torch.Tensor,
+        next_token_ids: torch.Tensor,
+        last: torch.Tensor,
+        cad,
+        k: int,
+    ) -> torch.Tensor | None:
+        """The block pass with deferral (``deferred_block.py``): h0 at each request's last
+        accepted token `last` [num_reqs], its deferred rows run before its own; or, at
+        K = `k` = 0, None, the rows kept instead. Clover's drafter adds no slots to a
+        request's query, so `last` indexes the step's own rows."""
+        num_tokens = token_ids.shape[0]
+        next_ids = next_token_ids_after(token_ids, next_token_ids, last)
+        step = StepRows(signal, next_ids, cad.slot_mapping[:num_tokens])
+        self.deferral.forget(self.runner.requests)
+        return run_deferring(
+            self.deferral,
+            self._run_block,
+            step,
+            positions,
+            cad,
+            last,
+            req_ids=self.runner.input_batch.req_ids[: cad.num_reqs],
+            prompt_lens=self.runner.input_batch.num_prompt_tokens[: cad.num_reqs].tolist(),
+            defer=k == 0,
+            limit=self.vllm_config.scheduler_config.max_num_batched_tokens,
+        )
+
+    def _run_block(self, rows: StepRows, positions: torch.Tensor, cad) -> torch.Tensor:
+        """h0 [N, D] for `rows` at `positions` [N], laid out as `cad` says (eager,
+        unpadded: the drafter's graph mode is NONE)."""
+        x = self.model.block_input(self.model.fuse(rows.signal), rows.next_ids)
+        _, per_layer_metadata = self.build_per_group_and_layer_attn_metadata(cad)
+        with set_forward_context(
+            per_layer_metadata,
+            self.vllm_config,
+            num_tokens=x.shape[0],
+            cudagraph_runtime_mode=CUDAGraphMode.NONE,
+            slot_mapping={name: rows.slots for name in self._draft_attn_layer_names},
+        ):
+            return self.model.block(x, positions)
 
     def initialize_attn_backend(self, kv_cache_config, kernel_block_sizes=None) -> None:
         """Attention groups for the Augmenting Block's layers; none without the block.

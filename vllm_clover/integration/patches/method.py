@@ -46,6 +46,7 @@ CLOVER_FIELDS: dict[str, tuple[object, object]] = {
     "draft_confidence": (float | list[float] | None, None),
     "draft_budget": (Literal["goodput", "fixed"] | None, None),
     "speculative_token_tree": (str | None, None),  # vLLM's CLI derives flags from these types
+    "defer_block": (bool | None, None),  # None: on where it applies (deferred_block.py)
 }
 
 

@@ -1,0 +1,234 @@
+"""Deferring the Augmenting Block on steps that draft nothing.
+
+The block is causal attention over each request's whole sequence with its own paged KV
+cache, so it has to see every position once. Run at every step, it costs a step that drafts
+nothing (K = 0, what the goodput budget chooses under load) the fusion of its input, its
+layers and vLLM's drafter bookkeeping: 2.0-5.5 ms against a 15-52 ms vanilla step at batch
+4-64 on a 2-core Zen 5 (docs/benchmarks.md). `BlockDeferral` lets such a step skip all of it:
+what the block would read at each position (the target's signal, the next token, the
+KV-cache slot; everything before the block is position-wise) is kept per request, and the
+next step that drafts runs it first, in the same pass, each request's query being its
+deferred rows followed by its scheduled ones (``deferred_passes.py``). The block's KV cache
+then holds what it would have held had the block run at every step, and h0 is the same; a
+request that finishes while its rows wait never pays for them.
+
+Worked example, one request decoding one token per step::
+
+    step   K   scheduled positions   block runs over    deferred after the step
+    1      0   10                    -                  10
+    2      0   11                    -                  10 11
+    3      0   12                    -                  10 11 12
+    4      4   13                    10 11 12 13        -
+
+A deferred row whose position is scheduled again is dropped, since the scheduled row
+replaces it: a rejected draft's row (step 1 scheduled 10 and drafts 11, 12, of which 11 was
+rejected, so step 2 schedules 11 again), or a preempted request's rows past what the prefix
+cache kept when it resumes. A step's rows are kept once, as the step gave them
+(`StepRows`); each request holds index ranges into them, so that deferring costs no copy
+per request.
+
+Prompt rows never wait: prefix caching shares a prompt's KV blocks with later requests,
+whose drafter could not run the rows of a request that finished while they waited. A
+request's generated blocks are shared less often (a chat's next turn); a later request
+that hits one whose rows never ran reads a stale draft KV there, which costs its drafts
+acceptance, never correctness.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from vllm.logger import init_logger
+
+logger = init_logger("vllm.clover.deferred_block")
+
+
+def block_deferral(vllm_config, trees: bool) -> BlockDeferral | None:
+    """A `BlockDeferral` where the block's rows may wait: heads with an Augmenting Block,
+    `defer_block` on (the default), chains, one step at a time (no async scheduling, no
+    batch queue) and no data parallelism (whose ranks pad their passes to one size).
+    Under async scheduling the goodput budget, the one that drafts nothing under load,
+    is off anyway."""
+    spec = vllm_config.speculative_config
+    config = spec.draft_model_config.hf_config
+    if not (config.use_augmenting_block and config.num_augmenting_layers):
+        return None
+    why_not = [
+        reason
+        for reason, applies in (
+            ("defer_block is false", getattr(spec, "defer_block", None) is False),
+            ("a token tree", trees),
+            ("async scheduling", vllm_config.scheduler_config.async_scheduling),
+            ("a batch queue", vllm_config.max_concurrent_batches > 1),
+            ("data parallelism", vllm_config.parallel_config.data_parallel_size > 1),
+        )
+        if applies
+    ]
+    if why_not:
+        logger.info("Clover: the Augmenting Block runs at every step (%s)", ", ".join(why_not))
+        return None
+    logger.info("Clover: steps that draft nothing defer the Augmenting Block")
+    return BlockDeferral()
+
+
+def next_token_ids_after(
+    token_ids: torch.Tensor, next_token_ids: torch.Tensor, last: torch.Tensor
+) -> torch.Tensor:
+    """[num_tokens] the token after each scheduled position, what a next-token fusion reads:
+    the scheduled ids shifted one left, and at each request's last accepted token (`last`,
+    [num_reqs]) the token the target just sampled (EAGLE's first-pass input ids).
+
+    Example: requests a, b scheduled [a1 a2 | b1], last accepted (1, 2), sampled (a3, b2):
+    [a2 a3 b2].
+    """
+    ids = token_ids.roll(-1)
+    ids[last] = next_token_ids.to(ids.dtype)
+    return ids
+
+
+@dataclass(frozen=True)
+class StepRows:
+    """One step's rows as the block reads them, in the step's token order."""
+
+    signal: torch.Tensor  # [num_tokens, W]: the target's rows (H, or [H | L_a ...])
+    next_ids: torch.Tensor  # [num_tokens]: the token after each position
+    slots: torch.Tensor  # [num_tokens]: the block's KV-cache slot of each position
+
+
+Segment = tuple[StepRows, int, int]  # rows begin..end - 1 of one step
+
+
+def gather(segments: Sequence[Segment]) -> StepRows:
+    """The rows of `segments`, concatenated in order: one index_select per column (over
+    the concatenation of the distinct steps they come from), not one slice per segment."""
+    steps: dict[int, tuple[StepRows, int]] = {}  # id -> (step, offset in the concatenation)
+    total, index = 0, []
+    for step, begin, end in segments:
+        if id(step) not in steps:
+            steps[id(step)] = (step, total)
+            total += step.slots.shape[0]
+        offset = steps[id(step)][1]
+        index.append(np.arange(offset + begin, offset + end))
+    parts = [step for step, _ in steps.values()]
+    rows = torch.from_numpy(np.concatenate(index)).to(parts[0].slots.device)
+
+    def column(name: str) -> torch.Tensor:
+        values = [getattr(step, name) for step in parts]
+        return (values[0] if len(values) == 1 else torch.cat(values)).index_select(0, rows)
+
+    return StepRows(column("signal"), column("next_ids"), column("slots"))
+
+
+@dataclass
+class DeferredRows:
+    """One request's rows the block has not run yet, at positions start, start + 1, ..."""
+
+    start: int
+    segments: list[Segment] = field(default_factory=list)
+    count: int = 0  # rows in the segments
+
+    def append(self, step: StepRows, begin: int, end: int) -> None:
+        self.segments.append((step, begin, end))
+        self.count += end - begin
+
+    def keep_before(self, position: int) -> None:
+        """Drop the rows at `position` and after."""
+        if position >= self.start + self.count:
+            return
+        keep, segments = position - self.start, self.segments
+        self.segments, self.count = [], 0
+        for step, begin, end in segments:
+            if keep <= 0:
+                break
+            self.append(step, begin, min(end, begin + keep))
+            keep -= end - begin
+
+    def first(self, n: int) -> DeferredRows:
+        """Split off and return the first n rows (positions start .. start + n - 1)."""
+        taken = DeferredRows(self.start)
+        while taken.count < n:
+            step, begin, end = self.segments.pop(0)
+            if end - begin > n - taken.count:
+                cut = begin + n - taken.count
+                self.segments.insert(0, (step, cut, end))
+                end = cut
+            taken.append(step, begin, end)
+        self.start += n
+        self.count -= n
+        return taken
+
+
+@dataclass
+class DeferralStats:
+    deferred: int = 0  # rows the block skipped at a step that drafted nothing
+    caught_up: int = 0  # deferred rows it ran later, before a step's own rows
+    dropped: int = 0  # deferred rows scheduled again (rejected, preempted) or whose request ended
+    passes: int = 0  # steps whose block pass ran deferred rows before their own
+    backlog_passes: int = 0  # passes of deferred rows alone, where too many waited for one
+    prompt_rows: int = 0  # rows of requests in their prompt, run at steps that drafted nothing
+
+
+class BlockDeferral:
+    """The Augmenting Block's deferred rows, per request id."""
+
+    def __init__(self) -> None:
+        self.waiting: dict[str, DeferredRows] = {}
+        self.stats = DeferralStats()
+
+    def defer(
+        self,
+        req_ids: Sequence[str],
+        first_positions: Sequence[int],
+        spans: Sequence[tuple[int, int]],
+        step: StepRows,
+    ) -> None:
+        """Keep the rows of a step the block skips for these requests: request i's are
+        rows spans[i][0] .. spans[i][1] - 1 of `step`, at positions first_positions[i], ...
+        The step's tensors are copied once (the runner reuses its buffers)."""
+        step = StepRows(step.signal.clone(), step.next_ids.clone(), step.slots.clone())
+        for req_id, first, (begin, end) in zip(req_ids, first_positions, spans, strict=True):
+            rows = self._trimmed(req_id, first)
+            if rows is None:
+                rows = self.waiting[req_id] = DeferredRows(first)
+            rows.append(step, begin, end)
+            self.stats.deferred += end - begin
+
+    def take(
+        self, req_ids: Sequence[str], first_positions: Sequence[int]
+    ) -> list[DeferredRows | None]:
+        """Each request's deferred rows (None where it has none), removed from the store,
+        after dropping those at or past the request's first scheduled position."""
+        taken = []
+        for req_id, position in zip(req_ids, first_positions, strict=True):
+            rows = self._trimmed(req_id, position)
+            if rows is not None:
+                del self.waiting[req_id]
+                self.stats.caught_up += rows.count
+            taken.append(rows)
+        return taken
+
+    def forget(self, live: Container[str]) -> None:
+        """Drop the rows of requests that are no longer live (finished or aborted)."""
+        for req_id in [r for r in self.waiting if r not in live]:
+            self.stats.dropped += self.waiting.pop(req_id).count
+
+    def _trimmed(self, req_id: str, position: int) -> DeferredRows | None:
+        """req_id's rows before `position`, or None; rows that do not end right before
+        `position` cannot be run in one query with it and are dropped too (a hole would
+        leave their block KV missing, which only costs draft quality)."""
+        rows = self.waiting.get(req_id)
+        if rows is None:
+            return None
+        if rows.start + rows.count == position:  # the usual case: nothing to drop
+            return rows
+        before = rows.count
+        rows.keep_before(position)
+        if rows.start + rows.count != position or rows.count == 0:
+            del self.waiting[req_id]
+            self.stats.dropped += before
+            return None
+        self.stats.dropped += before - rows.count
+        return rows
