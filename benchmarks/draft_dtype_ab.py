@@ -11,9 +11,12 @@ step and whether every greedy output equalled vanilla's; writes the runs as JSON
     python benchmarks/draft_dtype_ab.py --batch-size 4 --rounds 5 \
         --heads checkpoints/smollm2-135m-instruct-clover --out ab.json
 
-A format ending in ``:torch-linears`` (e.g. ``auto:torch-linears``) leaves the head network's
-linear layers to PyTorch instead of vLLM's packed GEMM (``cpu_gemm.pack_linears``), to time
-what packing them buys; ``--dtype bfloat16`` runs the target (and the heads) in bfloat16.
+A format may carry flags after colons: ``:torch-linears`` (e.g. ``auto:torch-linears``)
+leaves the head network's linear layers to PyTorch instead of vLLM's packed GEMM
+(``cpu_gemm.pack_linears``), to time what packing them buys; ``:no-defer`` runs the
+Augmenting Block at every step (``defer_block`` false, ``deferred_block.py``), to time what
+deferring it on steps that draft nothing buys. ``--dtype bfloat16`` runs the target (and the
+heads) in bfloat16.
 """
 
 from __future__ import annotations
@@ -31,10 +34,11 @@ def one_engine(job: tuple[int, str, str | None, str]) -> dict:
     """(In a child.) One engine's timed run: vanilla when the format is None."""
     batch, heads, draft_format, dtype = job
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    flags = []
     if draft_format is not None:
-        draft_dtype, _, linears = draft_format.partition(":")
+        draft_dtype, *flags = draft_format.split(":")
         os.environ["CLOVER_DRAFT_DTYPE"] = draft_dtype
-        if linears == "torch-linears":  # this child only: the engine runs in this process
+        if "torch-linears" in flags:  # this child only: the engine runs in this process
             from vllm_clover.integration import model
 
             model.pack_linears = lambda *modules: 0
@@ -46,6 +50,8 @@ def one_engine(job: tuple[int, str, str | None, str]) -> dict:
 
     chats = take_prompts(load_prompts(), max(8, 2 * batch))
     spec = None if draft_format is None else {"method": "clover", "model": heads}
+    if spec is not None and "no-defer" in flags:
+        spec["defer_block"] = False
     with engine(str(fetch_reference_target()), spec, batch, dtype=dtype) as llm:
         if spec is not None:
             install_drafting_timer(llm)

@@ -20,7 +20,9 @@ target's forward is split by operator with torch.profiler:
     engine        step - execute_model - sample_tokens: scheduler, output processing
 
 Clover K=0 is a speculative engine that never drafts (what a step costs with speculation
-configured but off).
+configured but off); its Augmenting Block's rows wait for a step that drafts, which never
+comes (``deferred_block.py``). Clover K=0 no-defer runs the block at every step anyway
+(``defer_block`` false), what such a step cost before deferral.
 
     python benchmarks/step_profile.py --batch-sizes 1 4 16 64 --out docs/bench/step-profile
 
@@ -170,6 +172,8 @@ def configurations(heads: str, ks: list[int], trees: list[str]):
     yield "vanilla", None
     for k in [0, *ks]:
         yield f"clover K={k}", clover_spec(heads, k)
+        if k == 0:  # what deferring the Augmenting Block saves (heads without one: the same)
+            yield "clover K=0 no-defer", {**clover_spec(heads, 0), "defer_block": False}
     for text in trees:
         nodes = TokenTree.parse(text).num_nodes
         yield f"clover tree{nodes}", tree_spec(heads, text)
