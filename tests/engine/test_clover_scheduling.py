@@ -218,7 +218,8 @@ def test_steps_without_drafts_defer_the_block_without_changing_a_draft(
     passes: every draft equals the one drafted with the block run at every step
     (defer_block false), outputs equal vanilla, and the block's rows were deferred, caught
     up in backlog passes and dropped for requests that finished while they waited, while
-    prompt rows ran at once. Heads without an Augmenting Block have nothing to defer."""
+    the rows of each KV block (32 positions here) ran when the block filled. Heads without
+    an Augmenting Block have nothing to defer."""
     prompts, params, expected = cases["mixed"]
     k = clover_spec["num_speculative_tokens"]
     schedule = [[1, 2, k], [3, 4, 2], [5, 256, 0]]
@@ -232,6 +233,7 @@ def test_steps_without_drafts_defer_the_block_without_changing_a_draft(
             max_num_seqs=16,
             max_num_batched_tokens=32,
             enable_chunked_prefill=True,
+            block_size=32,
         ) as llm:
             llm.collective_rpc(_keep_drafts)
             outputs = _generate(llm, prompts, params)
@@ -248,7 +250,7 @@ def test_steps_without_drafts_defer_the_block_without_changing_a_draft(
         return
     assert deferral["caught_up"] > 0 and deferral["backlog_passes"] > 0, deferral
     assert deferral["dropped"] > 0 and deferral["deferred"] > deferral["caught_up"], deferral
-    assert deferral["prompt_rows"] > 0, deferral
+    assert deferral["full_block_rows"] > 0, deferral
 
 
 def _together_then_alone(reference_target, spec, cases, alone: int):

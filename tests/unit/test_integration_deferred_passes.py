@@ -98,47 +98,53 @@ class RecordingBlock:
     def __call__(self, rows, positions, cad):
         lens = cad.query_start_loc_cpu.diff().tolist()
         self.passes.append((lens, cad.seq_lens.tolist(), positions.tolist()))
+        assert len(lens) == cad.num_reqs == len(cad.block_table_tensor)
         assert positions.tolist() == positions_of(rows)
         return rows.signal
 
 
-def test_a_step_without_drafts_runs_prompt_rows_and_keeps_the_others():
-    """Request a (a 20-token prompt) decodes at 30, 31 (K = 0, twice), b finishes its
-    41-token prompt at 39, 40, then decodes at 41; then a step that drafts runs each one's
-    kept rows before its own."""
+def metadata(starts: list[int], seq_lens: list[int]):
+    loc = torch.tensor(starts, dtype=torch.int32)
+    return common_metadata(
+        query_start_loc=loc, query_start_loc_cpu=loc, seq_lens=torch.tensor(seq_lens)
+    )
+
+
+def step(deferral, block, positions, starts, seq_lens, last, defer):
+    """One step of requests a and b at `positions` (block size 4, at most 64 rows a pass)."""
+    return run_deferring(
+        deferral, block, step_rows(positions), torch.tensor(positions),
+        metadata(starts, seq_lens), torch.tensor(last), ["a", "b"], block_size=4,
+        defer=defer, limit=64,
+    )  # fmt: skip
+
+
+def test_steps_without_drafts_run_only_the_rows_of_blocks_they_fill():
+    """Block size 4. Request a decodes at 6, then 7 and 8 (a verified draft), then 9; b
+    ends its prompt at 9 and 10, then decodes at 11 and 12. With K = 0 throughout, rows
+    run when their block fills (a's 6-7 when 8 is accepted; b's 9-11 at 11) and the rest
+    waits; then a step that drafts runs what waits before its own rows."""
     deferral, block = BlockDeferral(), RecordingBlock()
-    prompt_and_decode = common_metadata(
-        query_start_loc_cpu=torch.tensor([0, 1, 3], dtype=torch.int32),
-        query_start_loc=torch.tensor([0, 1, 3], dtype=torch.int32),
-        seq_lens=torch.tensor([31, 41], dtype=torch.int32),
-    )
-    step = step_rows([30, 39, 40])
-    kept = run_deferring(
-        deferral, block, step, torch.tensor([30, 39, 40]), prompt_and_decode,
-        torch.tensor([0, 2]), ["a", "b"], [20, 41], defer=True, limit=64,
-    )  # fmt: skip
-    assert kept is None and block.passes == [([2], [41], [39, 40])]
-    one_row = common_metadata(
-        query_start_loc_cpu=torch.tensor([0, 1, 2], dtype=torch.int32),
-        query_start_loc=torch.tensor([0, 1, 2], dtype=torch.int32),
-        seq_lens=torch.tensor([32, 42], dtype=torch.int32),
-    )
-    step = step_rows([31, 41])
-    kept = run_deferring(
-        deferral, block, step, torch.tensor([31, 41]), one_row,
-        torch.tensor([0, 1]), ["a", "b"], [20, 41], defer=True, limit=64,
-    )  # fmt: skip
-    assert kept is None and len(block.passes) == 1  # both past their prompts: nothing ran
-    step = step_rows([32, 42])
-    h0 = run_deferring(
-        deferral, block, step, torch.tensor([32, 42]), common_metadata(
-            query_start_loc_cpu=torch.tensor([0, 1, 2], dtype=torch.int32),
-            query_start_loc=torch.tensor([0, 1, 2], dtype=torch.int32),
-            seq_lens=torch.tensor([33, 43], dtype=torch.int32),
-        ),
-        torch.tensor([0, 1]), ["a", "b"], [20, 41], defer=False, limit=64,
-    )  # fmt: skip
-    assert block.passes[-1] == ([3, 2], [33, 43], [30, 31, 32, 41, 42])
-    assert h0[:, 0].tolist() == [32, 42]  # each request's last accepted row
+    assert step(deferral, block, [6, 9, 10], [0, 1, 3], [7, 11], [0, 2], True) is None
+    assert block.passes == []
+    step(deferral, block, [7, 8, 11], [0, 2, 3], [9, 12], [1, 2], True)  # a: 7, 8 accepted
+    assert block.passes == [([2, 3], [8, 12], [6, 7, 9, 10, 11])]
+    step(deferral, block, [9, 12], [0, 1, 2], [10, 13], [0, 1], True)
+    assert len(block.passes) == 1  # 8-9 and 12 wait: no block filled
+    h0 = step(deferral, block, [10, 13], [0, 1, 2], [11, 14], [0, 1], False)
+    assert block.passes[-1] == ([3, 2], [11, 14], [8, 9, 10, 12, 13])
+    assert h0[:, 0].tolist() == [10, 13]  # each request's last accepted row
     stats = deferral.stats
-    assert (stats.deferred, stats.caught_up, stats.prompt_rows, stats.passes) == (3, 3, 2, 1)
+    assert (stats.deferred, stats.full_block_rows, stats.caught_up) == (8, 5, 8)
+    assert (stats.passes, stats.backlog_passes, deferral.waiting) == (1, 1, {})
+
+
+def test_a_rejected_row_never_runs_and_its_position_is_scheduled_again():
+    """Block size 4: a verifies 6, 7, 8 and only 6 is accepted, so 7's and 8's rows are a
+    rejected draft's; block 4-7 is not full yet and nothing runs; 7 comes back."""
+    deferral, block = BlockDeferral(), RecordingBlock()
+    step(deferral, block, [6, 7, 8, 20], [0, 3, 4], [9, 21], [0, 3], True)
+    assert block.passes == []
+    step(deferral, block, [7, 21], [0, 1, 2], [8, 22], [0, 1], True)  # 7 fills block 4-7
+    assert block.passes == [([2], [8], [6, 7])]
+    assert deferral.stats.dropped == 2  # the first 7 and 8

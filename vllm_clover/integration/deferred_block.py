@@ -27,11 +27,13 @@ cache kept when it resumes. A step's rows are kept once, as the step gave them
 (`StepRows`); each request holds index ranges into them, so that deferring costs no copy
 per request.
 
-Prompt rows never wait: prefix caching shares a prompt's KV blocks with later requests,
-whose drafter could not run the rows of a request that finished while they waited. A
-request's generated blocks are shared less often (a chat's next turn); a later request
-that hits one whose rows never ran reads a stale draft KV there, which costs its drafts
-acceptance, never correctness.
+Rows wait only while their KV-cache block is not full. Prefix caching shares full blocks
+with later requests (a system prompt, a chat's earlier turns), whose drafter reads the
+block's draft KV there and could not run the rows of a request that finished while they
+waited; so a step that drafts nothing still runs the rows of every block that its accepted
+tokens fill (a pass of up to block_size rows per request, every block_size tokens), and
+only a request's last, partial block waits. Example, block size 4, a request accepted up
+to position 9 and waiting since 6: rows 6 and 7 run (block 4-7 is full), 8 and 9 wait.
 """
 
 from __future__ import annotations
@@ -167,8 +169,8 @@ class DeferralStats:
     caught_up: int = 0  # deferred rows it ran later, before a step's own rows
     dropped: int = 0  # deferred rows scheduled again (rejected, preempted) or whose request ended
     passes: int = 0  # steps whose block pass ran deferred rows before their own
-    backlog_passes: int = 0  # passes of deferred rows alone, where too many waited for one
-    prompt_rows: int = 0  # rows of requests in their prompt, run at steps that drafted nothing
+    backlog_passes: int = 0  # passes of deferred rows alone: too many waited, or blocks filled
+    full_block_rows: int = 0  # rows run at steps that drafted nothing, their KV block full
 
 
 class BlockDeferral:
@@ -208,6 +210,21 @@ class BlockDeferral:
                 del self.waiting[req_id]
                 self.stats.caught_up += rows.count
             taken.append(rows)
+        return taken
+
+    def take_before(self, req_ids: Sequence[str], ends: Sequence[int]) -> list[DeferredRows | None]:
+        """Each request's deferred rows at positions before ends[i] (None where it has
+        none), removed from the store; the later ones keep waiting."""
+        taken = []
+        for req_id, end in zip(req_ids, ends, strict=True):
+            rows = self.waiting.get(req_id)
+            if rows is None or rows.start >= end:
+                taken.append(None)
+                continue
+            taken.append(rows.first(min(end - rows.start, rows.count)))
+            if rows.count == 0:
+                del self.waiting[req_id]
+            self.stats.caught_up += taken[-1].count
         return taken
 
     def forget(self, live: Container[str]) -> None:

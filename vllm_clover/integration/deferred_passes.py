@@ -51,43 +51,38 @@ def run_deferring(
     cad,
     last: torch.Tensor,
     req_ids: Sequence[str],
-    prompt_lens: Sequence[int],
+    block_size: int,
     defer: bool,
     limit: int,
 ) -> torch.Tensor | None:
     """One step's block work with deferral: h0 [num_reqs, D] at each request's last
     accepted row (`last`, indices into the step's rows), or None when `defer`.
 
-    When `defer`, the rows of requests past their prompt (of prompt_lens[i] tokens) wait;
-    those of requests still in it run now (prefix caching shares prompt blocks with later
-    requests, which could not run a finished request's waiting rows). `limit` caps a pass's
-    rows.
+    When `defer`, the rows wait but those in KV blocks (of `block_size` positions) that the
+    step's accepted tokens fill, which run now, in passes of at most `limit` rows.
     """
     spans = cad.query_start_loc_cpu.tolist()
     first = positions[cad.query_start_loc[:-1]].tolist()
     requests = list(range(cad.num_reqs))
     if defer:
-        later = [i for i in requests if first[i] >= prompt_lens[i]]
-        deferral.defer(
-            [req_ids[i] for i in later],
-            [first[i] for i in later],
-            [(spans[i], spans[i + 1]) for i in later],
-            step,
-        )
-        requests = [i for i in requests if first[i] < prompt_lens[i]]
-        deferral.stats.prompt_rows += sum(spans[i + 1] - spans[i] for i in requests)
-    taken = deferral.take([req_ids[i] for i in requests], [first[i] for i in requests])
-    if not requests:
+        deferral.defer(req_ids, first, [(spans[i], spans[i + 1]) for i in requests], step)
+        filled = [(p + 1) // block_size * block_size for p in positions[last].tolist()]
+        taken = deferral.take_before(req_ids, filled)
+        for full in backlog_passes(taken, requests, limit, room=0):
+            run_block(full.rows, full.positions, pass_metadata(cad, full))
+            deferral.stats.backlog_passes += 1
+            deferral.stats.full_block_rows += len(full.positions)
         return None
+    taken = deferral.take(req_ids, first)
     for backlog in backlog_passes(taken, requests, limit, room=max(0, limit - spans[-1])):
         run_block(backlog.rows, backlog.positions, pass_metadata(cad, backlog))
         deferral.stats.backlog_passes += 1
-    if not defer and all(deferred is None for deferred in taken):  # the usual drafting step
+    if all(deferred is None for deferred in taken):  # the usual drafting step
         return run_block(step, positions[: spans[-1]], cad)[last]
     combined, shifts = step_pass(taken, requests, spans, step, positions)
-    deferral.stats.passes += any(deferred is not None for deferred in taken)
+    deferral.stats.passes += 1
     h0 = run_block(combined.rows, combined.positions, pass_metadata(cad, combined))
-    return None if defer else h0[last + shifts]
+    return h0[last + shifts]
 
 
 @dataclass

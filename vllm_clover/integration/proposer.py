@@ -272,7 +272,7 @@ class CloverProposer(EagleProposer):
             cad,
             last,
             req_ids=self.runner.input_batch.req_ids[: cad.num_reqs],
-            prompt_lens=self.runner.input_batch.num_prompt_tokens[: cad.num_reqs].tolist(),
+            block_size=self.vllm_config.cache_config.block_size,
             defer=k == 0,
             limit=self.vllm_config.scheduler_config.max_num_batched_tokens,
         )

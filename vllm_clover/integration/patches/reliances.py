@@ -85,21 +85,20 @@ RELIANCES = (
         "proposer_block_deferral",
         "relies",
         "a step that drafts nothing keeps the block's input rows instead of running it "
-        "(deferred_block.py), but for requests still in their prompt: the runner's input "
-        "batch names each row's request and its prompt length, and its requests dict drops "
-        "finished ones (kept across preemption); a later pass runs them first, from the "
-        "step's CommonAttentionMetadata rewritten per pass (deferred_passes.py: query and "
-        "sequence lengths, block-table rows, slots), which vLLM-CPU's attention builder "
-        "reads whole",
+        "(deferred_block.py), but for KV blocks its accepted tokens fill, which prefix "
+        "caching may share: the runner's input batch names each row's request and its "
+        "requests dict drops finished ones (kept across preemption); a later pass runs the "
+        "rows first, from the step's CommonAttentionMetadata rewritten per pass "
+        "(deferred_passes.py: query and sequence lengths, block-table rows, slots), which "
+        "vLLM-CPU's attention builder reads whole",
         "integration/proposer.py",
         {
-            "vllm.v1.worker.gpu_input_batch:InputBatch.add_request": "33b3f53b9b19",
             "vllm.v1.attention.backend:CommonAttentionMetadata": "b83b991c7a22",
             f"{CPU_ATTN}:CPUAttentionMetadataBuilder.build": "7ff5ab962cb4",
             f"{RUNNER}._update_states": "326599f31b27",
             "vllm.v1.worker.gpu_input_batch:InputBatch.req_ids.fget": "d9c383d3ce4b",
         },
-        attributes=("input_batch", "requests", "num_prompt_tokens"),
+        attributes=("input_batch", "requests"),
     ),
     Entry(
         "proposer_attention",
