@@ -27,7 +27,10 @@ comes (``deferred_block.py``). Clover K=0 no-defer runs the block at every step 
     python benchmarks/step_profile.py --batch-sizes 1 4 16 64 --out docs/bench/step-profile
 
 `--tree TREE` (repeatable) adds a row per token tree (``speculative_token_tree``, every node
-drafted at every step), named ``clover tree<N>`` after its node count.
+drafted at every step), named ``clover tree<N>`` after its node count; `--goodput` a row of
+Clover's defaults (``clover goodput``). `--workload mtbench` runs the bench's requests
+instead of fixed-length ones: twice B MT-Bench first turns as chats, whose long prompts
+make prefill a large share of the run.
 """
 
 from __future__ import annotations
@@ -85,31 +88,45 @@ def forward_split(events) -> dict[str, float]:
     return split
 
 
-def measure(
-    target: str, spec: dict | None, batch: int, max_tokens: int, dtype: str, temperature: float
-) -> dict:
-    """Per-step milliseconds of every phase for `batch` fixed-length requests sampled at
-    `temperature` (Clover's chains draw their drafts at T > 0, its default)."""
+def workload(name: str, batch: int, max_tokens: int, temperature: float):
+    """(run(llm, params), params): `dragons`, `batch` one-line prompts run to exactly
+    `max_tokens`; `mtbench`, twice `batch` MT-Bench first turns as chats (the bench's
+    prompts: long chat prompts, answers that may stop early)."""
+    from vllm import SamplingParams
+
+    from vllm_clover.bench.prompts import load_prompts, take_prompts
+
+    if name == "mtbench":
+        chats = take_prompts(load_prompts(), max(8, 2 * batch))
+        params = SamplingParams(temperature=temperature, max_tokens=max_tokens)
+        return (lambda llm, p: llm.chat(chats, p, use_tqdm=False)), params
+    prompts = [f"Write a long story about dragon number {i}." for i in range(batch)]
+    params = SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True)
+    return (lambda llm, p: llm.generate(prompts, p, use_tqdm=False)), params
+
+
+def measure(target: str, spec: dict | None, batch: int, args, temperature: float) -> dict:
+    """Per-step milliseconds of every phase for `batch` requests of `args.workload`
+    sampled at `temperature` (Clover's chains draw their drafts at T > 0, its default)."""
     from vllm import SamplingParams
 
     from vllm_clover.bench.measure import engine, read_counters
     from vllm_clover.integration.patches.hooks import STEP_PHASES, method_times, time_methods
 
-    prompts = [f"Write a long story about dragon number {i}." for i in range(batch)]
-    params = SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True)
-    with engine(target, spec, batch, dtype=dtype) as llm:
-        llm.generate(prompts, SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
+    run, params = workload(args.workload, batch, args.max_tokens, temperature)
+    with engine(target, spec, batch, dtype=args.dtype) as llm:
+        run(llm, SamplingParams(max_tokens=4))  # warm-up
         llm.collective_rpc(time_methods, args=(tuple(STEP_PHASES),))
         before = read_counters(llm)
         started = time.perf_counter()
-        llm.generate(prompts, params, use_tqdm=False)
+        run(llm, params)
         elapsed = time.perf_counter() - started
         counters = read_counters(llm) - before
         (times,) = llm.collective_rpc(method_times)
         llm.collective_rpc(label_forward)
         profiled_params = SamplingParams(temperature=temperature, max_tokens=12, ignore_eos=True)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-            llm.generate(prompts, profiled_params, use_tqdm=False)
+            run(llm, profiled_params)
         split = forward_split(prof.events())
     return phases(elapsed, counters.steps, times, split, counters.tau)
 
@@ -167,9 +184,11 @@ def tree_spec(heads: str, tree: str) -> dict:
     return {"method": "clover", "model": heads, "speculative_token_tree": tree}
 
 
-def configurations(heads: str, ks: list[int], trees: list[str]):
+def configurations(heads: str, ks: list[int], trees: list[str], goodput: bool = False):
     """(method name, speculative_config) in the order they run at each batch size."""
     yield "vanilla", None
+    if goodput:  # what a user gets: K chosen per step, the checkpoint's confidence stop
+        yield "clover goodput", {"method": "clover", "model": heads}
     for k in [0, *ks]:
         yield f"clover K={k}", clover_spec(heads, k)
         if k == 0:  # what deferring the Augmenting Block saves (heads without one: the same)
@@ -189,6 +208,8 @@ def main() -> None:
     parser.add_argument("--heads", default=str(REFERENCE_HEADS))
     parser.add_argument("--dtype", default="float32", help="the target's (float32: the tests')")
     parser.add_argument("--out", type=Path, default=Path("step-profile"))
+    parser.add_argument("--workload", choices=("dragons", "mtbench"), default="dragons")
+    parser.add_argument("--goodput", action="store_true", help="add Clover's default budget")
     args = parser.parse_args()
 
     from vllm_clover.assets.target import fetch_reference_target
@@ -196,9 +217,10 @@ def main() -> None:
     target = str(fetch_reference_target())
     rows = []
     for batch, temperature in itertools.product(args.batch_sizes, args.temperatures):
-        for method, spec in configurations(args.heads, args.ks, args.tree):
+        for method, spec in configurations(args.heads, args.ks, args.tree, args.goodput):
             row = {"batch": batch, "T": temperature, "method": method, "dtype": args.dtype}
-            row.update(measure(target, spec, batch, args.max_tokens, args.dtype, temperature))
+            row["workload"] = args.workload
+            row.update(measure(target, spec, batch, args, temperature))
             rows.append(row)
             print(json.dumps(row), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
