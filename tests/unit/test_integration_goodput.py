@@ -16,6 +16,7 @@ from vllm_clover.integration.goodput import (
     StepCostModel,
     _hats,
     _warmup_k,
+    batch_bucket,
     cost_knots,
     nonnegative_least_squares,
 )
@@ -216,6 +217,25 @@ def test_a_k_priced_only_by_the_warm_up_is_measured_before_it_is_ruled_out(monke
     assert picks.count(1) == 8 and picks.count(2) == 0
     assert max(i for i, k in enumerate(picks) if k == 1) < 400  # about 1 step in 16, then none
     assert controller.measured[(16, 1)] == 8
+
+
+def test_batch_sizes_of_one_bucket_share_their_trials(monkeypatch):
+    """Under load the batch size wanders (64, 63, ..., 57): K = 1 predicted at 50% of K = 0
+    is tried 8 times for the whole bucket 33-64, not 8 times per batch size (64 trials,
+    each a catch-up of the block's deferred rows); batch 16 is a bucket of its own."""
+    controller = GoodputController(GoodputConfig(max_k=2, warmup_steps=1, seed=3))
+    monkeypatch.setattr(controller, "predicted_goodput", lambda b: np.array([1.0, 0.5, 0.2]))
+    controller.choose(64)  # the warm-up step
+    picks = []
+    for step in range(2000):
+        batch = 64 - step % 8
+        k = controller.choose(batch)
+        controller.observe_step(0.05 + 0.02 * k, batch * (1 + k), k, batch, [(0, 0)] * batch)
+        picks.append(k)
+    assert picks.count(1) == 8 and picks.count(2) == 0
+    assert controller.measured[(batch_bucket(57), 1)] == 8
+    assert controller.measured[(batch_bucket(16), 1)] == 0
+    assert [batch_bucket(b) for b in (1, 3, 4, 5, 16, 17, 64)] == [1, 4, 4, 8, 16, 32, 64]
 
 
 def zen4_like_step(tokens: float, k: int, batch: int) -> float:

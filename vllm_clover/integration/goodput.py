@@ -21,9 +21,13 @@ them to the measured step times by exponentially weighted least squares on relat
 confidence bound (`optimism`), so that a few unlucky early requests cannot hold K at 0. A share
 of steps (`explore`) tries a K next to the best one when the model predicts it within
 `explore_margin` of the best, so that the model keeps being measured where its choice is a
-close call, or when fewer than `min_measured` decode steps of that batch size have run it:
-until then its price rests on the warm-up cycle, which drafts on long prefill steps, and
-a K priced too high there would otherwise never be tried again. Other Ks predicted clearly
+close call, or when fewer than `min_measured` decode steps of batch sizes like this one
+(the same power-of-two bucket: 33-64 is one) have run it: until then its price rests on the
+warm-up cycle, which drafts on long prefill steps, and a K priced too high there would
+otherwise never be tried again. Under load the batch size wanders (64, 61, 58, ...), and a
+K tried after a stretch of K = 0 runs the Augmenting Block's deferred rows too
+(``deferred_block.py``), one and a half steps' time at batch 64: counted per exact batch
+size, those trials never end. Other Ks predicted clearly
 worse are not tried (their price comes from the model, whose terms are linear in K).
 
 Worked example (illustrative figures, not measurements): f(1) = 30 ms, f(2) = 31.5 ms,
@@ -227,7 +231,8 @@ class GoodputController:
         self.cost = StepCostModel(config)
         self.acceptance = AcceptanceModel(config)
         self.log = BudgetLog()
-        self.measured: Counter[tuple[int, int]] = Counter()  # (batch, K) -> decode steps run
+        # (batch_bucket(batch), K) -> decode steps run
+        self.measured: Counter[tuple[int, int]] = Counter()
         self.steps = 0  # choices made
         self.last_k = config.max_k  # the K of the step observed last (its drafts verify next)
         self._random = random.Random(config.seed)
@@ -243,7 +248,7 @@ class GoodputController:
             k = int(np.argmax(goodput))
             if self._random.random() < self.config.explore:
                 near = self._neighbour(k)
-                unmeasured = self.measured[(batch, near)] < self.config.min_measured
+                unmeasured = self.measured[(batch_bucket(batch), near)] < self.config.min_measured
                 if unmeasured or goodput[near] >= (1 - self.config.explore_margin) * goodput[k]:
                     self.log.explored[near] += 1
                     return near
@@ -283,7 +288,7 @@ class GoodputController:
         accepted), (0, 0) without drafts; prefill chunks are not listed."""
         self.cost.observe(seconds, tokens, k, batch)
         if len(verified) == batch:  # every request decoded: no prefill in the step
-            self.measured[(batch, k)] += 1
+            self.measured[(batch_bucket(batch), k)] += 1
         self.acceptance.observe([(self.last_k, n, m) for n, m in verified])
         self.last_k = k
 
@@ -295,6 +300,11 @@ class GoodputController:
             f"accepted per position {np.round(accepted, 3).tolist()}, drafted "
             f"{np.round(drafted, 3).tolist()}; K by batch size {picks}"
         )
+
+
+def batch_bucket(batch: int) -> int:
+    """The power of two at or above `batch`: 1, 2, 4, 4, 8, ... (5..8 -> 8, 33..64 -> 64)."""
+    return 1 << max(0, batch - 1).bit_length()
 
 
 def _warmup_k(step: int, max_k: int) -> int:
