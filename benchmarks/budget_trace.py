@@ -1,0 +1,113 @@
+"""Where the default draft budget's time goes under load: one in-process engine, Clover with
+the goodput budget, MT-Bench first turns (2 x batch prompts), T = 0, bfloat16.
+
+Prints the run's tokens/s, the controller's decisions (warm-up, exploration, its own
+choices by batch size), what it has learned (acceptance per position, the step-cost knots,
+the predicted tokens/s of each K at a few batch sizes), and every drafting call of the
+run: its K, the step's rows, its milliseconds and the Augmenting Block passes it ran (rows,
+milliseconds), summed by kind of step (drafting or not, with or without a prompt chunk).
+
+    python benchmarks/budget_trace.py --batch-size 64 \
+        --heads checkpoints/smollm2-135m-instruct-clover2 > trace.txt
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections import defaultdict
+
+from vllm_clover.bundled import REFERENCE_HEADS
+
+# (K, step rows, has a prompt chunk, seconds, [(pass rows, seconds)]) per drafting call
+CALLS: list[tuple[int, int, bool, float, list[tuple[int, float]]]] = []
+
+
+def trace_drafter(worker) -> None:
+    """(In the worker.) Record each `propose` call and the block passes inside it."""
+    drafter = worker.model_runner.drafter
+    propose, run_block = drafter.propose, drafter._run_block
+    passes: list[tuple[int, float]] = []
+
+    def traced_propose(*args, **kwargs):
+        passes.clear()
+        started = time.perf_counter()
+        drafts = propose(*args, **kwargs)
+        seconds = time.perf_counter() - started
+        k, requests = drafts.shape[1], drafts.shape[0]
+        rows = kwargs["target_token_ids"].shape[0]
+        CALLS.append((k, rows, rows > requests * (1 + k), seconds, list(passes)))
+        return drafts
+
+    def traced_block(rows, positions, cad):
+        started = time.perf_counter()
+        h0 = run_block(rows, positions, cad)
+        passes.append((positions.shape[0], time.perf_counter() - started))
+        return h0
+
+    drafter.propose, drafter._run_block = traced_propose, traced_block
+
+
+def report_controller(budget) -> None:
+    log = budget.log
+    print("warm-up K:", dict(log.warmup), "explored K:", dict(log.explored))
+    print("chosen {batch: {K: steps}}:", log.k_by_batch())
+    accepted, drafted = budget.acceptance.rates()
+    print("accepted per position", accepted.round(3), "drafted", drafted.round(3))
+    values = 1e3 * budget.cost.knot_values()
+    knots = budget.cost.knots.astype(int).tolist()
+    print("f(knots) ms", dict(zip(knots, values[:-3].round(1).tolist(), strict=True)))
+    print("g, c, e ms", values[-3:].round(3).tolist())
+    for batch in (4, 16, 64):
+        print(f"batch {batch}: predicted tokens/s by K", budget.predicted_goodput(batch).round(1))
+
+
+def report_calls() -> None:
+    kinds: dict[tuple[bool, bool], list[float]] = defaultdict(lambda: [0, 0.0, 0, 0.0])
+    for k, _, prompt_chunk, seconds, passes in CALLS:
+        kind = kinds[(k > 0, prompt_chunk)]
+        kind[0] += 1
+        kind[1] += seconds
+        kind[2] += sum(n for n, _ in passes)
+        kind[3] += sum(s for _, s in passes)
+    for (drafts, prefill), (calls, seconds, rows, block) in sorted(kinds.items()):
+        print(
+            f"drafts {drafts!s:5} prompt chunk {prefill!s:5}: {calls} calls, {1e3 * seconds:.0f}"
+            f" ms; block passes over {rows} rows, {1e3 * block:.0f} ms"
+        )
+    print("K, step rows, ms, [(pass rows, ms)] of each call:")
+    for k, rows, _, seconds, passes in CALLS:
+        print(k, rows, f"{1e3 * seconds:.1f}", [(n, round(1e3 * s, 1)) for n, s in passes])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--heads", default=str(REFERENCE_HEADS))
+    parser.add_argument("--max-tokens", type=int, default=64)
+    args = parser.parse_args()
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    from vllm import SamplingParams
+
+    from vllm_clover.assets.target import fetch_reference_target
+    from vllm_clover.bench.measure import engine, timed_chat
+    from vllm_clover.bench.prompts import load_prompts, take_prompts
+
+    chats = take_prompts(load_prompts(), 2 * args.batch_size)
+    spec = {"method": "clover", "model": args.heads}
+    target = str(fetch_reference_target())
+    with engine(target, spec, args.batch_size, dtype="bfloat16") as llm:
+        llm.chat(chats[:2], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
+        llm.collective_rpc(trace_drafter)
+        run = timed_chat(llm, chats, SamplingParams(temperature=0.0, max_tokens=args.max_tokens))
+        budget = llm.llm_engine.engine_core.engine_core.scheduler.clover_budget
+        tokens = sum(len(t) for t in run.tokens)
+        print(f"{tokens / run.seconds:.1f} tokens/s, {run.counters.steps} steps, tau", end=" ")
+        print(f"{run.counters.tau:.3f}")
+        report_controller(budget)
+    report_calls()
+
+
+if __name__ == "__main__":
+    main()
