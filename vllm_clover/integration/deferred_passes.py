@@ -68,21 +68,26 @@ def run_deferring(
         deferral.defer(req_ids, first, [(spans[i], spans[i + 1]) for i in requests], step)
         filled = [(p + 1) // block_size * block_size for p in positions[last].tolist()]
         taken = deferral.take_before(req_ids, filled)
-        for full in backlog_passes(taken, requests, limit, room=0):
-            run_block(full.rows, full.positions, pass_metadata(cad, full))
-            deferral.stats.backlog_passes += 1
-            deferral.stats.full_block_rows += len(full.positions)
+        full = backlog_passes(taken, requests, limit, room=0)
+        deferral.stats.full_block_rows += _run_alone(full, run_block, cad, deferral)
         return None
     taken = deferral.take(req_ids, first)
-    for backlog in backlog_passes(taken, requests, limit, room=max(0, limit - spans[-1])):
-        run_block(backlog.rows, backlog.positions, pass_metadata(cad, backlog))
-        deferral.stats.backlog_passes += 1
+    backlog = backlog_passes(taken, requests, limit, room=max(0, limit - spans[-1]))
+    _run_alone(backlog, run_block, cad, deferral)
     if all(deferred is None for deferred in taken):  # the usual drafting step
         return run_block(step, positions[: spans[-1]], cad)[last]
     combined, shifts = step_pass(taken, requests, spans, step, positions)
     deferral.stats.passes += 1
     h0 = run_block(combined.rows, combined.positions, pass_metadata(cad, combined))
     return h0[last + shifts]
+
+
+def _run_alone(passes: list[BlockPass], run_block: RunBlock, cad, deferral) -> int:
+    """Run passes of deferred rows alone (no step rows after them); the rows they ran."""
+    for block_pass in passes:
+        run_block(block_pass.rows, block_pass.positions, pass_metadata(cad, block_pass))
+        deferral.stats.backlog_passes += 1
+    return sum(len(block_pass.positions) for block_pass in passes)
 
 
 @dataclass

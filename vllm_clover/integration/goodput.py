@@ -27,8 +27,8 @@ warm-up cycle, which drafts on long prefill steps, and a K priced too high there
 otherwise never be tried again. Under load the batch size wanders (64, 61, 58, ...), and a
 K tried after a stretch of K = 0 runs the Augmenting Block's deferred rows too
 (``deferred_block.py``), one and a half steps' time at batch 64: counted per exact batch
-size, those trials never end. Other Ks predicted clearly
-worse are not tried (their price comes from the model, whose terms are linear in K).
+size, those trials never end. Other Ks predicted clearly worse are not tried (their price
+comes from the model, whose terms are linear in K).
 
 Worked example (illustrative figures, not measurements): f(1) = 30 ms, f(2) = 31.5 ms,
 f(5) = 36 ms, f(16) = 60 ms, f(32) = 96 ms, each head step 3 ms (g = e = 0), a = (0.3, 0.1,
