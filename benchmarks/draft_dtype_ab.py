@@ -15,7 +15,12 @@ A format may carry flags after colons: ``:torch-linears`` (e.g. ``auto:torch-lin
 leaves the head network's linear layers to PyTorch instead of vLLM's packed GEMM
 (``cpu_gemm.pack_linears``), to time what packing them buys; ``:no-defer`` runs the
 Augmenting Block at every step (``defer_block`` false, ``deferred_block.py``), to time what
-deferring it on steps that draft nothing buys. ``--dtype bfloat16`` runs the target (and the
+deferring it on steps that draft nothing buys; ``:kN`` (e.g. ``auto:k1``) drafts a fixed N
+tokens per request at every step (``draft_budget`` "fixed", ``num_speculative_tokens`` N)
+instead of the goodput budget's choice, to time what that choice is worth. ``--passes N``
+times the workload N times on each engine: the first pass includes what the goodput budget
+spends learning (its warm-up and trials), the later ones show a budget that has learnt, as
+on a long-running server. ``--dtype bfloat16`` runs the target (and the
 heads) in bfloat16.
 """
 
@@ -30,9 +35,10 @@ from pathlib import Path
 from vllm_clover.bundled import REFERENCE_HEADS
 
 
-def one_engine(job: tuple[int, str, str | None, str]) -> dict:
-    """(In a child.) One engine's timed run: vanilla when the format is None."""
-    batch, heads, draft_format, dtype = job
+def one_engine(job: tuple[int, str, str | None, str, int]) -> list[dict]:
+    """(In a child.) One engine's timed runs, `passes` of them back to back on the same
+    engine (prefix cache emptied before each): vanilla when the format is None."""
+    batch, heads, draft_format, dtype, passes = job
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     flags = []
     if draft_format is not None:
@@ -52,18 +58,27 @@ def one_engine(job: tuple[int, str, str | None, str]) -> dict:
     spec = None if draft_format is None else {"method": "clover", "model": heads}
     if spec is not None and "no-defer" in flags:
         spec["defer_block"] = False
+    for flag in flags:
+        if flag[:1] == "k" and flag[1:].isdigit():
+            spec |= {"draft_budget": "fixed", "num_speculative_tokens": int(flag[1:])}
     with engine(str(fetch_reference_target()), spec, batch, dtype=dtype) as llm:
         if spec is not None:
             install_drafting_timer(llm)
         llm.chat(chats[:2], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
-        run = timed_chat(llm, chats, SamplingParams(temperature=0.0, max_tokens=64))
-    return {
-        "tokens_per_second": sum(len(t) for t in run.tokens) / run.seconds,
-        "steps": run.counters.steps,
-        "drafting_seconds": run.counters.drafting_seconds,
-        "tau": run.counters.tau,
-        "tokens": run.tokens,
-    }
+        runs = []
+        for _ in range(passes):
+            llm.reset_prefix_cache()
+            runs.append(timed_chat(llm, chats, SamplingParams(temperature=0.0, max_tokens=64)))
+    return [
+        {
+            "tokens_per_second": sum(len(t) for t in run.tokens) / run.seconds,
+            "steps": run.counters.steps,
+            "drafting_seconds": run.counters.drafting_seconds,
+            "tau": run.counters.tau,
+            "tokens": run.tokens,
+        }
+        for run in runs
+    ]
 
 
 def summarize(runs: dict[str, list[dict]]) -> dict:
@@ -98,24 +113,39 @@ def main() -> None:
     parser.add_argument("--heads", default=str(REFERENCE_HEADS))
     parser.add_argument("--formats", nargs="+", default=["auto", "float16"])
     parser.add_argument("--dtype", default="float32", help="the target's dtype")
+    parser.add_argument(
+        "--passes", type=int, default=1, help="timed runs per engine (the later: warm budget)"
+    )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     from vllm_clover.bench.runner import prepare_engine_server, run_isolated
 
     prepare_engine_server()
-    runs: dict[str, list[dict]] = {"vanilla": [], **{f: [] for f in args.formats}}
+    # name -> one list per round of the engine's passes
+    runs: dict[str, list[list[dict]]] = {"vanilla": [], **{f: [] for f in args.formats}}
     for round_ in range(args.rounds):
         for name in runs:
             fmt = None if name == "vanilla" else name
-            result = run_isolated(one_engine, (args.batch_size, args.heads, fmt, args.dtype))
-            runs[name].append(result)
-            print(round_, name, f"{result['tokens_per_second']:.2f} tokens/s", flush=True)
-    summary = summarize(runs)
-    print(json.dumps(summary, indent=1))
-    for results in runs.values():
-        for result in results:
-            del result["tokens"]
-    report = {"args": {**vars(args), "out": str(args.out)}, "runs": runs, "summary": summary}
+            job = (args.batch_size, args.heads, fmt, args.dtype, args.passes)
+            passes = run_isolated(one_engine, job)
+            runs[name].append(passes)
+            rates = ", ".join(f"{p['tokens_per_second']:.2f}" for p in passes)
+            print(round_, name, f"tokens/s by pass: {rates}", flush=True)
+    by_pass = [
+        summarize({name: [passes[i] for passes in rounds] for name, rounds in runs.items()})
+        for i in range(args.passes)
+    ]
+    print(json.dumps(by_pass, indent=1))
+    for rounds in runs.values():
+        for passes in rounds:
+            for result in passes:
+                del result["tokens"]
+    report = {
+        "args": {**vars(args), "out": str(args.out)},
+        "runs": runs,
+        "summary": by_pass[-1],  # the last pass: the engine's budget has learnt the most
+        "summary_by_pass": by_pass,
+    }
     args.out.write_text(json.dumps(report, indent=1))
 
 
