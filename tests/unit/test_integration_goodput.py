@@ -203,8 +203,8 @@ def test_explores_a_neighbour_only_when_it_is_a_close_call(monkeypatch):
 
 def test_a_k_priced_only_by_the_warm_up_is_measured_before_it_is_ruled_out(monkeypatch):
     """K = 1 predicted at 50% of K = 0 at batch 16 is still explored until 8 decode steps of
-    batch 16 have run it (its price may come from prefill steps alone), then never; a
-    prefill step at K = 1 does not count as a measurement."""
+    batch 16 have run it (its price may come from prefill steps alone), in one burst of 8
+    consecutive steps, then never; a prefill step at K = 1 does not count as a measurement."""
     controller = GoodputController(GoodputConfig(max_k=2, warmup_steps=1, seed=3))
     monkeypatch.setattr(controller, "predicted_goodput", lambda b: np.array([1.0, 0.5, 0.2]))
     controller.choose(16)  # the warm-up step
@@ -215,14 +215,16 @@ def test_a_k_priced_only_by_the_warm_up_is_measured_before_it_is_ruled_out(monke
         controller.observe_step(0.05 + 0.02 * k, 16 * (1 + k), k, 16, [(0, 0)] * 16)
         picks.append(k)
     assert picks.count(1) == 8 and picks.count(2) == 0
-    assert max(i for i, k in enumerate(picks) if k == 1) < 400  # about 1 step in 16, then none
+    first = picks.index(1)
+    assert first < 100 and picks[first : first + 8] == [1] * 8  # one burst, then none
     assert controller.measured[(16, 1)] == 8
 
 
 def test_batch_sizes_of_one_bucket_share_their_trials(monkeypatch):
     """Under load the batch size wanders (64, 63, ..., 57): K = 1 predicted at 50% of K = 0
     is tried 8 times for the whole bucket 33-64, not 8 times per batch size (64 trials,
-    each a catch-up of the block's deferred rows); batch 16 is a bucket of its own."""
+    each a catch-up of the block's deferred rows), and on 8 consecutive steps whatever the
+    size within the bucket (one catch-up); batch 16 is a bucket of its own."""
     controller = GoodputController(GoodputConfig(max_k=2, warmup_steps=1, seed=3))
     monkeypatch.setattr(controller, "predicted_goodput", lambda b: np.array([1.0, 0.5, 0.2]))
     controller.choose(64)  # the warm-up step
@@ -233,9 +235,36 @@ def test_batch_sizes_of_one_bucket_share_their_trials(monkeypatch):
         controller.observe_step(0.05 + 0.02 * k, batch * (1 + k), k, batch, [(0, 0)] * batch)
         picks.append(k)
     assert picks.count(1) == 8 and picks.count(2) == 0
+    assert picks[picks.index(1) :][:8] == [1] * 8
     assert controller.measured[(batch_bucket(57), 1)] == 8
     assert controller.measured[(batch_bucket(16), 1)] == 0
     assert [batch_bucket(b) for b in (1, 3, 4, 5, 16, 17, 64)] == [1, 4, 4, 8, 16, 32, 64]
+
+
+def test_a_burst_ends_with_its_bucket_and_after_twice_its_length(monkeypatch):
+    """A burst on K = 1 at batch 64 stops at the first step of batch 16 (another bucket: its
+    own trials are counted there), and a burst whose steps all carry prefill, which measure
+    nothing, stops after 16 steps instead of running on."""
+    controller = GoodputController(GoodputConfig(max_k=2, warmup_steps=1, seed=3))
+    monkeypatch.setattr(controller, "predicted_goodput", lambda b: np.array([1.0, 0.5, 0.2]))
+    controller.choose(64)  # the warm-up step
+    picks = [0]
+    while picks[-1] == 0:  # steps of K = 0 until a burst starts
+        picks.append(controller.choose(64))
+        controller.observe_step(0.1, 64 * (1 + picks[-1]), picks[-1], 64, [(0, 0)] * 64)
+    assert picks[-1] == 1 and controller.choose(64) == 1  # the burst goes on ...
+    controller.config = GoodputConfig(max_k=2, explore=0.0)  # (no new trial at batch 16)
+    assert controller.choose(16) == 0 and controller._trial is None  # ... until batch 16
+
+    controller = GoodputController(GoodputConfig(max_k=2, warmup_steps=1, seed=3))
+    monkeypatch.setattr(controller, "predicted_goodput", lambda b: np.array([1.0, 0.5, 0.2]))
+    controller.choose(64)
+    picks = []
+    for _ in range(400):
+        picks.append(controller.choose(64))
+        controller.observe_step(0.3, 600, picks[-1], 64, [])  # prefill in every step
+    first = picks.index(1)
+    assert picks[first : first + 16] == [1] * 16 and picks[first + 16] == 0
 
 
 def zen4_like_step(tokens: float, k: int, batch: int) -> float:

@@ -27,8 +27,12 @@ warm-up cycle, which drafts on long prefill steps, and a K priced too high there
 otherwise never be tried again. Under load the batch size wanders (64, 61, 58, ...), and a
 K tried after a stretch of K = 0 runs the Augmenting Block's deferred rows too
 (``deferred_block.py``), one and a half steps' time at batch 64: counted per exact batch
-size, those trials never end. Other Ks predicted clearly worse are not tried (their price
-comes from the model, whose terms are linear in K).
+size, those trials never end. For the same reason an unmeasured K is tried in one burst of
+consecutive steps, not one step at a time: the first step of the burst catches the deferred
+rows up, the others find nothing waiting (eight trials scattered over a stretch of K = 0
+paid eight catch-ups), and they measure what K costs once it runs, not what switching to it
+costs. Other Ks predicted clearly worse are not tried (their price comes from the model,
+whose terms are linear in K).
 
 Worked example (illustrative figures, not measurements): f(1) = 30 ms, f(2) = 31.5 ms,
 f(5) = 36 ms, f(16) = 60 ms, f(32) = 96 ms, each head step 3 ms (g = e = 0), a = (0.3, 0.1,
@@ -236,6 +240,8 @@ class GoodputController:
         self.steps = 0  # choices made
         self.last_k = config.max_k  # the K of the step observed last (its drafts verify next)
         self._random = random.Random(config.seed)
+        self._trial: tuple[int, int] | None = None  # (bucket, K) of the burst under way
+        self._trial_steps_left = 0  # ... ends after this many steps even if still unmeasured
 
     def choose(self, batch: int) -> int:
         """The K for a step of `batch` requests."""
@@ -246,14 +252,38 @@ class GoodputController:
         else:
             goodput = self.predicted_goodput(batch)
             k = int(np.argmax(goodput))
-            if self._random.random() < self.config.explore:
-                near = self._neighbour(k)
-                unmeasured = self.measured[(batch_bucket(batch), near)] < self.config.min_measured
-                if unmeasured or goodput[near] >= (1 - self.config.explore_margin) * goodput[k]:
-                    self.log.explored[near] += 1
-                    return near
+            tried = self._explore(batch, k, goodput)
+            if tried is not None:
+                self.log.explored[tried] += 1
+                return tried
             self.log.chosen[(batch, k)] += 1
         return k
+
+    def _explore(self, batch: int, best: int, goodput: np.ndarray) -> int | None:
+        """The K to try instead of `best` this step, if any: the next step of a burst on an
+        unmeasured K, or (one step in 1 / explore) a neighbour that is unmeasured, which
+        starts a burst, or a close call. Example, min_measured 8: K = 1 unmeasured at batch
+        64 is tried on 8 consecutive decode steps of batch sizes 33-64, then only as a close
+        call; a step of batch 16 (another bucket) ends the burst."""
+        bucket = batch_bucket(batch)
+        if self._trial is not None:
+            trial_bucket, trial_k = self._trial
+            self._trial_steps_left -= 1
+            unmeasured = self.measured[self._trial] < self.config.min_measured
+            if trial_bucket == bucket and trial_k != best and unmeasured:
+                if self._trial_steps_left > 0:
+                    return trial_k
+            self._trial = None
+        if self._random.random() >= self.config.explore:
+            return None
+        near = self._neighbour(best)
+        if self.measured[(bucket, near)] < self.config.min_measured:
+            # a prefill step does not measure, so the burst gets twice its length in steps
+            self._trial, self._trial_steps_left = (bucket, near), 2 * self.config.min_measured
+            return near
+        if goodput[near] >= (1 - self.config.explore_margin) * goodput[best]:
+            return near
+        return None
 
     def _neighbour(self, best: int) -> int:
         """best - 1 or best + 1, at random, within 0..max_k."""
