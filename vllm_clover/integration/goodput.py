@@ -58,9 +58,9 @@ class GoodputConfig:
 
     max_k: int  # the most drafts per request (num_speculative_tokens)
     max_tokens: int = 8192  # the largest step (max_num_batched_tokens): the last cost knot
-    explore: float = 1 / 16  # share of steps that try the best K - 1 or + 1 instead ...
+    explore: float = 1 / 16  # share of steps that try (or start a burst on) the best K -+ 1 ...
     explore_margin: float = 0.2  # ... if predicted within this fraction of the best goodput
-    min_measured: int = 8  # ... or if fewer decode steps at this batch size measured that K
+    min_measured: int = 8  # ... or if fewer decode steps of this batch bucket measured that K
     optimism: float = 1.0  # z of the acceptance's upper confidence bound the choice reads
     warmup_steps: int = 0  # first steps cycle K = max_k, 0, max_k - 1, ... (0: max_k + 1)
     cost_memory: float = 0.998  # per-step forgetting of the cost fit (about 500 steps)
@@ -270,9 +270,8 @@ class GoodputController:
             trial_bucket, trial_k = self._trial
             self._trial_steps_left -= 1
             unmeasured = self.measured[self._trial] < self.config.min_measured
-            if trial_bucket == bucket and trial_k != best and unmeasured:
-                if self._trial_steps_left > 0:
-                    return trial_k
+            if trial_bucket == bucket and trial_k != best and unmeasured and self._trial_steps_left:
+                return trial_k
             self._trial = None
         if self._random.random() >= self.config.explore:
             return None
