@@ -202,8 +202,14 @@ def test_dynamic_speculation_down_to_k_zero(reference_target, clover_spec, cases
 
 def _drafts_and_deferral(worker) -> tuple:
     drafter = worker.model_runner.drafter
-    stats = None if drafter.deferral is None else vars(drafter.deferral.stats)
-    return drafter.draft_log.drafts, stats
+    stats = None if drafter.deferral is None else dict(vars(drafter.deferral.stats))
+    return list(drafter.draft_log.drafts), stats
+
+
+def _has_block(spec) -> bool:
+    """Whether spec's heads have an Augmenting Block, whose rows steps may defer."""
+    config = json.loads((Path(spec["model"]) / "config.json").read_text())
+    return bool(config.get("use_augmenting_block"))
 
 
 def _keep_drafts(worker) -> None:
@@ -217,8 +223,8 @@ def test_steps_without_drafts_defer_the_block_without_changing_a_draft(
     enough that the deferred rows of the requests left must be caught up over several
     passes: every draft equals the one drafted with the block run at every step
     (defer_block false), outputs equal vanilla, and the block's rows were deferred, caught
-    up in backlog passes and dropped for requests that finished while they waited, while
-    the rows of each KV block (32 positions here) ran when the block filled. Heads without
+    up in backlog passes and dropped for requests that finished while they waited, and the
+    rows of each KV block (32 positions here) parked when the block filled. Heads without
     an Augmenting Block have nothing to defer."""
     prompts, params, expected = cases["mixed"]
     k = clover_spec["num_speculative_tokens"]
@@ -244,13 +250,57 @@ def test_steps_without_drafts_defer_the_block_without_changing_a_draft(
     assert deferred_drafts == drafts and off is None
     assert_clover_speculated(stats)
     assert {0, 2, k} <= set(stats.steps_by_k), stats.steps_by_k
-    config = json.loads((Path(clover_spec["model"]) / "config.json").read_text())
-    if not config.get("use_augmenting_block"):
+    if not _has_block(clover_spec):
         assert deferral is None
         return
     assert deferral["caught_up"] > 0 and deferral["backlog_passes"] > 0, deferral
     assert deferral["dropped"] > 0 and deferral["deferred"] > deferral["caught_up"], deferral
-    assert deferral["full_block_rows"] > 0, deferral
+    assert deferral["parked"] > 0, deferral
+
+
+def test_blocks_filled_without_drafts_run_for_the_requests_that_share_them(
+    reference_target, clover_spec, cases
+):
+    """Two requests with the shared system prompt run together at K = 0 (K = 0 above one
+    request) and finish: the rows of their full KV blocks (32 positions) are parked, and
+    none runs. Two more with the same system prompt then run one at a time, drafting:
+    prefix caching gives them the first two's blocks, and the first runs the rows parked
+    there before its own. Drafts equal those with the block run at every step
+    (defer_block false), and outputs equal vanilla."""
+    prompts, params, expected = cases["shared_prefix"]
+    k = clover_spec["num_speculative_tokens"]
+    assert all(len(tokens) == MAX_TOKENS for tokens, _ in expected[:2])  # they finish together
+    runs = []
+    for defer in (None, False):  # the default, then off
+        spec = {**clover_spec, "num_speculative_tokens_per_batch_size": [[1, 1, k], [2, 8, 0]]}
+        spec["defer_block"] = defer
+        with in_process_llm(
+            reference_target,
+            speculative_config=spec,
+            max_num_seqs=2,
+            block_size=32,
+            enable_prefix_caching=True,
+        ) as llm:
+            llm.collective_rpc(_keep_drafts)
+            together = _generate(llm, prompts[:2], params[:2])
+            ((_, parked),) = llm.collective_rpc(_drafts_and_deferral)
+            hits = metric_total(llm, "vllm:prefix_cache_hits")
+            alone = [_generate(llm, [prompt], params[:1])[0] for prompt in prompts[2:4]]
+            hits = metric_total(llm, "vllm:prefix_cache_hits") - hits
+            ((drafts, run),) = llm.collective_rpc(_drafts_and_deferral)
+            runs.append((together + alone, drafts, parked, run, hits, speculation(llm)))
+    (outputs, drafts, parked, run, hits, stats), (outputs_off, drafts_off, *_) = runs
+    assert outputs == expected[:4] == outputs_off
+    assert drafts == drafts_off
+    assert hits >= 2 * 32, hits  # each later request found the system prompt's blocks cached
+    assert_clover_speculated(stats)
+    assert {0, k} <= set(stats.steps_by_k), stats.steps_by_k
+    if not _has_block(spec):  # nothing to park
+        assert parked is None
+        return
+    assert parked["parked"] >= 2 * 32 and parked["caught_up"] == 0, parked  # none ran
+    assert run["deferred"] == parked["deferred"], run  # alone, every step drafted
+    assert run["caught_up"] >= 32, run  # rows parked by the first two, run by a later one
 
 
 def _together_then_alone(reference_target, spec, cases, alone: int):

@@ -30,7 +30,7 @@ def test_the_token_after_each_position_is_the_next_scheduled_or_the_sampled_one(
 
 
 def test_rows_wait_per_request_until_a_step_takes_them():
-    deferral = BlockDeferral()
+    deferral = BlockDeferral(block_size=4)
     first = step_rows([10, 20, 21])  # request a at position 10, b at 20 and 21 (its prompt)
     deferral.defer(["a", "b"], [10, 20], [(0, 1), (1, 3)], first)
     first.slots[:] = -1  # the runner reuses its buffers: what was kept must not change
@@ -46,7 +46,7 @@ def test_rows_wait_per_request_until_a_step_takes_them():
 def test_rows_scheduled_again_are_dropped():
     """A step verifying drafts schedules 10, 11, 12; 11 and 12 are rejected, so the next
     step schedules 11 again: only 10's row is still the block's to run."""
-    deferral = BlockDeferral()
+    deferral = BlockDeferral(block_size=4)
     deferral.defer(["a"], [10], [(0, 3)], step_rows([10, 11, 12]))
     (a,) = deferral.take(["a"], [11])
     assert (a.start, a.count, positions_of(gather(a.segments))) == (10, 1, [10])
@@ -56,14 +56,14 @@ def test_rows_scheduled_again_are_dropped():
 def test_rows_a_request_cannot_run_in_one_query_are_dropped():
     """Rows that do not end right before the first scheduled position (all of them
     scheduled again, a preempted request recomputed from 0; or a gap) are dropped."""
-    deferral = BlockDeferral()
+    deferral = BlockDeferral(block_size=4)
     deferral.defer(["a", "b"], [10, 20], [(0, 2), (2, 4)], step_rows([10, 11, 20, 21]))
     assert deferral.take(["a", "b"], [0, 25]) == [None, None]
     assert deferral.stats.dropped == 4
 
 
 def test_finished_requests_rows_are_forgotten():
-    deferral = BlockDeferral()
+    deferral = BlockDeferral(block_size=4)
     deferral.defer(["a", "b"], [10, 20], [(0, 1), (1, 2)], step_rows([10, 20]))
     deferral.forget({"b": object()})
     assert list(deferral.waiting) == ["b"] and deferral.stats.dropped == 1
@@ -78,6 +78,7 @@ def vllm_config(async_scheduling=False, batches=1, dp=1, defer_block=None, layer
         scheduler_config=SimpleNamespace(async_scheduling=async_scheduling),
         max_concurrent_batches=batches,
         parallel_config=SimpleNamespace(data_parallel_size=dp),
+        cache_config=SimpleNamespace(block_size=16),
     )
 
 

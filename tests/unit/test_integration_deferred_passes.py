@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from helpers import deferred_rows, positions_of, step_rows
-from vllm_clover.integration.deferred_block import BlockDeferral, DeferredRows, gather
+from vllm_clover.integration.deferred_block import BlockDeferral, DeferredRows, StepRows, gather
 from vllm_clover.integration.deferred_passes import (
     backlog_passes,
     pass_metadata,
@@ -89,62 +89,107 @@ def test_the_step_pass_keeps_every_request_and_its_sequence_length():
 
 
 class RecordingBlock:
-    """A stand-in for the block: h0 = the rows' signal, each pass recorded as (query
-    lengths, sequence lengths, positions)."""
+    """A stand-in for the block: h0 = x, each pass recorded as (query lengths, sequence
+    lengths, positions); x's first column must name each row's position."""
 
     def __init__(self) -> None:
         self.passes = []
 
-    def __call__(self, rows, positions, cad):
+    def __call__(self, x, slots, positions, cad):
         lens = cad.query_start_loc_cpu.diff().tolist()
         self.passes.append((lens, cad.seq_lens.tolist(), positions.tolist()))
         assert len(lens) == cad.num_reqs == len(cad.block_table_tensor)
-        assert positions.tolist() == positions_of(rows)
-        return rows.signal
+        assert positions.tolist() == x[:, 0].long().tolist()
+        assert slots.tolist() == cad.slot_mapping.tolist()
+        return x
 
 
-def metadata(starts: list[int], seq_lens: list[int]):
-    loc = torch.tensor(starts, dtype=torch.int32)
-    return common_metadata(
-        query_start_loc=loc, query_start_loc_cpu=loc, seq_lens=torch.tensor(seq_lens)
+# Requests a and b in KV blocks of 4 positions: a's slot is its position + 100 (blocks 25,
+# 26, ...), b's its position + 200 (blocks 50, 51, ...), unless a test shares or reuses them.
+TABLES = [[25 + j for j in range(8)], [50 + j for j in range(8)]]
+
+
+def step(deferral, block, a, b, defer, last=(-1, -1), tables=TABLES, offsets=(100, 200), ids="ab"):
+    """One step scheduling a at positions `a` and b at `b` (at most 64 rows a pass), whose
+    last accepted rows are last[i] of each (by default their last scheduled ones); `ids`
+    names the two requests."""
+    positions = torch.tensor(a + b)
+    slots = torch.tensor([p + offsets[0] for p in a] + [p + offsets[1] for p in b])
+    signal = torch.stack([positions.float(), torch.full_like(positions, 7).float()], dim=-1)
+    loc = torch.tensor([0, len(a), len(a) + len(b)], dtype=torch.int32)
+    cad = common_metadata(
+        query_start_loc=loc,
+        query_start_loc_cpu=loc,
+        seq_lens=torch.tensor([a[-1] + 1, b[-1] + 1]),
+        block_table_tensor=torch.tensor(tables),
+        slot_mapping=slots,
     )
-
-
-def step(deferral, block, positions, starts, seq_lens, last, defer):
-    """One step of requests a and b at `positions` (block size 4, at most 64 rows a pass)."""
+    rows = [(last[0] % len(a)), len(a) + last[1] % len(b)]
     return run_deferring(
-        deferral, block, step_rows(positions), torch.tensor(positions),
-        metadata(starts, seq_lens), torch.tensor(last), ["a", "b"], block_size=4,
-        defer=defer, limit=64,
+        deferral, block, lambda rows: rows.signal, StepRows(signal, positions + 1, slots),
+        positions, cad, torch.tensor(rows), list(ids), block_size=4, defer=defer, limit=64,
     )  # fmt: skip
 
 
-def test_steps_without_drafts_run_only_the_rows_of_blocks_they_fill():
+def test_steps_without_drafts_park_the_rows_of_blocks_they_fill():
     """Block size 4. Request a decodes at 6, then 7 and 8 (a verified draft), then 9; b
-    ends its prompt at 9 and 10, then decodes at 11 and 12. With K = 0 throughout, rows
-    run when their block fills (a's 6-7 when 8 is accepted; b's 9-11 at 11) and the rest
-    waits; then a step that drafts runs what waits before its own rows."""
-    deferral, block = BlockDeferral(), RecordingBlock()
-    assert step(deferral, block, [6, 9, 10], [0, 1, 3], [7, 11], [0, 2], True) is None
+    ends its prompt at 9 and 10, then decodes at 11 and 12. With K = 0 throughout nothing
+    runs: the rows of each block that fills are parked (a's 6-7 when 8 is accepted, b's
+    9-11 at 11), the rest waits; then a step that drafts runs the parked rows in a pass of
+    their own, and the waiting ones before its own rows."""
+    deferral, block = BlockDeferral(block_size=4), RecordingBlock()
+    assert step(deferral, block, [6], [9, 10], True) is None
+    step(deferral, block, [7, 8], [11], True)
+    step(deferral, block, [9], [12], True)
     assert block.passes == []
-    step(deferral, block, [7, 8, 11], [0, 2, 3], [9, 12], [1, 2], True)  # a: 7, 8 accepted
-    assert block.passes == [([2, 3], [8, 12], [6, 7, 9, 10, 11])]
-    step(deferral, block, [9, 12], [0, 1, 2], [10, 13], [0, 1], True)
-    assert len(block.passes) == 1  # 8-9 and 12 wait: no block filled
-    h0 = step(deferral, block, [10, 13], [0, 1, 2], [11, 14], [0, 1], False)
-    assert block.passes[-1] == ([3, 2], [11, 14], [8, 9, 10, 12, 13])
+    assert {k: (v.start, v.count) for k, v in deferral.parked.blocks.items()} == {
+        26: (6, 2),  # a's block 4-7
+        52: (9, 3),  # b's block 8-11 (8 ran before)
+    }
+    h0 = step(deferral, block, [10], [13], False)
+    assert block.passes == [
+        ([2, 3], [8, 12], [6, 7, 9, 10, 11]),
+        ([3, 2], [11, 14], [8, 9, 10, 12, 13]),
+    ]
     assert h0[:, 0].tolist() == [10, 13]  # each request's last accepted row
     stats = deferral.stats
-    assert (stats.deferred, stats.full_block_rows, stats.caught_up) == (8, 5, 8)
-    assert (stats.passes, stats.backlog_passes, deferral.waiting) == (1, 1, {})
+    assert (stats.deferred, stats.parked, stats.caught_up) == (8, 5, 8)
+    assert (stats.passes, stats.backlog_passes, deferral.waiting, deferral.parked.rows) == (
+        1, 1, {}, 0,
+    )  # fmt: skip
+
+
+def test_a_request_runs_the_rows_parked_in_the_blocks_it_shares():
+    """a fills block 26 (positions 4-7) at K = 0 and finishes; b's prompt shares a's
+    first 8 positions (prefix caching gives it blocks 25 and 26): when b drafts from
+    position 8, the rows a parked run first, as b's, in a's slots; c runs its own."""
+    deferral, block = BlockDeferral(block_size=4), RecordingBlock()
+    step(deferral, block, [4, 5, 6, 7], [30], True, ids="ac")  # a ran 0-3 when it drafted
+    deferral.forget({"c"})
+    shared = [[25, 26, 53, 54, 55, 56, 57, 58], TABLES[1]]
+    step(deferral, block, [8, 9], [31], False, tables=shared, ids="bc")
+    assert block.passes == [([4], [8], [4, 5, 6, 7]), ([2, 2], [10, 32], [8, 9, 30, 31])]
+    assert deferral.stats.caught_up == 4 + 1 and deferral.parked.blocks == {}
+
+
+def test_rows_parked_in_a_block_written_again_are_dropped():
+    """a parks block 26 and finishes; vLLM then gives the block to c (its slots 104-106
+    hold c's positions 0-2): what a parked there is gone, and nothing runs."""
+    deferral, block = BlockDeferral(block_size=4), RecordingBlock()
+    step(deferral, block, [4, 5, 6, 7], [29], True)
+    deferral.forget({"b"})
+    step(deferral, block, [0, 1, 2], [30], True, offsets=(104, 200), ids="cb")
+    assert deferral.parked.blocks == {} and deferral.stats.dropped == 4
+    assert block.passes == []
 
 
 def test_a_rejected_row_never_runs_and_its_position_is_scheduled_again():
     """Block size 4: a verifies 6, 7, 8 and only 6 is accepted, so 7's and 8's rows are a
-    rejected draft's; block 4-7 is not full yet and nothing runs; 7 comes back."""
-    deferral, block = BlockDeferral(), RecordingBlock()
-    step(deferral, block, [6, 7, 8, 20], [0, 3, 4], [9, 21], [0, 3], True)
-    assert block.passes == []
-    step(deferral, block, [7, 21], [0, 1, 2], [8, 22], [0, 1], True)  # 7 fills block 4-7
-    assert block.passes == [([2], [8], [6, 7])]
+    rejected draft's; block 4-7 is not full yet and nothing is parked; 7 comes back."""
+    deferral, block = BlockDeferral(block_size=4), RecordingBlock()
+    step(deferral, block, [6, 7, 8], [20], True, last=(0, 0))
+    assert deferral.parked.blocks == {}
+    step(deferral, block, [7], [21], True)  # 7 fills block 4-7
+    assert (deferral.parked.blocks[26].start, deferral.parked.blocks[26].count) == (6, 2)
     assert deferral.stats.dropped == 2  # the first 7 and 8
+    assert block.passes == []

@@ -27,23 +27,26 @@ cache kept when it resumes. A step's rows are kept once, as the step gave them
 (`StepRows`); each request holds index ranges into them, so that deferring costs no copy
 per request.
 
-Rows wait only while their KV-cache block is not full. Prefix caching shares full blocks
-with later requests (a system prompt, a chat's earlier turns), whose drafter reads the
-block's draft KV there and could not run the rows of a request that finished while they
-waited; so a step that drafts nothing still runs the rows of every block that its accepted
-tokens fill (a pass of up to block_size rows per request, every block_size tokens), and
-only a request's last, partial block waits. Example, block size 4, a request accepted up
-to position 9 and waiting since 6: rows 6 and 7 run (block 4-7 is full), 8 and 9 wait.
+Rows wait with their request only while their KV-cache block is not full. Prefix caching
+shares full blocks with later requests (a system prompt, a chat's earlier turns), whose
+drafter reads the block's draft KV there and could not run the rows of a request that
+finished while they waited; so a step that drafts nothing parks the rows of every block
+that its accepted tokens fill under the block itself (``parked_blocks.py``), to be run by
+the first request that drafts reading it, and only a request's last, partial block waits
+with the request. Example, block size 4, a request accepted up to position 9 and waiting
+since 6: rows 6 and 7 are parked under block 4-7, 8 and 9 wait.
 """
 
 from __future__ import annotations
 
-from collections.abc import Container, Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from vllm.logger import init_logger
+
+from vllm_clover.integration.parked_blocks import BlockInput, ParkedBlocks
 
 logger = init_logger("vllm.clover.deferred_block")
 
@@ -73,7 +76,7 @@ def block_deferral(vllm_config, trees: bool) -> BlockDeferral | None:
         logger.info("Clover: the Augmenting Block runs at every step (%s)", ", ".join(why_not))
         return None
     logger.info("Clover: steps that draft nothing defer the Augmenting Block")
-    return BlockDeferral()
+    return BlockDeferral(vllm_config.cache_config.block_size)
 
 
 def next_token_ids_after(
@@ -101,6 +104,7 @@ class StepRows:
 
 
 Segment = tuple[StepRows, int, int]  # rows begin..end - 1 of one step
+BlockInputOf = Callable[[StepRows], torch.Tensor]  # rows -> x [N, D], what the block reads
 
 
 def gather(segments: Sequence[Segment]) -> StepRows:
@@ -169,15 +173,17 @@ class DeferralStats:
     caught_up: int = 0  # deferred rows it ran later, before a step's own rows
     dropped: int = 0  # deferred rows scheduled again (rejected, preempted) or whose request ended
     passes: int = 0  # steps whose block pass ran deferred rows before their own
-    backlog_passes: int = 0  # passes of deferred rows alone: too many waited, or blocks filled
-    full_block_rows: int = 0  # rows run at steps that drafted nothing, their KV block full
+    backlog_passes: int = 0  # passes of deferred rows alone: parked ones, or too many waited
+    parked: int = 0  # rows parked at steps that drafted nothing, their KV block full
 
 
 class BlockDeferral:
-    """The Augmenting Block's deferred rows, per request id."""
+    """The Augmenting Block's deferred rows: per request id while their KV block is partial,
+    parked per block (of `block_size` positions, the block table's unit) once it is full."""
 
-    def __init__(self) -> None:
+    def __init__(self, block_size: int) -> None:
         self.waiting: dict[str, DeferredRows] = {}
+        self.parked = ParkedBlocks(block_size)
         self.stats = DeferralStats()
 
     def defer(
@@ -224,8 +230,32 @@ class BlockDeferral:
             taken.append(rows.first(min(end - rows.start, rows.count)))
             if rows.count == 0:
                 del self.waiting[req_id]
-            self.stats.caught_up += taken[-1].count
         return taken
+
+    def park(self, taken: Sequence[DeferredRows | None], block_input: BlockInputOf) -> None:
+        """Park the rows `taken` from requests whose KV blocks they fill, as the block's
+        input (`block_input` turns StepRows into x [N, D], in one call for all)."""
+        taken = [rows for rows in taken if rows is not None]
+        if not taken:
+            return
+        rows = gather([segment for deferred in taken for segment in deferred.segments])
+        x, begin = block_input(rows), 0
+        for deferred in taken:
+            end = begin + deferred.count
+            self.parked.park(BlockInput(deferred.start, x[begin:end], rows.slots[begin:end]))
+            self.stats.parked += deferred.count
+            begin = end
+
+    def claim(self, block_tables: torch.Tensor, ends: Sequence[int]) -> list[BlockInput | None]:
+        """Each request's parked rows that end where its own rows begin, ends[i]
+        (``ParkedBlocks.claim``); no longer parked."""
+        chains = self.parked.claim(block_tables, ends)
+        self.stats.caught_up += sum(chain.count for chain in chains if chain is not None)
+        return chains
+
+    def release(self, slots: torch.Tensor) -> None:
+        """Drop what is parked in the KV blocks a step writes (vLLM gave them to new tokens)."""
+        self.stats.dropped += self.parked.release(slots)
 
     def forget(self, live: Container[str]) -> None:
         """Drop the rows of requests that are no longer live (finished or aborted)."""

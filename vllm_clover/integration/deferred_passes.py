@@ -3,12 +3,13 @@
 A step that drafts runs each request's deferred rows right before its own scheduled ones,
 as one query per request: the block's paged attention then reads a request's earlier KV
 entries from its cache and writes the deferred ones on the way, as in a chunked prefill.
-When more rows wait than one pass should take (the scheduler's token budget), backlog passes
-run the oldest ones first. Each pass gets the step's attention metadata rewritten for it
-(`pass_metadata`).
+Rows parked under full KV blocks (``parked_blocks.py``) come before those: a pass of their
+own per step that finds any. When more rows wait than one pass should take (the scheduler's
+token budget), backlog passes run the oldest ones first. Each pass gets the step's attention
+metadata rewritten for it (`pass_metadata`).
 
 `run_deferring` is the whole step: keep the rows (K = 0) or run them, through the caller's
-`run_block(rows, positions, metadata) -> h0`.
+`block_input(rows) -> x` and `run_block(x, slots, positions, metadata) -> h0`.
 """
 
 from __future__ import annotations
@@ -21,12 +22,15 @@ import torch
 
 from vllm_clover.integration.deferred_block import (
     BlockDeferral,
+    BlockInputOf,
     DeferredRows,
     StepRows,
     gather,
 )
+from vllm_clover.integration.parked_blocks import BlockInput
 
-RunBlock = Callable[[StepRows, torch.Tensor, object], torch.Tensor]
+# (x [N, D], slots [N], positions [N], attention metadata) -> h0 [N, D]
+RunBlock = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, object], torch.Tensor]
 # CommonAttentionMetadata's fields with one entry per request, which a pass over some of
 # the step's requests takes for those only.
 PER_REQUEST_FIELDS = (
@@ -46,6 +50,7 @@ PER_REQUEST_FIELDS = (
 def run_deferring(
     deferral: BlockDeferral,
     run_block: RunBlock,
+    block_input: BlockInputOf,
     step: StepRows,
     positions: torch.Tensor,
     cad,
@@ -58,36 +63,42 @@ def run_deferring(
     """One step's block work with deferral: h0 [num_reqs, D] at each request's last
     accepted row (`last`, indices into the step's rows), or None when `defer`.
 
-    When `defer`, the rows wait but those in KV blocks (of `block_size` positions) that the
-    step's accepted tokens fill, which run now, in passes of at most `limit` rows.
+    When `defer`, the rows wait, but those in KV blocks (of `block_size` positions) that
+    the step's accepted tokens fill, which are parked. Otherwise each request's parked and
+    waiting rows run before its own, in passes of at most `limit` rows.
     """
     spans = cad.query_start_loc_cpu.tolist()
     first = positions[cad.query_start_loc[:-1]].tolist()
     requests = list(range(cad.num_reqs))
+    deferral.release(step.slots)
     if defer:
         deferral.defer(req_ids, first, [(spans[i], spans[i + 1]) for i in requests], step)
         filled = [(p + 1) // block_size * block_size for p in positions[last].tolist()]
-        taken = deferral.take_before(req_ids, filled)
-        full = backlog_passes(taken, requests, limit, room=0)
-        deferral.stats.full_block_rows += _run_alone(full, run_block, cad, deferral)
+        deferral.park(deferral.take_before(req_ids, filled), block_input)
         return None
     taken = deferral.take(req_ids, first)
+    ends = [start if rows is None else rows.start for rows, start in zip(taken, first, strict=True)]
+    parked = backlog_passes(deferral.claim(cad.block_table_tensor, ends), requests, limit, 0)
     backlog = backlog_passes(taken, requests, limit, room=max(0, limit - spans[-1]))
-    _run_alone(backlog, run_block, cad, deferral)
+    _run_alone(parked + backlog, run_block, block_input, cad, deferral)
     if all(deferred is None for deferred in taken):  # the usual drafting step
-        return run_block(step, positions[: spans[-1]], cad)[last]
+        return run_block(block_input(step), step.slots, positions[: spans[-1]], cad)[last]
     combined, shifts = step_pass(taken, requests, spans, step, positions)
     deferral.stats.passes += 1
-    h0 = run_block(combined.rows, combined.positions, pass_metadata(cad, combined))
+    x = block_input(combined.rows)
+    h0 = run_block(x, combined.rows.slots, combined.positions, pass_metadata(cad, combined))
     return h0[last + shifts]
 
 
-def _run_alone(passes: list[BlockPass], run_block: RunBlock, cad, deferral) -> int:
-    """Run passes of deferred rows alone (no step rows after them); the rows they ran."""
+def _run_alone(
+    passes: list[BlockPass], run_block: RunBlock, block_input: BlockInputOf, cad, deferral
+) -> None:
+    """Run passes of deferred or parked rows alone (no step rows after them)."""
     for block_pass in passes:
-        run_block(block_pass.rows, block_pass.positions, pass_metadata(cad, block_pass))
+        rows = block_pass.rows
+        x = rows.x if isinstance(rows, BlockInput) else block_input(rows)
+        run_block(x, rows.slots, block_pass.positions, pass_metadata(cad, block_pass))
         deferral.stats.backlog_passes += 1
-    return sum(len(block_pass.positions) for block_pass in passes)
 
 
 @dataclass
@@ -99,7 +110,7 @@ class BlockPass:
     the step's own, for a pass that ends with the step's scheduled rows).
     """
 
-    rows: StepRows  # [N, ...]
+    rows: StepRows | BlockInput  # [N, ...]: waiting rows (and the step's), or parked ones
     positions: torch.Tensor  # [N]
     requests: list[int]
     query_lens: list[int]
@@ -107,10 +118,13 @@ class BlockPass:
 
 
 def backlog_passes(
-    taken: list[DeferredRows | None], requests: Sequence[int], limit: int, room: int
+    taken: list[DeferredRows | None] | list[BlockInput | None],
+    requests: Sequence[int],
+    limit: int,
+    room: int,
 ) -> list[BlockPass]:
-    """Passes over the oldest deferred rows of `requests` (runner rows; taken[j] is
-    requests[j]'s), at most `limit` rows each, until no more than `room` are left for the
+    """Passes over the oldest deferred (or parked) rows of `requests` (runner rows; taken[j]
+    is requests[j]'s), at most `limit` rows each, until no more than `room` are left for the
     step's own pass; the rows they run are removed from `taken`.
 
     Example, limit 4, room 2, deferred counts (3, 5): a pass over the first 3 rows of
@@ -135,8 +149,12 @@ def backlog_passes(
     return passes
 
 
-def _pass_over(parts: list[tuple[int, DeferredRows]]) -> BlockPass:
-    rows = gather([segment for _, deferred in parts for segment in deferred.segments])
+def _pass_over(parts: list[tuple[int, DeferredRows]] | list[tuple[int, BlockInput]]) -> BlockPass:
+    pieces = [deferred for _, deferred in parts]
+    if isinstance(pieces[0], BlockInput):
+        rows = BlockInput.cat(pieces)
+    else:
+        rows = gather([segment for deferred in pieces for segment in deferred.segments])
     spans = [(deferred.start, deferred.start + deferred.count) for _, deferred in parts]
     return BlockPass(
         rows=rows,

@@ -37,6 +37,7 @@ from vllm_clover.integration.deferred_block import (
     next_token_ids_after,
 )
 from vllm_clover.integration.deferred_passes import run_deferring
+from vllm_clover.integration.parked_blocks import ParkedBlocks
 from vllm_clover.modeling.checkpoint import CloverCheckpointError, check_target_fits
 from vllm_clover.modeling.draft_sampling import DraftSampler
 from vllm_clover.modeling.scoring import PACKED_DTYPES
@@ -267,6 +268,7 @@ class CloverProposer(EagleProposer):
         return run_deferring(
             self.deferral,
             self._run_block,
+            self._block_input,
             step,
             positions,
             cad,
@@ -277,17 +279,22 @@ class CloverProposer(EagleProposer):
             limit=self.vllm_config.scheduler_config.max_num_batched_tokens,
         )
 
-    def _run_block(self, rows: StepRows, positions: torch.Tensor, cad) -> torch.Tensor:
-        """h0 [N, D] for `rows` at `positions` [N], laid out as `cad` says (eager,
-        unpadded: the drafter's graph mode is NONE)."""
-        x = self.model.block_input(self.model.fuse(rows.signal), rows.next_ids)
+    def _block_input(self, rows: StepRows) -> torch.Tensor:
+        """x [N, D]: what the block reads at each of `rows`."""
+        return self.model.block_input(self.model.fuse(rows.signal), rows.next_ids)
+
+    def _run_block(
+        self, x: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, cad
+    ) -> torch.Tensor:
+        """h0 [N, D] from x [N, D] at `positions` [N], writing the block's KV at `slots`,
+        laid out as `cad` says (eager, unpadded: the drafter's graph mode is NONE)."""
         _, per_layer_metadata = self.build_per_group_and_layer_attn_metadata(cad)
         with set_forward_context(
             per_layer_metadata,
             self.vllm_config,
             num_tokens=x.shape[0],
             cudagraph_runtime_mode=CUDAGraphMode.NONE,
-            slot_mapping={name: rows.slots for name in self._draft_attn_layer_names},
+            slot_mapping={name: slots for name in self._draft_attn_layer_names},
         ):
             return self.model.block(x, positions)
 
@@ -303,6 +310,10 @@ class CloverProposer(EagleProposer):
             super().initialize_attn_backend(kv_cache_config, kernel_block_sizes)
         else:
             self.kv_cache_gid = 0
+        if self.deferral is not None:  # parked blocks are named by block-table entries
+            sizes = kernel_block_sizes or []
+            gid = self.kv_cache_gid
+            self.deferral.parked = ParkedBlocks(sizes[gid] if gid < len(sizes) else self.block_size)
 
     def initialize_cudagraph_keys(self, cudagraph_mode: CUDAGraphMode) -> None:
         """Run the Augmenting Block eagerly and unpadded, whatever the target's graph mode.

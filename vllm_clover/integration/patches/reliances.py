@@ -101,6 +101,26 @@ RELIANCES = (
         attributes=("input_batch", "requests"),
     ),
     Entry(
+        "proposer_parked_blocks",
+        "relies",
+        "a step that drafts nothing parks the block's input rows of KV blocks it fills under "
+        "the block's entry in the drafter's block table (parked_blocks.py), to run when a "
+        "request whose table holds the block drafts: slot = entry * the kernel block size "
+        "that initialize_attn_backend receives + offset; a prefix-cache hit puts the cached "
+        "block's entry at the same index of the new request's table; and a block's KV is "
+        "written only through a step's slot mapping, so a step whose slots fall in a parked "
+        "block means vLLM gave the block to other tokens",
+        "integration/proposer.py",
+        {
+            "vllm.v1.worker.block_table:BlockTable.compute_slot_mapping": "1090515a52c5",
+            "vllm.v1.worker.block_table:ComputeSlotMappingKernel": "14f48c5dcd69",
+            "vllm.v1.worker.utils:prepare_kernel_block_sizes": "c88684888fa9",
+            "vllm.v1.core.kv_cache_manager:KVCacheManager.get_computed_blocks": "77f434d88d57",
+            f"{BASE}.initialize_attn_backend": "3ab396fdfe7b",
+        },
+        attributes=("block_size",),
+    ),
+    Entry(
         "proposer_attention",
         "override",
         "a drafter without attention layers (no Augmenting "
