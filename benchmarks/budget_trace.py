@@ -1,5 +1,5 @@
 """Where the default draft budget's time goes under load: one in-process engine, Clover with
-the goodput budget, MT-Bench first turns (2 x batch prompts), T = 0, bfloat16.
+the goodput budget, MT-Bench first turns (2 x batch prompts), T = 0, bfloat16 (`--dtype`).
 
 Prints the run's tokens/s, the controller's decisions (warm-up, exploration, its own
 choices by batch size), what it has learned (acceptance per position, the step-cost knots,
@@ -40,13 +40,21 @@ def trace_drafter(worker) -> None:
         CALLS.append((k, rows, rows > requests * (1 + k), seconds, list(passes)))
         return drafts
 
-    def traced_block(rows, positions, cad):
+    def traced_block(x, slots, positions, cad):
         started = time.perf_counter()
-        h0 = run_block(rows, positions, cad)
+        h0 = run_block(x, slots, positions, cad)
         passes.append((positions.shape[0], time.perf_counter() - started))
         return h0
 
     drafter.propose, drafter._run_block = traced_propose, traced_block
+
+
+def deferral_stats(worker) -> dict | None:
+    """(In the worker.) The Augmenting Block deferral's counters, rows still parked."""
+    deferral = worker.model_runner.drafter.deferral
+    if deferral is None:
+        return None
+    return {**vars(deferral.stats), "still_parked": deferral.parked.rows}
 
 
 def report_controller(budget) -> None:
@@ -86,6 +94,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--heads", default=str(REFERENCE_HEADS))
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--dtype", default="bfloat16", help="float32 where the CPU lacks AVX-512")
     args = parser.parse_args()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import SamplingParams
@@ -97,7 +106,7 @@ def main() -> None:
     chats = take_prompts(load_prompts(), 2 * args.batch_size)
     spec = {"method": "clover", "model": args.heads}
     target = str(fetch_reference_target())
-    with engine(target, spec, args.batch_size, dtype="bfloat16") as llm:
+    with engine(target, spec, args.batch_size, dtype=args.dtype) as llm:
         llm.chat(chats[:2], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
         llm.collective_rpc(trace_drafter)
         run = timed_chat(llm, chats, SamplingParams(temperature=0.0, max_tokens=args.max_tokens))
@@ -106,6 +115,8 @@ def main() -> None:
         print(f"{tokens / run.seconds:.1f} tokens/s, {run.counters.steps} steps, tau", end=" ")
         print(f"{run.counters.tau:.3f}")
         report_controller(budget)
+        ((deferral,),) = [llm.collective_rpc(deferral_stats)]
+        print("deferral:", deferral)
     report_calls()
 
 
