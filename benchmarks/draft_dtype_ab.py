@@ -16,8 +16,9 @@ leaves the head network's linear layers to PyTorch instead of vLLM's packed GEMM
 (``cpu_gemm.pack_linears``), to time what packing them buys; ``:no-defer`` runs the
 Augmenting Block at every step (``defer_block`` false, ``deferred_block.py``), to time what
 deferring it on steps that draft nothing buys; ``:kN`` (e.g. ``auto:k1``) drafts a fixed N
-tokens per request at every step (``draft_budget`` "fixed", ``num_speculative_tokens`` N)
-instead of the goodput budget's choice, to time what that choice is worth. ``--passes N``
+tokens per request at every step (``draft_budget`` "fixed", ``num_speculative_tokens`` N;
+``:k0`` none, speculation configured but off) instead of the goodput budget's choice, to
+time what that choice is worth. ``--passes N``
 times the workload N times on each engine: the first pass includes what the goodput budget
 spends learning (its warm-up and trials), the later ones show a budget that has learnt, as
 on a long-running server. ``--dtype bfloat16`` runs the target (and the
@@ -60,7 +61,9 @@ def one_engine(job: tuple[int, str, str | None, str, int]) -> list[dict]:
         spec["defer_block"] = False
     for flag in flags:
         if flag[:1] == "k" and flag[1:].isdigit():
-            spec |= {"draft_budget": "fixed", "num_speculative_tokens": int(flag[1:])}
+            spec |= {"draft_budget": "fixed", "num_speculative_tokens": int(flag[1:]) or 1}
+            if flag == "k0":  # vLLM wants num_speculative_tokens >= 1: a table of zeros
+                spec["num_speculative_tokens_per_batch_size"] = [[1, batch, 0]]
     with engine(str(fetch_reference_target()), spec, batch, dtype=dtype) as llm:
         if spec is not None:
             install_drafting_timer(llm)
