@@ -170,8 +170,9 @@ class DeferredRows:
 @dataclass
 class DeferralStats:
     deferred: int = 0  # rows the block skipped at a step that drafted nothing
-    caught_up: int = 0  # deferred rows it ran later, before a step's own rows
-    dropped: int = 0  # deferred rows scheduled again (rejected, preempted) or whose request ended
+    caught_up: int = 0  # deferred (or parked) rows it ran later, before a step's own rows
+    dropped: int = 0  # rows scheduled again (rejected, preempted), of ended requests, or
+    # parked in a block that vLLM gave to other tokens
     passes: int = 0  # steps whose block pass ran deferred rows before their own
     backlog_passes: int = 0  # passes of deferred rows alone: parked ones, or too many waited
     parked: int = 0  # rows parked at steps that drafted nothing, their KV block full

@@ -75,10 +75,11 @@ class ParkedBlocks:
     def park(self, rows: BlockInput) -> None:
         """Park `rows`, all in full blocks, one entry per block they fall in."""
         size = self.block_size
-        blocks = (rows.slots // size).tolist()
+        blocks = (rows.slots // size).tolist()  # each row's block, read once
+        done = 0
         while rows.count:
             n = min(rows.count, size - rows.start % size)
-            block = blocks[-rows.count]
+            block, done = blocks[done], done + n
             piece = rows.first(n)
             previous = self.blocks.get(block)
             self.rows += n - (0 if previous is None else previous.count)
