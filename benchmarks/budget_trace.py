@@ -115,7 +115,7 @@ def main() -> None:
         print(f"{tokens / run.seconds:.1f} tokens/s, {run.counters.steps} steps, tau", end=" ")
         print(f"{run.counters.tau:.3f}")
         report_controller(budget)
-        ((deferral,),) = [llm.collective_rpc(deferral_stats)]
+        (deferral,) = llm.collective_rpc(deferral_stats)
         print("deferral:", deferral)
     report_calls()
 
