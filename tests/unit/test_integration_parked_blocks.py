@@ -65,6 +65,17 @@ def test_two_requests_reading_one_block_both_run_it():
     assert parked.rows == 0
 
 
+def test_a_claim_reads_the_rows_of_the_step_requests_only():
+    """The runner's table has a row per request it can hold and an entry per block of the
+    longest context; a step claims through its own requests' rows (none: nothing)."""
+    parked = ParkedBlocks(block_size=4)
+    parked.park(rows(0, 4))
+    tables = torch.full((8, 64), -1)
+    tables[0, :2] = torch.tensor([25, 26])
+    assert parked.claim(tables, []) == [] and parked.rows == 4
+    assert [positions(r) for r in parked.claim(tables, [4])] == [[0, 1, 2, 3]]
+
+
 def test_a_block_is_found_by_its_table_entry_not_by_position():
     """Block 26 parked for positions 4-7 sits at entry 2 of another table (positions 8-11):
     not the same rows, so nothing is claimed and it stays parked."""

@@ -107,9 +107,12 @@ class ParkedBlocks:
         blocks of positions 4-7, then 0-3) while they are parked and full up to where the
         next begins; request 1 ends inside a block, which cannot be full: None.
         """
-        if not self.blocks:
+        if not self.blocks or not ends:
             return [None] * len(ends)
-        tables = block_tables.cpu().numpy()
+        # Only the entries a chain can reach: one host copy of the columns before the
+        # furthest end (the whole table would be copied from the GPU at every step).
+        columns = max(ends) // self.block_size
+        tables = block_tables[: len(ends), :columns].cpu().numpy()
         claimed: dict[int, BlockInput] = {}
         chains = []
         for i, end in enumerate(ends):
