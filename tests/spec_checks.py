@@ -115,6 +115,18 @@ def goodput_budget(llm):
     return llm.llm_engine.engine_core.engine_core.scheduler.clover_budget
 
 
+def _target_compilation(worker) -> tuple[str, str, bool]:
+    config = worker.vllm_config.compilation_config
+    (model,) = [m for m in worker.model_runner.model.modules() if hasattr(m, "do_not_compile")]
+    return config.mode.name, config.backend, not model.do_not_compile and model.compiled
+
+
+def target_compilation(llm) -> tuple[str, str, bool]:
+    """(vLLM's compilation mode, its backend, whether the target's model was compiled)."""
+    (compilation,) = llm.collective_rpc(_target_compilation)
+    return compilation
+
+
 def tree_paths(tree: str) -> list[tuple[int, ...]]:
     """A token tree as written for vLLM ("[(0,), (1,), (0, 0)]"), read without the plugin's
     parser: one path of top-k ranks per node."""
