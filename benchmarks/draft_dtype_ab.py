@@ -52,6 +52,7 @@ def one_engine(job: tuple[int, str, str | None, str, int]) -> list[dict]:
     from vllm import SamplingParams
 
     from vllm_clover.assets.target import fetch_reference_target
+    from vllm_clover.bench.config import FLOOR_SCHEDULE
     from vllm_clover.bench.measure import engine, install_drafting_timer, timed_chat
     from vllm_clover.bench.prompts import load_prompts, take_prompts
 
@@ -63,7 +64,7 @@ def one_engine(job: tuple[int, str, str | None, str, int]) -> list[dict]:
         if flag[:1] == "k" and flag[1:].isdigit():
             spec |= {"draft_budget": "fixed", "num_speculative_tokens": int(flag[1:]) or 1}
             if flag == "k0":  # vLLM wants num_speculative_tokens >= 1: a table of zeros
-                spec["num_speculative_tokens_per_batch_size"] = [[1, batch, 0]]
+                spec["num_speculative_tokens_per_batch_size"] = FLOOR_SCHEDULE
     with engine(str(fetch_reference_target()), spec, batch, dtype=dtype) as llm:
         if spec is not None:
             install_drafting_timer(llm)
