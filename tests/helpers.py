@@ -188,8 +188,13 @@ def in_process_llm(model: Path, **engine_args):
         VLLM_ENABLE_V1_MULTIPROCESSING="0",
         VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
     )
+    from vllm import envs
+
     from vllm_clover.engine import start_llm
 
+    # Each engine freezes vLLM's environment for the process (enable_envs_cache); unfrozen,
+    # this engine reads the variables as the test set them, not as the first engine did.
+    envs.disable_envs_cache()
     engine_args.setdefault("disable_log_stats", False)  # the counters `speculation` reads
     llm = None
     try:

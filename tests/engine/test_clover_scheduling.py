@@ -394,12 +394,9 @@ def test_compiled_mode(reference_target, clover_spec, cases, monkeypatch):
     engine runs Dynamo's capture on the eager backend (VLLM_CPU_CI_ENV, as vLLM's CPU CI
     does) rather than build one graph twice.
     """
-    from vllm import envs
-
     inductor = Path(clover_spec["model"]).name != FULL_CLOVER_HEADS.name
     if not inductor:
         monkeypatch.setenv("VLLM_CPU_CI_ENV", "1")
-    envs.disable_envs_cache()  # an earlier engine froze vLLM's environment in this process
     prompts, params, expected = cases["plain"]
     with in_process_llm(
         reference_target, speculative_config=clover_spec, max_num_seqs=4, enforce_eager=False
@@ -407,7 +404,6 @@ def test_compiled_mode(reference_target, clover_spec, cases, monkeypatch):
         outputs = _generate(llm, prompts[:4], params[:4])
         stats = speculation(llm)
         compiled = target_compilation(llm)
-    envs.disable_envs_cache()  # the next engine reads the environment as the test left it
     assert compiled == ("DYNAMO_TRACE_ONCE", "inductor" if inductor else "eager", True)
     assert outputs == expected[:4]
     assert_clover_speculated(stats, k=clover_spec["num_speculative_tokens"])
