@@ -22,6 +22,31 @@ from vllm_clover.bundled import REFERENCE_HEADS
 
 # (K, step rows, has a prompt chunk, seconds, [(pass rows, seconds)]) per drafting call
 CALLS: list[tuple[int, int, bool, float, list[tuple[int, float]]]] = []
+# (K, batch, scheduled tokens, seconds, decoded only) per engine step, as the budget saw it
+STEPS: list[tuple[int, int, int, float, bool]] = []
+
+
+def trace_steps(budget) -> None:
+    """Record every step the goodput budget observes (in this process: in-process engine)."""
+    observe = budget.observe_step
+
+    def traced(seconds, tokens, k, batch, verified):
+        STEPS.append((k, batch, tokens, seconds, len(verified) == batch))
+        observe(seconds, tokens, k, batch, verified)
+
+    budget.observe_step = traced
+
+
+def report_steps() -> None:
+    """Per step: K, batch, tokens, ms; then the decode steps' ms summed by K."""
+    print("step K batch tokens ms decode-only:")
+    for i, (k, batch, tokens, seconds, decode) in enumerate(STEPS):
+        print(i, k, batch, tokens, f"{1e3 * seconds:.1f}", int(decode))
+    by_k: dict[tuple[int, bool], list[float]] = defaultdict(list)
+    for k, _, _, seconds, decode in STEPS:
+        by_k[(k, decode)].append(seconds)
+    for (k, decode), times in sorted(by_k.items()):
+        print(f"K={k} decode-only={decode}: {len(times)} steps, {1e3 * sum(times):.0f} ms")
 
 
 def trace_drafter(worker) -> None:
@@ -109,8 +134,9 @@ def main() -> None:
     with engine(target, spec, args.batch_size, dtype=args.dtype) as llm:
         llm.chat(chats[:2], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
         llm.collective_rpc(trace_drafter)
-        run = timed_chat(llm, chats, SamplingParams(temperature=0.0, max_tokens=args.max_tokens))
         budget = llm.llm_engine.engine_core.engine_core.scheduler.clover_budget
+        trace_steps(budget)
+        run = timed_chat(llm, chats, SamplingParams(temperature=0.0, max_tokens=args.max_tokens))
         tokens = sum(len(t) for t in run.tokens)
         print(f"{tokens / run.seconds:.1f} tokens/s, {run.counters.steps} steps, tau", end=" ")
         print(f"{run.counters.tau:.3f}")
@@ -118,6 +144,7 @@ def main() -> None:
         (deferral,) = llm.collective_rpc(deferral_stats)
         print("deferral:", deferral)
     report_calls()
+    report_steps()
 
 
 if __name__ == "__main__":
