@@ -201,6 +201,29 @@ def test_explores_a_neighbour_only_when_it_is_a_close_call(monkeypatch):
         assert picks.count(2) == 0 and picks.count(0) == 1000 - picks.count(1)
 
 
+def test_close_calls_are_tried_only_after_a_step_that_drafted(monkeypatch):
+    """K = 1 predicted at 90% of K = 0, already measured: a step of K = 0 keeps the block's
+    rows, so K = 1 is never tried right after one (its catch-up would cost more than the
+    trial tells); where the rows never wait (explore_from_zero), about one step in 16."""
+    for from_zero in (False, True):
+        config = GoodputConfig(
+            max_k=2, warmup_steps=1, seed=3, min_measured=0, explore_from_zero=from_zero
+        )
+        controller = GoodputController(config)
+        monkeypatch.setattr(controller, "predicted_goodput", lambda b: np.array([1.0, 0.9, 0.2]))
+        picks = []
+        for _ in range(1001):
+            k = controller.choose(8)
+            controller.observe_step(0.05 + 0.02 * k, 8 * (1 + k), k, 8, [(0, 0)] * 8)
+            picks.append(k)
+        after_k0 = [b for a, b in zip(picks[1:], picks[2:], strict=False) if a == 0]
+        if from_zero:
+            assert 40 <= after_k0.count(1) <= 90, after_k0.count(1)
+        else:
+            assert after_k0.count(1) == 0 and picks[1:].count(1) <= 2, picks.count(1)
+        assert picks.count(2) == 1  # the warm-up step only
+
+
 def test_a_k_priced_only_by_the_warm_up_is_measured_before_it_is_ruled_out(monkeypatch):
     """K = 1 predicted at 50% of K = 0 at batch 16 is still explored until 8 decode steps of
     batch 16 have run it (its price may come from prefill steps alone), in one burst of 8

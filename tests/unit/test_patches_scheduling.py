@@ -18,14 +18,26 @@ pytestmark = pytest.mark.unit
 
 
 def vllm_config(
-    method="clover", budget="goodput", async_scheduling=False, dp=1, batches=1, tree=None
+    method="clover",
+    budget="goodput",
+    async_scheduling=False,
+    dp=1,
+    batches=1,
+    tree=None,
+    block_layers=2,
+    defer_block=None,
 ):
+    heads = SimpleNamespace(
+        use_augmenting_block=block_layers > 0, num_augmenting_layers=block_layers
+    )
     return SimpleNamespace(
         speculative_config=SimpleNamespace(
             method=method,
             draft_budget=budget,
             num_speculative_tokens=4,
             speculative_token_tree=tree,
+            draft_model_config=SimpleNamespace(hf_config=heads),
+            defer_block=defer_block,
         ),
         scheduler_config=SimpleNamespace(
             async_scheduling=async_scheduling, max_num_batched_tokens=2048
@@ -45,6 +57,14 @@ def test_only_a_synchronous_clover_engine_with_goodput_gets_a_controller():
     assert goodput_controller(SimpleNamespace(speculative_config=None)) is None
     for unsupported in ({"async_scheduling": True}, {"dp": 2}, {"batches": 2}):
         assert goodput_controller(vllm_config(**unsupported)) is None, unsupported
+
+
+def test_close_calls_from_k0_are_tried_only_where_the_blocks_rows_never_wait():
+    """Heads whose block defers its rows at K = 0 (the default) try close calls only from a
+    step that drafted; heads without a block, or with defer_block false, from any step."""
+    assert goodput_controller(vllm_config()).config.explore_from_zero is False
+    assert goodput_controller(vllm_config(block_layers=0)).config.explore_from_zero is True
+    assert goodput_controller(vllm_config(defer_block=False)).config.explore_from_zero is True
 
 
 def test_the_lookup_asks_the_controller_once_per_step():

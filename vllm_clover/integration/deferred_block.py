@@ -52,16 +52,28 @@ logger = init_logger("vllm.clover.deferred_block")
 
 
 def block_deferral(vllm_config, trees: bool) -> BlockDeferral | None:
-    """A `BlockDeferral` where the block's rows may wait: heads with an Augmenting Block,
-    `defer_block` on (the default), chains, one step at a time (no async scheduling, no
-    batch queue) and no data parallelism (whose ranks pad their passes to one size).
-    Under async scheduling the goodput budget, the one that drafts nothing under load,
-    is off anyway."""
+    """A `BlockDeferral` where the block's rows may wait (`why_block_runs` finds nothing)."""
+    why_not = why_block_runs(vllm_config, trees)
+    if why_not is None:
+        return None
+    if why_not:
+        logger.info("Clover: the Augmenting Block runs at every step (%s)", ", ".join(why_not))
+        return None
+    logger.info("Clover: steps that draft nothing defer the Augmenting Block")
+    return BlockDeferral(vllm_config.cache_config.block_size)
+
+
+def why_block_runs(vllm_config, trees: bool) -> list[str] | None:
+    """Why the block's rows cannot wait on steps that draft nothing: [] where they wait
+    (heads with an Augmenting Block, `defer_block` on, the default; chains, one step at a
+    time, no data parallelism, whose ranks pad their passes to one size), the reasons where
+    they run at every step, None where the heads have no block. Under async scheduling the
+    goodput budget, the one that drafts nothing under load, is off anyway."""
     spec = vllm_config.speculative_config
     config = spec.draft_model_config.hf_config
     if not (config.use_augmenting_block and config.num_augmenting_layers):
         return None
-    why_not = [
+    return [
         reason
         for reason, applies in (
             ("defer_block is false", getattr(spec, "defer_block", None) is False),
@@ -72,11 +84,6 @@ def block_deferral(vllm_config, trees: bool) -> BlockDeferral | None:
         )
         if applies
     ]
-    if why_not:
-        logger.info("Clover: the Augmenting Block runs at every step (%s)", ", ".join(why_not))
-        return None
-    logger.info("Clover: steps that draft nothing defer the Augmenting Block")
-    return BlockDeferral(vllm_config.cache_config.block_size)
 
 
 def next_token_ids_after(

@@ -21,18 +21,22 @@ them to the measured step times by exponentially weighted least squares on relat
 confidence bound (`optimism`), so that a few unlucky early requests cannot hold K at 0. A share
 of steps (`explore`) tries a K next to the best one when the model predicts it within
 `explore_margin` of the best, so that the model keeps being measured where its choice is a
-close call, or when fewer than `min_measured` decode steps of batch sizes like this one
-(the same power-of-two bucket: 33-64 is one) have run it: until then its price rests on the
-warm-up cycle, which drafts on long prefill steps, and a K priced too high there would
-otherwise never be tried again. Under load the batch size wanders (64, 61, 58, ...), and a
-K tried after a stretch of K = 0 runs the Augmenting Block's deferred rows too
-(``deferred_block.py``), one and a half steps' time at batch 64: counted per exact batch
-size, those trials never end. For the same reason an unmeasured K is tried in one burst of
-consecutive steps, not one step at a time: the first step of the burst catches the deferred
-rows up, the others find nothing waiting (eight trials scattered over a stretch of K = 0
-paid eight catch-ups), and they measure what K costs once it runs, not what switching to it
-costs. Other Ks predicted clearly worse are not tried (their price comes from the model,
-whose terms are linear in K).
+close call (but not right after a step that drafted nothing: see below), or when fewer than
+`min_measured` decode steps of batch sizes like this one (the same power-of-two bucket: 33-64
+is one) have run it: until then its price rests on the warm-up cycle, which drafts on long
+prefill steps, and a K priced too high there would otherwise never be tried again. Under load
+the batch size wanders (64, 61, 58, ...), and a K tried after a stretch of K = 0 runs the
+Augmenting Block's deferred rows too (``deferred_block.py``), one and a half steps' time at
+batch 64: counted per exact batch size, those trials never end. For the same reason an
+unmeasured K is tried in one burst of consecutive steps, not one step at a time: the first step
+of the burst catches the deferred rows up, the others find nothing waiting (eight trials
+scattered over a stretch of K = 0 paid eight catch-ups), and they measure what K costs once it
+runs, not what switching to it costs. Other Ks predicted clearly worse are not tried (their
+price comes from the model, whose terms are linear in K). A close call is tried only from a
+step that drafted: a single step of K = 1 after a stretch of K = 0 first runs the block over
+every row the stretch kept (at batch 64, the prompts of a whole wave of requests: 7,000 rows
+and four steps' time in a traced run, docs/benchmarks.md), which one step's measurement does
+not repay; from K = 0 the model's own choice, and the trials of unmeasured Ks, still switch.
 
 Worked example (illustrative figures, not measurements): f(1) = 30 ms, f(2) = 31.5 ms,
 f(5) = 36 ms, f(16) = 60 ms, f(32) = 96 ms, each head step 3 ms (g = e = 0), a = (0.3, 0.1,
@@ -61,6 +65,7 @@ class GoodputConfig:
     explore: float = 1 / 16  # share of steps that try (or start a burst on) the best K -+ 1 ...
     explore_margin: float = 0.2  # ... if predicted within this fraction of the best goodput
     min_measured: int = 8  # ... or if fewer decode steps of this batch bucket measured that K
+    explore_from_zero: bool = False  # close calls tried after a K = 0 step too (pays a catch-up)
     optimism: float = 1.0  # z of the acceptance's upper confidence bound the choice reads
     warmup_steps: int = 0  # first steps cycle K = max_k, 0, max_k - 1, ... (0: max_k + 1)
     cost_memory: float = 0.998  # per-step forgetting of the cost fit (about 500 steps)
@@ -262,9 +267,10 @@ class GoodputController:
     def _explore(self, batch: int, best: int, goodput: np.ndarray) -> int | None:
         """The K to try instead of `best` this step, if any: the next step of a burst on an
         unmeasured K, or (one step in 1 / explore) a neighbour that is unmeasured, which
-        starts a burst, or a close call. Example, min_measured 8: K = 1 unmeasured at batch
-        64 is tried on 8 consecutive decode steps of batch sizes 33-64, then only as a close
-        call; a step of batch 16 (another bucket) ends the burst."""
+        starts a burst, or a close call if the last step drafted. Example, min_measured 8:
+        K = 1 unmeasured at batch 64 is tried on 8 consecutive decode steps of batch sizes
+        33-64, then only as a close call, and only while K > 0 steps run; a step of batch 16
+        (another bucket) ends the burst."""
         bucket = batch_bucket(batch)
         if self._trial is not None:
             trial_bucket, trial_k = self._trial
@@ -280,7 +286,8 @@ class GoodputController:
             # a prefill step does not measure, so the burst gets twice its length in steps
             self._trial, self._trial_steps_left = (bucket, near), 2 * self.config.min_measured
             return near
-        if goodput[near] >= (1 - self.config.explore_margin) * goodput[best]:
+        in_sync = self.last_k > 0 or self.config.explore_from_zero  # no rows wait
+        if in_sync and goodput[near] >= (1 - self.config.explore_margin) * goodput[best]:
             return near
         return None
 

@@ -16,6 +16,7 @@ import time
 
 from vllm.logger import init_logger
 
+from vllm_clover.integration.deferred_block import why_block_runs
 from vllm_clover.integration.goodput import GoodputConfig, GoodputController
 from vllm_clover.integration.patches.marking import CLOVER_METHOD, is_patched, mark
 
@@ -65,6 +66,8 @@ def goodput_controller(vllm_config) -> GoodputController | None:
     config = GoodputConfig(
         max_k=spec.num_speculative_tokens,
         max_tokens=vllm_config.scheduler_config.max_num_batched_tokens,
+        # steps at K = 0 keep the block's rows only where they may wait (deferred_block.py)
+        explore_from_zero=why_block_runs(vllm_config, trees=False) != [],
     )
     logger.info("Clover: goodput draft budget, K chosen per step in 0..%d", config.max_k)
     return GoodputController(config)
