@@ -18,7 +18,9 @@ Augmenting Block at every step (``defer_block`` false, ``deferred_block.py``), t
 deferring it on steps that draft nothing buys; ``:kN`` (e.g. ``auto:k1``) drafts a fixed N
 tokens per request at every step (``draft_budget`` "fixed", ``num_speculative_tokens`` N;
 ``:k0`` none, speculation configured but off) instead of the goodput budget's choice, to
-time what that choice is worth. ``--passes N``
+time what that choice is worth; ``:FIELD=VALUE`` (e.g. ``auto:explore=0``) sets a field of
+the goodput budget's `GoodputConfig` in that engine, to time a controller setting (an
+experiment, not a user option). ``--passes N``
 times the workload N times on each engine: the first pass includes what the goodput budget
 spends learning (its warm-up and trials), the later ones show a budget that has learnt, as
 on a long-running server. ``--dtype bfloat16`` runs the target (and the
@@ -65,6 +67,9 @@ def one_engine(job: tuple[int, str, str | None, str, int]) -> list[dict]:
             spec |= {"draft_budget": "fixed", "num_speculative_tokens": int(flag[1:]) or 1}
             if flag == "k0":  # vLLM wants num_speculative_tokens >= 1: a table of zeros
                 spec["num_speculative_tokens_per_batch_size"] = FLOOR_SCHEDULE
+    overrides = dict(flag.split("=", 1) for flag in flags if "=" in flag)
+    if overrides:
+        override_goodput_config(overrides)
     with engine(str(fetch_reference_target()), spec, batch, dtype=dtype) as llm:
         if spec is not None:
             install_drafting_timer(llm)
@@ -83,6 +88,26 @@ def one_engine(job: tuple[int, str, str | None, str, int]) -> list[dict]:
         }
         for run in runs
     ]
+
+
+def override_goodput_config(overrides: dict[str, str]) -> None:
+    """(In a child whose engine runs in-process.) Build every goodput budget with these
+    `GoodputConfig` fields (strings, converted to each field's default's type)."""
+    import dataclasses
+
+    from vllm_clover.integration.patches import scheduling
+
+    build = scheduling.goodput_controller
+
+    def with_overrides(vllm_config):
+        controller = build(vllm_config)
+        if controller is None:
+            return None
+        config = controller.config
+        values = {k: type(getattr(config, k))(float(v)) for k, v in overrides.items()}
+        return type(controller)(dataclasses.replace(config, **values))
+
+    scheduling.goodput_controller = with_overrides
 
 
 def summarize(runs: dict[str, list[dict]]) -> dict:
