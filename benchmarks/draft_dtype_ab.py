@@ -1,10 +1,11 @@
 """Draft-row scoring formats end to end: vanilla and Clover with each `CLOVER_DRAFT_DTYPE`,
 in-process engines alternating round by round (each in its own forked process, as the bench
-runs them), T = 0, MT-Bench first turns, 64 new tokens.
+runs them; each round starts one engine later than the round before), T = 0, MT-Bench first
+turns, 64 new tokens.
 
 `vllm-clover bench` reads the format from the environment once per invocation, so two
 invocations compare formats across minutes of host drift; here every round runs vanilla and
-then each format back to back, and each ratio is to its own round's vanilla. Prints, per
+each format back to back, and each ratio is to its own round's vanilla. Prints, per
 format, the median tokens/s ratio with its range, the median drafting milliseconds per engine
 step and whether every greedy output equalled vanilla's; writes the runs as JSON.
 
@@ -152,8 +153,12 @@ def main() -> None:
     prepare_engine_server()
     # name -> one list per round of the engine's passes
     runs: dict[str, list[list[dict]]] = {"vanilla": [], **{f: [] for f in args.formats}}
+    names = list(runs)
     for round_ in range(args.rounds):
-        for name in runs:
+        # each round starts one engine later, so that no engine always runs first (on a
+        # machine where the engines of a round slow down one after another, that would bias
+        # every ratio); each ratio is still to its own round's vanilla
+        for name in names[round_ % len(names) :] + names[: round_ % len(names)]:
             fmt = None if name == "vanilla" else name
             job = (args.batch_size, args.heads, fmt, args.dtype, args.passes)
             passes = run_isolated(one_engine, job)
