@@ -5,7 +5,8 @@ Prints the run's tokens/s, the controller's decisions (warm-up, exploration, its
 choices by batch size), what it has learned (acceptance per position, the step-cost knots,
 the predicted tokens/s of each K at a few batch sizes), and every drafting call of the
 run: its K, the step's rows, its milliseconds and the Augmenting Block passes it ran (rows,
-milliseconds), summed by kind of step (drafting or not, with or without a prompt chunk).
+milliseconds), summed by kind of step (drafting or not, with or without a prompt chunk),
+and every step as the budget observed it (K, batch, scheduled tokens, milliseconds).
 
     python benchmarks/budget_trace.py --batch-size 64 \
         --heads checkpoints/smollm2-135m-instruct-clover2 > trace.txt
