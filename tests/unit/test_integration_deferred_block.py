@@ -43,6 +43,18 @@ def test_rows_wait_per_request_until_a_step_takes_them():
     assert (deferral.stats.deferred, deferral.stats.caught_up, deferral.stats.dropped) == (5, 5, 0)
 
 
+def test_gathered_rows_keep_the_segments_order_across_interleaved_steps():
+    """The docstring's example (both steps give fewer than half their rows, so both are
+    cut to those rows before they are concatenated); then a step given whole (half its rows
+    or more) next to a cut one, and a step given whole alone."""
+    s1, s2 = step_rows(list(range(10, 18))), step_rows([30, 31, 32, 33, 34, 35])
+    rows = gather([(s1, 0, 2), (s2, 5, 6), (s1, 7, 8)])
+    assert positions_of(rows) == [10, 11, 35, 17]
+    assert rows.signal[:, 1].tolist() == [7.0] * 4  # every column, whole rows
+    assert positions_of(gather([(s2, 1, 3), (s1, 4, 5), (s2, 3, 4)])) == [31, 32, 14, 33]
+    assert positions_of(gather([(s1, 2, 3), (s1, 5, 8)])) == [12, 15, 16, 17]
+
+
 def test_rows_scheduled_again_are_dropped():
     """A step verifying drafts schedules 10, 11, 12; 11 and 12 are rejected, so the next
     step schedules 11 again: only 10's row is still the block's to run."""

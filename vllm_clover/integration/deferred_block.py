@@ -115,21 +115,39 @@ BlockInputOf = Callable[[StepRows], torch.Tensor]  # rows -> x [N, D], what the 
 
 
 def gather(segments: Sequence[Segment]) -> StepRows:
-    """The rows of `segments`, concatenated in order: one index_select per column (over
-    the concatenation of the distinct steps they come from), not one slice per segment."""
-    steps: dict[int, tuple[StepRows, int]] = {}  # id -> (step, offset in the concatenation)
-    total, index = 0, []
+    """The rows of `segments`, concatenated in order: one index_select per column over the
+    concatenation of the distinct steps they come from (not one slice per segment: a
+    catch-up reads thousands of one-row segments). A step that gives fewer than half its
+    rows enters that concatenation as those rows only: a block that fills at a decode step
+    takes a few rows of the prompt chunk it began in (thousands of rows, W wide) and one row
+    of each decode step since, and copying those steps whole cost more than the block.
+
+    Example: segments (s1, 0, 2), (s2, 5, 6), (s1, 7, 8), s1 8 rows long, s2 6: s1 gives
+    rows 0, 1, 7 and s2 row 5, fewer than half of each; the concatenation is those four
+    rows (s1 0, s1 1, s1 7, s2 5), and the index (0, 1, 3, 2) reads them in the segments'
+    order: s1 0, s1 1, s2 5, s1 7.
+    """
+    steps: dict[int, tuple[StepRows, list[np.ndarray]]] = {}
     for step, begin, end in segments:
-        if id(step) not in steps:
-            steps[id(step)] = (step, total)
-            total += step.slots.shape[0]
-        offset = steps[id(step)][1]
-        index.append(np.arange(offset + begin, offset + end))
-    parts = [step for step, _ in steps.values()]
-    rows = torch.from_numpy(np.concatenate(index)).to(parts[0].slots.device)
+        steps.setdefault(id(step), (step, []))[1].append(np.arange(begin, end))
+    pieces, places, total = [], {}, 0  # places: id -> concatenation row of each step row
+    for key, (step, ranges) in steps.items():
+        size, taken = step.slots.shape[0], np.unique(np.concatenate(ranges))
+        if 2 * len(taken) >= size:  # most of it: the step as it is, no copy
+            pieces.append((step, None))
+            places[key], total = np.arange(total, total + size), total + size
+        else:
+            pieces.append((step, torch.from_numpy(taken).to(step.slots.device)))
+            places[key] = np.full(size, -1)
+            places[key][taken], total = np.arange(total, total + len(taken)), total + len(taken)
+    index = np.concatenate([places[id(step)][begin:end] for step, begin, end in segments])
+    rows = torch.from_numpy(index).to(segments[0][0].slots.device)
 
     def column(name: str) -> torch.Tensor:
-        values = [getattr(step, name) for step in parts]
+        values = [
+            getattr(step, name) if taken is None else getattr(step, name).index_select(0, taken)
+            for step, taken in pieces
+        ]
         return (values[0] if len(values) == 1 else torch.cat(values)).index_select(0, rows)
 
     return StepRows(column("signal"), column("next_ids"), column("slots"))
