@@ -133,7 +133,7 @@ def gather(segments: Sequence[Segment]) -> StepRows:
     pieces, places, total = [], {}, 0  # places: id -> concatenation row of each step row
     for key, (step, ranges) in steps.items():
         size, taken = step.slots.shape[0], np.unique(np.concatenate(ranges))
-        if 2 * len(taken) >= size:  # most of it: the step as it is, no copy
+        if 2 * len(taken) >= size:  # most of it: the step whole, not cut first
             pieces.append((step, None))
             places[key], total = np.arange(total, total + size), total + size
         else:
