@@ -23,7 +23,7 @@ from helpers import (
     mtbench_prompts,
     run_with_aborts,
 )
-from vllm_clover.bundled import FULL_CLOVER_HEADS
+from vllm_clover.bundled import CLOVER2_HEADS
 
 pytestmark = pytest.mark.engine
 
@@ -387,14 +387,15 @@ def test_confidence_stop_drafts_per_request_lengths(reference_target, clover_spe
 
 def test_compiled_mode(reference_target, clover_spec, cases, monkeypatch):
     """vLLM's default torch.compile mode on CPU: Dynamo captures the target once, Inductor
-    compiles it (~100 s on 2 cores per engine: the cache is per engine configuration).
+    compiles it (~70-90 s on 2 cores per engine: the cache is per engine configuration).
 
-    The reference heads and -clover2 (whose target graph also returns the middle layers)
-    compile with Inductor; the full heads' target graph is the reference heads', so their
-    engine runs Dynamo's capture on the eager backend (VLLM_CPU_CI_ENV, as vLLM's CPU CI
-    does) rather than build one graph twice.
+    -clover2's target graph also returns the middle layers (patch target_signal), so it
+    compiles with Inductor. The reference and full heads read the plain target graph, the one
+    vLLM compiles without speculation, so their engines run Dynamo's capture on the eager
+    backend (VLLM_CPU_CI_ENV, as vLLM's CPU CI does): the proposer still reads the hidden
+    states of a captured graph.
     """
-    inductor = Path(clover_spec["model"]).name != FULL_CLOVER_HEADS.name
+    inductor = Path(clover_spec["model"]).name == CLOVER2_HEADS.name
     if not inductor:
         monkeypatch.setenv("VLLM_CPU_CI_ENV", "1")
     prompts, params, expected = cases["plain"]
