@@ -55,6 +55,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from vllm_clover.integration.piecewise_fit import (
+    curvature_penalty,
+    hats,
+    nonnegative_least_squares,
+)
+
 
 @dataclass(frozen=True)
 class GoodputConfig:
@@ -119,7 +125,7 @@ class StepCostModel:
         self.to_values[: len(self.knots), : len(self.knots)] = np.tril(
             np.ones((len(self.knots),) * 2)
         )
-        penalty = _curvature_penalty(self.knots, size)
+        penalty = curvature_penalty(self.knots, size)
         self.penalty = config.smoothness * self.to_values.T @ penalty @ self.to_values
         self.observations = 0
         self.weight_sum = 0.0  # forgotten like xtx; / count: the scale of the prior
@@ -129,7 +135,7 @@ class StepCostModel:
 
     def features(self, tokens: float, k: int, batch: int) -> np.ndarray:
         x = np.zeros(len(self.knots) + 3)
-        x[: len(self.knots)] = _hats(self.knots, tokens)
+        x[: len(self.knots)] = hats(self.knots, tokens)
         x[-3:] = (1.0 if k > 0 else 0.0, k, k * batch)
         return x @ self.to_values
 
@@ -347,53 +353,3 @@ def _warmup_k(step: int, max_k: int) -> int:
     """max_k, 0, max_k - 1, 1, ... : the extremes first, so both ends of the cost are seen."""
     i = step % (max_k + 1)
     return max_k - i // 2 if i % 2 == 0 else i // 2
-
-
-def _hats(knots: np.ndarray, tokens: float) -> np.ndarray:
-    """Linear-interpolation weights of `tokens` on `knots` (extrapolating at the ends)."""
-    x = float(min(max(tokens, knots[0]), 4 * knots[-1]))
-    j = int(np.clip(np.searchsorted(knots, x) - 1, 0, len(knots) - 2))
-    w = (x - knots[j]) / (knots[j + 1] - knots[j])
-    hats = np.zeros(len(knots))
-    hats[j], hats[j + 1] = 1 - w, w
-    return hats
-
-
-def _curvature_penalty(knots: np.ndarray, size: int) -> np.ndarray:
-    """P with f^T P f = sum_j (x_j * slope change at knot j)^2: zero for f linear in N, so a
-    knot no step has reached is extrapolated linearly from its neighbours."""
-    rows = []
-    for j in range(1, len(knots) - 1):
-        left, right = 1 / (knots[j] - knots[j - 1]), 1 / (knots[j + 1] - knots[j])
-        row = np.zeros(size)
-        row[j - 1 : j + 2] = knots[j] * np.array([left, -(left + right), right])
-        rows.append(row)
-    diff = np.array(rows)
-    ridge = 1e-6 * np.eye(size)  # keeps every coefficient determined before any data
-    return diff.T @ diff + ridge
-
-
-def nonnegative_least_squares(gram: np.ndarray, rhs: np.ndarray) -> np.ndarray:
-    """argmin_{x >= 0} x^T gram x - 2 rhs^T x (Lawson-Hanson's active set, on the normal
-    equations): coefficients that would go negative are held at 0 and the rest refitted."""
-    size = len(rhs)
-    passive = np.zeros(size, dtype=bool)  # the coefficients free to be > 0
-    x = np.zeros(size)
-    for _ in range(3 * size):
-        gradient = rhs - gram @ x
-        candidates = np.where(~passive & (gradient > 1e-12))[0]
-        if len(candidates) == 0:
-            break
-        passive[candidates[np.argmax(gradient[candidates])]] = True
-        while True:
-            z = np.zeros(size)
-            z[passive] = np.linalg.solve(gram[np.ix_(passive, passive)], rhs[passive])
-            if (z[passive] > 0).all():
-                x = z
-                break
-            blocking = passive & (z <= 0)
-            step = np.min(x[blocking] / (x[blocking] - z[blocking]))
-            x = x + step * (z - x)
-            passive &= x > 1e-15
-            x[~passive] = 0.0
-    return x
