@@ -24,13 +24,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 from vllm.config import CUDAGraphMode
-from vllm.distributed import tensor_model_parallel_all_gather
 from vllm.forward_context import set_forward_context
 from vllm.logger import init_logger
 from vllm.v1.spec_decode.eagle import EagleProposer
 
-from vllm_clover.integration.checks import confidence_thresholds, target_lm_head_layers
-from vllm_clover.integration.cpu_gemm import onednn_row_packer
+from vllm_clover.integration.checks import confidence_thresholds
 from vllm_clover.integration.deferred_block import (
     StepRows,
     block_deferral,
@@ -38,11 +36,8 @@ from vllm_clover.integration.deferred_block import (
 )
 from vllm_clover.integration.deferred_passes import run_deferring
 from vllm_clover.integration.parked_blocks import ParkedBlocks
-from vllm_clover.modeling.checkpoint import CloverCheckpointError, check_target_fits
+from vllm_clover.integration.target_tables import attach_target_tables
 from vllm_clover.modeling.draft_sampling import DraftSampler
-from vllm_clover.modeling.scoring import PACKED_DTYPES
-from vllm_clover.modeling.tables import DRAFT_DTYPE_ENV, draft_dtype_setting
-from vllm_clover.modeling.vocab_parallel import VocabParallelTables
 from vllm_clover.tree.draft import propose_confident_tree, propose_tree
 from vllm_clover.tree.subset import pack
 
@@ -329,63 +324,11 @@ class CloverProposer(EagleProposer):
         """Clover has no token embedding of its own to share (see _maybe_share_lm_head)."""
 
     def _maybe_share_lm_head(self, target_language_model: nn.Module) -> None:
-        """Attach the target's LM head (and input embedding) to the tables, after checking
-        that they are the ones the heads were trained for (shape and fingerprint), and pick
-        the format drafting scores them in.
-
-        Under tensor parallelism each rank attaches its own rows (no copy); the full LM
-        head is gathered once, here, for the fingerprint check only.
-        """
-        config, tables = self.model.config, self.model.tables
-        lm_head, embedding = target_lm_head_layers(target_language_model, config)
-        vocab = config.vocab_size
-        if isinstance(tables, VocabParallelTables):
-            full_lm_head = tensor_model_parallel_all_gather(lm_head.weight, dim=0)[:vocab]
-            full_embedding = (
-                None
-                if embedding is None
-                else tensor_model_parallel_all_gather(embedding.weight, dim=0)[:vocab]
-            )
-            self._check_fits(full_lm_head, full_embedding)
-            del full_lm_head, full_embedding
-            shard = lm_head.shard_indices  # this rank's real ids, vLLM's padding dropped
-            rows = slice(0, shard.num_org_elements)
-            tables.attach_shard(
-                lm_head.weight[rows],
-                shard.org_vocab_start_index,
-                None if embedding is None else embedding.weight[rows],
-            )
-        else:
-            self._check_fits(
-                lm_head.weight[:vocab], None if embedding is None else embedding.weight[:vocab]
-            )
-            tables.attach(
-                lm_head.weight[:vocab], None if embedding is None else embedding.weight[:vocab]
-            )
-        setting = draft_dtype_setting()
-        packer = onednn_row_packer() if lm_head.weight.device.type == "cpu" else None
-        scoring = tables.choose_scoring(setting, packer)
-        logger.info(
-            "Clover: draft rows scored in %s%s, head network and target in %s (%s=%s)",
-            scoring,
-            " (oneDNN, packed)" if packer and scoring in PACKED_DTYPES else "",
-            lm_head.weight.dtype,
-            DRAFT_DTYPE_ENV,
-            setting,
+        """Attach the target's LM head and input embedding to the heads' tables, checked
+        against the ones they were trained for (``target_tables.py``)."""
+        attach_target_tables(
+            self.model, target_language_model, self.speculative_config.model, self.vllm_config
         )
-
-    def _check_fits(self, lm_head: torch.Tensor, embedding: torch.Tensor | None) -> None:
-        path = self.speculative_config.model
-        try:
-            # A served path never equals the recorded target name: the fingerprint decides.
-            check_target_fits(self.model.config, path, lm_head, embedding)
-        except CloverCheckpointError:
-            logger.error(
-                "Clover checkpoint %s does not fit target %s",
-                path,
-                self.vllm_config.model_config.model,
-            )
-            raise
 
 
 def _last_accepted(token_indices_to_sample: torch.Tensor | None, common_attn_metadata):
