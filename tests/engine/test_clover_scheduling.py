@@ -206,6 +206,10 @@ def _drafts_and_deferral(worker) -> tuple:
     return list(drafter.draft_log.drafts), stats
 
 
+def _subset_steps(worker) -> int:
+    return worker.model_runner.drafter.draft_log.subset_steps
+
+
 def _has_block(spec) -> bool:
     """Whether spec's heads have an Augmenting Block, whose rows steps may defer."""
     config = json.loads((Path(spec["model"]) / "config.json").read_text())
@@ -216,12 +220,29 @@ def _keep_drafts(worker) -> None:
     worker.model_runner.drafter.draft_log.keep_drafts = True
 
 
+def _script_budget(llm, schedule: list[list[int]], every: int) -> None:
+    """Replace the goodput controller's choice with `schedule` ([[lo, hi, K], ...] by batch
+    size), where every `every`-th step of K = 0 is a subset trial of K = 2 instead (the
+    controller then picks the 4 requests least behind, as it does for its own trials)."""
+    budget = goodput_budget(llm)
+
+    def choose(batch: int) -> int:
+        budget.steps += 1
+        k = next(k for low, high, k in schedule if low <= batch <= high)
+        trial = k == 0 and budget.steps % every == 0
+        budget.trial_size = 4 if trial else None
+        return 2 if trial else k
+
+    budget.choose = choose
+
+
 def test_steps_without_drafts_defer_the_block_without_changing_a_draft(
     reference_target, clover_spec, cases
 ):
     """A dynamic schedule as above (K = 0 above 4 requests), with a token budget small
     enough that the deferred rows of the requests left must be caught up over several
-    passes: every draft equals the one drafted with the block run at every step
+    passes, and every third step of K = 0 a subset trial (K = 2 for 4 requests, the others'
+    rows kept): every draft equals the one drafted with the block run at every step
     (defer_block false), outputs equal vanilla, and the block's rows were deferred, caught
     up in backlog passes and dropped for requests that finished while they waited, and the
     rows of each KV block (32 positions here) parked when the block filled. Heads without
@@ -231,7 +252,7 @@ def test_steps_without_drafts_defer_the_block_without_changing_a_draft(
     schedule = [[1, 2, k], [3, 4, 2], [5, 256, 0]]
     runs = []
     for defer in (None, False):  # the default, then off
-        spec = {**clover_spec, "num_speculative_tokens_per_batch_size": schedule}
+        spec = {key: value for key, value in clover_spec.items() if key != "draft_budget"}
         spec["defer_block"] = defer
         with in_process_llm(
             reference_target,
@@ -242,12 +263,18 @@ def test_steps_without_drafts_defer_the_block_without_changing_a_draft(
             block_size=32,
         ) as llm:
             llm.collective_rpc(_keep_drafts)
+            _script_budget(llm, schedule, every=3)
             outputs = _generate(llm, prompts, params)
             ((drafts, deferral),) = llm.collective_rpc(_drafts_and_deferral)
-            runs.append((outputs, drafts, deferral, speculation(llm)))
-    (deferred_outputs, deferred_drafts, deferral, stats), (outputs, drafts, off, _) = runs
+            (subset_steps,) = llm.collective_rpc(_subset_steps)
+            log = goodput_budget(llm).log
+            runs.append((outputs, drafts, deferral, speculation(llm), subset_steps, log))
+    (deferred_outputs, deferred_drafts, deferral, stats, subset_steps, log) = runs[0]
+    outputs, drafts, off, _, subset_steps_off, _ = runs[1]
     assert deferred_outputs == expected == outputs
     assert deferred_drafts == drafts and off is None
+    assert subset_steps == subset_steps_off == log.subset_steps > 0, log
+    assert log.subset_accepted > 0, log  # the target accepted some of the trials' drafts
     assert_clover_speculated(stats)
     assert {0, 2, k} <= set(stats.steps_by_k), stats.steps_by_k
     if not _has_block(clover_spec):
@@ -305,12 +332,14 @@ def test_blocks_filled_without_drafts_run_for_the_requests_that_share_them(
 
 def _together_then_alone(reference_target, spec, cases, alone: int):
     """One engine with `spec`: the 16 plain prompts at once, then the first `alone` one by
-    one. (outputs together, outputs alone, speculation, the controller's {batch: {K: steps}})."""
+    one. (outputs together, outputs alone, speculation, the controller's log, the steps
+    the proposer drafted for a subset of)."""
     prompts, params, _ = cases["plain"]
     with in_process_llm(reference_target, speculative_config=spec, max_num_seqs=16) as llm:
         together = _generate(llm, prompts, params)
         singles = [_generate(llm, [prompt], params[:1])[0] for prompt in prompts[:alone]]
-        return together, singles, speculation(llm), goodput_budget(llm).log.k_by_batch()
+        (subset_steps,) = llm.collective_rpc(_subset_steps)
+        return together, singles, speculation(llm), goodput_budget(llm).log, subset_steps
 
 
 # Heads whose drafts pay by a margin that step-time noise cannot hide at batch 1: the reference
@@ -330,11 +359,17 @@ def test_goodput_budget_drafts_where_drafts_pay(reference_target, clover_spec, c
     itself, K > 0 in 153 of 157), so either choice is right for them.
     What it picks under load depends on the machine's costs and the heads' acceptance (the
     benchmarks measure that); here every K it ran keeps outputs equal to vanilla, and one step
-    verifies chains of different lengths (the confidence stop within the chosen K)."""
+    verifies chains of different lengths (the confidence stop within the chosen K). Its
+    trials under load (the warm-up cycle's at least) draft for 4 of the 16 requests, the
+    proposer drafts for those only, and the target accepts some of their drafts."""
     expected = cases["plain"][2]
     spec = {key: value for key, value in clover_spec.items() if key != "draft_budget"}
-    together, alone, stats, picks = _together_then_alone(reference_target, spec, cases, 2)
+    together, alone, stats, log, subset_steps = _together_then_alone(
+        reference_target, spec, cases, 2
+    )
+    picks = log.k_by_batch()
     assert together == expected and alone == expected[:2]
+    assert subset_steps == log.subset_steps > 0 and log.subset_accepted > 0, log
     if request.node.callspec.params["shipped_heads"] in CLEAR_GAIN_ALONE:
         assert sum(n for k, n in picks[1].items() if k > 0) > sum(picks[1].values()) / 2, picks
     assert stats.steps_by_k.get(0, 0) > 0 and len(stats.steps_by_k) > 1, stats.steps_by_k
@@ -356,7 +391,8 @@ def test_goodput_budget_stops_drafting_when_drafts_do_not_pay(
     own decisions must be K = 0 once it has measured that, and outputs equal vanilla."""
     expected = cases["plain"][2]
     spec = {"method": "clover", "model": str(useless_heads), "num_speculative_tokens": 4}
-    together, alone, stats, picks = _together_then_alone(reference_target, spec, cases, 2)
+    together, alone, stats, log, _ = _together_then_alone(reference_target, spec, cases, 2)
+    picks = log.k_by_batch()
     assert together == expected and alone == expected[:2]
     assert stats.drafter == "CloverProposer" and stats.drafts > 0, stats  # the warm-up drafted
     loaded, single = Counter(), Counter(picks.get(1, {}))

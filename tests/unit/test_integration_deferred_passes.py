@@ -109,10 +109,13 @@ class RecordingBlock:
 TABLES = [[25 + j for j in range(8)], [50 + j for j in range(8)]]
 
 
-def step(deferral, block, a, b, defer, last=(-1, -1), tables=TABLES, offsets=(100, 200), ids="ab"):
+def step(
+    deferral, block, a, b, defer, last=(-1, -1), tables=TABLES, offsets=(100, 200), ids="ab",
+    drafting=None,
+):  # fmt: skip
     """One step scheduling a at positions `a` and b at `b` (at most 64 rows a pass), whose
     last accepted rows are last[i] of each (by default their last scheduled ones); `ids`
-    names the two requests."""
+    names the two requests, `drafting` the runner rows that draft (None: both)."""
     positions = torch.tensor(a + b)
     slots = torch.tensor([p + offsets[0] for p in a] + [p + offsets[1] for p in b])
     signal = torch.stack([positions.float(), torch.full_like(positions, 7).float()], dim=-1)
@@ -128,6 +131,7 @@ def step(deferral, block, a, b, defer, last=(-1, -1), tables=TABLES, offsets=(10
     return run_deferring(
         deferral, block, lambda rows: rows.signal, StepRows(signal, positions + 1, slots),
         positions, cad, torch.tensor(rows), list(ids), block_size=4, defer=defer, limit=64,
+        drafting=drafting,
     )  # fmt: skip
 
 
@@ -193,3 +197,25 @@ def test_a_rejected_row_never_runs_and_its_position_is_scheduled_again():
     assert (deferral.parked.blocks[26].start, deferral.parked.blocks[26].count) == (6, 2)
     assert deferral.stats.dropped == 2  # the first 7 and 8
     assert block.passes == []
+
+
+def test_a_trial_runs_the_drafting_requests_rows_and_keeps_the_others():
+    """Block size 4, a subset trial drafting for one of a and b at a time. Step 1 (K = 0):
+    both wait. Step 2, b drafts: b's 20 runs before its 21 in a pass of b alone, a's 6
+    waits with its 5. Step 3, a drafts: a's 5, 6 run before 7; b verifies a draft (22, 23),
+    which fills its block 20-23, so 22-23 are parked. Step 4, both draft: b runs the parked
+    rows first, then each request its own. h0 has a row per drafting request."""
+    deferral, block = BlockDeferral(block_size=4), RecordingBlock()
+    assert step(deferral, block, [5], [20], True) is None
+    h0 = step(deferral, block, [6], [21], False, drafting=[1])
+    assert block.passes == [([2], [22], [20, 21])] and h0[:, 0].tolist() == [21]
+    assert (deferral.waiting["a"].start, deferral.waiting["a"].count) == (5, 2)
+    h0 = step(deferral, block, [7], [22, 23], False, drafting=[0])
+    assert block.passes[1:] == [([3], [8], [5, 6, 7])] and h0[:, 0].tolist() == [7]
+    assert (deferral.parked.blocks[55].start, deferral.parked.blocks[55].count) == (22, 2)
+    h0 = step(deferral, block, [8], [24], False)
+    assert block.passes[2:] == [([2], [24], [22, 23]), ([1, 1], [9, 25], [8, 24])]
+    assert h0[:, 0].tolist() == [8, 24]
+    stats = deferral.stats
+    assert (stats.deferred, stats.parked, stats.caught_up) == (5, 2, 5)
+    assert deferral.waiting == {} and deferral.parked.blocks == {}

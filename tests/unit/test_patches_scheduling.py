@@ -3,6 +3,7 @@ controller, and what each step teaches it."""
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -10,9 +11,12 @@ import pytest
 from vllm_clover.integration import patches
 from vllm_clover.integration.patches.scheduling import (
     GoodputLookup,
+    drafting_subset,
     goodput_controller,
+    observe_step,
     verified_drafts,
 )
+from vllm_clover.integration.trial_subset import TrialSubsets
 
 pytestmark = pytest.mark.unit
 
@@ -84,7 +88,47 @@ def test_verified_drafts_follow_the_docstring_example():
         sampled_token_ids=[[5, 9, 7], [11], [12], [8, 8, 1]],
     )
     # a: 3 drafts, 2 accepted; b: none drafted; c: a prefill chunk (skipped); d: all accepted
-    assert verified_drafts(step, output) == [(3, 2), (0, 0), (2, 2)]
+    assert verified_drafts(step, output) == [("a", 3, 2), ("b", 0, 0), ("d", 2, 2)]
+
+
+def scheduled(tokens: dict[str, int], drafts: dict[str, list[int]], k: int) -> SimpleNamespace:
+    return SimpleNamespace(
+        num_scheduled_tokens=tokens,
+        scheduled_spec_decode_tokens=drafts,
+        total_num_scheduled_tokens=sum(tokens.values()),
+        num_spec_tokens_to_schedule=k,
+        finished_req_ids={"gone"},
+    )
+
+
+def test_a_trial_drafts_for_the_requests_least_behind_and_counts_only_their_drafts():
+    """A trial of K = 2 for 2 of 3 requests: a (5 rows behind) and c (1) draft, b (never
+    drafted for, 10 behind) does not. At the next step the verified drafts count as offered
+    2 for a and c and 0 for b, and the trial's step is logged as a subset's."""
+    controller = goodput_controller(vllm_config())
+    scheduler = SimpleNamespace(
+        clover_budget=controller,
+        clover_subsets=TrialSubsets(2),
+        clover_last_drafting=None,
+        clover_step_started=time.perf_counter(),
+        requests={r: SimpleNamespace(num_computed_tokens=10) for r in "abc"},
+    )
+    scheduler.clover_subsets.marks = {"a": 5, "c": 9, "gone": 3}
+    controller.trial_size = 2
+    trial = scheduled({"a": 1, "b": 1, "c": 1}, {}, k=2)
+    trial.clover_drafting = drafting_subset(scheduler, trial)
+    assert trial.clover_drafting == ["a", "c"]
+    assert scheduler.clover_subsets.marks == {"a": 10, "c": 10}  # "gone" finished
+    output = SimpleNamespace(req_id_to_index={"a": 0, "b": 1, "c": 2}, sampled_token_ids=[[1]] * 3)
+    observe_step(scheduler, trial, output)
+    assert controller.log.subset_steps == 1 and scheduler.clover_last_drafting == ["a", "c"]
+    verify = scheduled({"a": 3, "b": 1, "c": 3}, {"a": [5, 6], "c": [7, 8]}, k=0)
+    verify.clover_drafting = None
+    output.sampled_token_ids = [[5, 9], [4], [7, 8, 2]]
+    controller.acceptance.offered[:] = 0  # no prior, nothing from earlier steps
+    observe_step(scheduler, verify, output)
+    assert controller.acceptance.offered.tolist() == [2, 2, 0, 0]  # a and c, not b
+    assert controller.log.subset_accepted == 1 + 2
 
 
 def test_the_patch_is_applied_once_and_keeps_vllms_methods_underneath():

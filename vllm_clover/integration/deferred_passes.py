@@ -59,35 +59,46 @@ def run_deferring(
     block_size: int,
     defer: bool,
     limit: int,
+    drafting: Sequence[int] | None = None,
 ) -> torch.Tensor | None:
-    """One step's block work with deferral: h0 [num_reqs, D] at each request's last
-    accepted row (`last`, indices into the step's rows), or None when `defer`.
+    """One step's block work with deferral: h0 [len(drafting), D] at the last accepted row
+    (`last` [num_reqs], indices into the step's rows) of each request in `drafting` (runner
+    rows, increasing; None: every request), or None when `defer`.
 
-    When `defer`, the rows wait, but those in KV blocks (of `block_size` positions) that
-    the step's accepted tokens fill, which are parked. Otherwise each request's parked and
-    waiting rows run before its own, in passes of at most `limit` rows.
+    The rows of requests that do not draft (all of them when `defer`) wait, but those in KV
+    blocks (of `block_size` positions) that the step's accepted tokens fill, which are
+    parked. Each drafting request's parked and waiting rows run before its own, in passes of
+    at most `limit` rows. Example, drafting (1, 3) of 4 requests: requests 0 and 2 keep
+    their rows as at K = 0, requests 1 and 3 catch up and run theirs; h0 has 2 rows.
     """
     spans = cad.query_start_loc_cpu.tolist()
     first = positions[cad.query_start_loc[:-1]].tolist()
-    requests = list(range(cad.num_reqs))
+    requests = list(range(cad.num_reqs)) if drafting is None else list(drafting)
+    drafts = set() if defer else set(requests)
+    waiting = [i for i in range(cad.num_reqs) if i not in drafts]
     deferral.release(step.slots)
+    if waiting:
+        ids = [req_ids[i] for i in waiting]
+        deferral.defer(ids, [first[i] for i in waiting], [spans[i : i + 2] for i in waiting], step)
+        filled = [(p + 1) // block_size * block_size for p in positions[last[waiting]].tolist()]
+        deferral.park(deferral.take_before(ids, filled), block_input)
     if defer:
-        deferral.defer(req_ids, first, [(spans[i], spans[i + 1]) for i in requests], step)
-        filled = [(p + 1) // block_size * block_size for p in positions[last].tolist()]
-        deferral.park(deferral.take_before(req_ids, filled), block_input)
         return None
-    taken = deferral.take(req_ids, first)
-    ends = [start if rows is None else rows.start for rows, start in zip(taken, first, strict=True)]
-    parked = backlog_passes(deferral.claim(cad.block_table_tensor, ends), requests, limit, 0)
-    backlog = backlog_passes(taken, requests, limit, room=max(0, limit - spans[-1]))
+    firsts = [first[i] for i in requests]
+    taken = deferral.take([req_ids[i] for i in requests], firsts)
+    ends = [f if rows is None else rows.start for f, rows in zip(firsts, taken, strict=True)]
+    tables = cad.block_table_tensor if drafting is None else cad.block_table_tensor[requests]
+    parked = backlog_passes(deferral.claim(tables, ends), requests, limit, 0)
+    scheduled = sum(spans[i + 1] - spans[i] for i in requests)
+    backlog = backlog_passes(taken, requests, limit, room=max(0, limit - scheduled))
     _run_alone(parked + backlog, run_block, block_input, cad, deferral)
-    if all(deferred is None for deferred in taken):  # the usual drafting step
+    if drafting is None and all(deferred is None for deferred in taken):  # the usual step
         return run_block(block_input(step), step.slots, positions[: spans[-1]], cad)[last]
     combined, shifts = step_pass(taken, requests, spans, step, positions)
-    deferral.stats.passes += 1
+    deferral.stats.passes += any(deferred is not None for deferred in taken)
     x = block_input(combined.rows)
     h0 = run_block(x, combined.rows.slots, combined.positions, pass_metadata(cad, combined))
-    return h0[last + shifts]
+    return h0[last[requests] + shifts]
 
 
 def _run_alone(
@@ -174,12 +185,13 @@ def step_pass(
 ) -> tuple[BlockPass, torch.Tensor]:
     """The step's own pass over `requests` (runner rows; taken[j] is requests[j]'s deferred
     rows), each one's deferred rows before its scheduled ones, and the shift [len(requests)]
-    (int64) of each one's scheduled rows in the pass.
+    (int64) from each one's scheduled rows in the step to the same rows in the pass.
 
     Example: scheduled rows qsl (0, 2, 3), deferred counts (1, 2): the pass runs
-    [d0, s0, s1, d1, d1', s2], query lens (3, 3), shifts (1, 3).
+    [d0, s0, s1, d1, d1', s2], query lens (3, 3), shifts (1, 3). For requests (1,) alone,
+    deferred count 2: [d1, d1', s2], shift 2 - 2 = 0 (s2 is row 2 of both).
     """
-    segments, position_parts, query_lens, shifts = [], [], [], []
+    segments, position_parts, query_lens, shifts, start = [], [], [], [], 0
     for request, deferred in zip(requests, taken, strict=True):
         begin, end = query_start_loc[request], query_start_loc[request + 1]
         n = 0 if deferred is None else deferred.count
@@ -188,8 +200,9 @@ def step_pass(
             position_parts.append(torch.arange(deferred.start, deferred.start + n))
         segments.append((step, begin, end))
         position_parts.append(positions[begin:end].cpu())
-        shifts.append(n + (shifts[-1] if shifts else 0))
+        shifts.append(start + n - begin)  # its scheduled rows begin at start + n in the pass
         query_lens.append(n + end - begin)
+        start += n + end - begin
     combined = BlockPass(
         rows=gather(segments),
         positions=torch.cat(position_parts).to(positions.device),

@@ -37,6 +37,9 @@ step that drafted: a single step of K = 1 after a stretch of K = 0 first runs th
 every row the stretch kept (at batch 64, the prompts of a whole wave of requests: 7,000 rows
 and four steps' time in a traced run, docs/benchmarks.md), which one step's measurement does
 not repay; from K = 0 the model's own choice, and the trials of unmeasured Ks, still switch.
+At a batch larger than `trial_requests` every trial (warm-up, burst, close call) drafts for
+that many requests only, the ones least behind (``trial_subset.py``): its catch-up is theirs
+alone, so close calls are tried from K = 0 too.
 
 Worked example (illustrative figures, not measurements): f(1) = 30 ms, f(2) = 31.5 ms,
 f(5) = 36 ms, f(16) = 60 ms, f(32) = 96 ms, each head step 3 ms (g = e = 0), a = (0.3, 0.1,
@@ -72,6 +75,7 @@ class GoodputConfig:
     explore_margin: float = 0.2  # ... if predicted within this fraction of the best goodput
     min_measured: int = 8  # ... or if fewer decode steps of this batch bucket measured that K
     explore_from_zero: bool = False  # close calls tried after a K = 0 step too (pays a catch-up)
+    trial_requests: int = 4  # a trial at a larger batch drafts for this many (0: for all)
     optimism: float = 1.0  # z of the acceptance's upper confidence bound the choice reads
     warmup_steps: int = 0  # first steps cycle K = max_k, 0, max_k - 1, ... (0: max_k + 1)
     cost_memory: float = 0.998  # per-step forgetting of the cost fit (about 500 steps)
@@ -85,6 +89,8 @@ class GoodputConfig:
             raise ValueError(f"goodput draft budget needs max_k >= 1, got {self.max_k}")
         if not 0 <= self.explore < 1:
             raise ValueError(f"explore must be in [0, 1), got {self.explore}")
+        if self.trial_requests < 0:
+            raise ValueError(f"trial_requests must be >= 0, got {self.trial_requests}")
 
     @property
     def warmup(self) -> int:
@@ -228,6 +234,8 @@ class BudgetLog:
     chosen: Counter[tuple[int, int]] = field(default_factory=Counter)  # (batch, K) -> steps
     explored: Counter[int] = field(default_factory=Counter)  # K -> steps tried next to best
     warmup: Counter[int] = field(default_factory=Counter)  # K -> steps of the warm-up cycle
+    subset_steps: int = 0  # trials that drafted for `trial_requests` of their batch only
+    subset_accepted: int = 0  # drafts of those trials that the target accepted
 
     def k_by_batch(self) -> dict[int, dict[int, int]]:
         """{batch: {K: steps}} of the decisions the model made (warm-up and exploration
@@ -253,10 +261,15 @@ class GoodputController:
         self._random = random.Random(config.seed)
         self._trial: tuple[int, int] | None = None  # (bucket, K) of the burst under way
         self._trial_steps_left = 0  # ... ends after this many steps even if still unmeasured
+        self.trial_size: int | None = None  # requests the step chosen last drafts for
+        self._last_subset = False  # whether the step observed last drafted for a subset
 
     def choose(self, batch: int) -> int:
-        """The K for a step of `batch` requests."""
+        """The K for a step of `batch` requests; `trial_size` then says how many of them
+        draft (None: all of them). A trial (warm-up or exploration) of K > 0 at a batch
+        larger than `trial_requests` drafts for that many (``trial_subset.py``)."""
         self.steps += 1
+        self.trial_size = None
         if self.steps <= self.config.warmup:
             k = _warmup_k(self.steps - 1, self.config.max_k)
             self.log.warmup[k] += 1
@@ -264,19 +277,26 @@ class GoodputController:
             goodput = self.predicted_goodput(batch)
             k = int(np.argmax(goodput))
             tried = self._explore(batch, k, goodput)
-            if tried is not None:
-                self.log.explored[tried] += 1
-                return tried
-            self.log.chosen[(batch, k)] += 1
+            if tried is None:
+                self.log.chosen[(batch, k)] += 1
+                return k
+            self.log.explored[tried] += 1
+            k = tried
+        if k > 0 and self._subset(batch):
+            self.trial_size = self.config.trial_requests
         return k
+
+    def _subset(self, batch: int) -> bool:
+        """Whether a trial at `batch` drafts for a subset of the batch."""
+        return 0 < self.config.trial_requests < batch
 
     def _explore(self, batch: int, best: int, goodput: np.ndarray) -> int | None:
         """The K to try instead of `best` this step, if any: the next step of a burst on an
         unmeasured K, or (one step in 1 / explore) a neighbour that is unmeasured, which
-        starts a burst, or a close call if the last step drafted. Example, min_measured 8:
-        K = 1 unmeasured at batch 64 is tried on 8 consecutive decode steps of batch sizes
-        33-64, then only as a close call, and only while K > 0 steps run; a step of batch 16
-        (another bucket) ends the burst."""
+        starts a burst, or a close call if the last step drafted or the trial is a subset's.
+        Example, min_measured 8, trial_requests 0: K = 1 unmeasured at batch 64 is tried on 8
+        consecutive decode steps of batch sizes 33-64, then only as a close call, and only
+        while K > 0 steps run; a step of batch 16 (another bucket) ends the burst."""
         bucket = batch_bucket(batch)
         if self._trial is not None:
             trial_bucket, trial_k = self._trial
@@ -292,7 +312,8 @@ class GoodputController:
             # a prefill step does not measure, so the burst gets twice its length in steps
             self._trial, self._trial_steps_left = (bucket, near), 2 * self.config.min_measured
             return near
-        in_sync = self.last_k > 0 or self.config.explore_from_zero  # no rows wait
+        # no rows wait, or the trial catches up only the few requests that draft
+        in_sync = self.last_k > 0 or self.config.explore_from_zero or self._subset(batch)
         if in_sync and goodput[near] >= (1 - self.config.explore_margin) * goodput[best]:
             return near
         return None
@@ -324,14 +345,23 @@ class GoodputController:
         k: int,
         batch: int,
         verified: list[tuple[int, int]],
+        drafting: int | None = None,
+        offered: list[int] | None = None,
     ) -> None:
         """One executed step: its wall time, scheduled tokens, its K and batch, and for each
-        request that decoded, its drafts made under the previous step's K as (drafted,
-        accepted), (0, 0) without drafts; prefill chunks are not listed."""
-        self.cost.observe(seconds, tokens, k, batch)
+        request that decoded, its drafts made in the previous step as (drafted, accepted),
+        (0, 0) without drafts; prefill chunks are not listed. `drafting`: the requests the
+        step drafted for where that was a subset; `offered`: the K each of `verified` was
+        asked to draft (default: the previous step's K for all; 0 outside a subset trial's)."""
+        self.cost.observe(seconds, tokens, k, batch if drafting is None else drafting)
         if len(verified) == batch:  # every request decoded: no prefill in the step
             self.measured[(batch_bucket(batch), k)] += 1
-        self.acceptance.observe([(self.last_k, n, m) for n, m in verified])
+        offered = [self.last_k] * len(verified) if offered is None else offered
+        self.acceptance.observe([(o, n, m) for o, (n, m) in zip(offered, verified, strict=True)])
+        if self._last_subset:
+            self.log.subset_accepted += sum(accepted for _, accepted in verified)
+        self._last_subset = drafting is not None
+        self.log.subset_steps += self._last_subset
         self.last_k = k
 
     def summary(self) -> str:

@@ -57,6 +57,7 @@ class DraftLog:
     max_requests: int = 0  # the largest number of requests drafted for in one step
     max_step_tokens: int = 0  # the most tokens the target's forward of a step scheduled
     drawn: int = 0  # requests whose drafts were drawn at random (draft_sample_method)
+    subset_steps: int = 0  # steps that drafted for a subset of their requests (a trial)
     keep_drafts: bool = False
     drafts: list[list[list[int]]] = field(default_factory=list)
     signal_width: int = 0  # columns of the target rows: D, or (1 + A) * D with target layers
@@ -87,8 +88,13 @@ class CloverProposer(EagleProposer):
         if self.trees is not None and self.min_confidence is None and self.trees.budget is None:
             self.trees.subsets = None  # whole trees (async scheduling turns the threshold off)
         pruned = self.trees is not None and self.trees.subsets is not None
-        # Read by the draft_lengths patch: rows may end in -1 (a chain stopped, a tree pruned).
-        self.stops_early = self.min_confidence is not None or pruned
+        # The goodput budget's trials draft for a subset of a step's requests (trial_subset.py):
+        # the scheduler names them here (patch goodput_budget); None: every request.
+        self.drafting: list[str] | None = None
+        trials = self.trees is None and vllm_config.speculative_config.draft_budget == "goodput"
+        # Read by the draft_lengths patch: rows may end in -1 (a chain stopped, a tree pruned,
+        # a request outside a trial's subset).
+        self.stops_early = self.min_confidence is not None or pruned or trials
         self.deferral = block_deferral(vllm_config, self.trees is not None)
         self.runner = runner  # its request ids and live requests, read with deferral
 
@@ -115,9 +121,10 @@ class CloverProposer(EagleProposer):
 
         K may change from step to step (dynamic speculation) and may be 0; a step at K = 0
         defers the Augmenting Block where it can (``deferred_block.py``), else runs it so
-        that its KV cache stays in sync.
+        that its KV cache stays in sync. A trial drafts for the requests the scheduler
+        named (`drafting`) only, -1s for the others (``trial_subset.py``).
         """
-        self.num_speculative_tokens = num_speculative_tokens
+        self.num_speculative_tokens = k = num_speculative_tokens
         self._last_draft_probs = None  # vLLM treats drafts as one-hot unless _propose_chain sets it
         # Rows [H | L_a ...] with target_layers (patch target_signal); fuse() -> x, H's stand-in.
         self.draft_log.signal_width = target_hidden_states.shape[-1]
@@ -127,52 +134,81 @@ class CloverProposer(EagleProposer):
             )
         inputs = (target_token_ids, target_positions, target_hidden_states, next_token_ids)
         last = _last_accepted(token_indices_to_sample, common_attn_metadata)
+        rows = self._drafting_rows(common_attn_metadata.num_reqs, k, last)  # None: all
         if not self.model.layers:  # no Augmenting Block: h0 = x at the last accepted token
-            h0 = self.model.fuse(target_hidden_states[last])
+            h0 = self.model.fuse(target_hidden_states[last if rows is None else last[rows]])
         elif self.deferral is not None:
-            h0 = self._deferring_pass(*inputs, last, common_attn_metadata, num_speculative_tokens)
+            h0 = self._deferring_pass(*inputs, last, common_attn_metadata, k, rows)
         else:
             h0 = self._augmenting_pass(
                 *inputs, token_indices_to_sample, common_attn_metadata, num_rejected_tokens_gpu
             )
-        drafts = self._draft(h0, next_token_ids.long(), num_speculative_tokens, sampling_metadata)
-        self.draft_log.record(
-            num_speculative_tokens, drafts, target_token_ids.shape[0], self.stops_early
-        )
+            h0 = h0 if rows is None else h0[rows]
+        drafts = self._draft(h0, next_token_ids.long(), k, sampling_metadata, rows)
+        self.draft_log.record(k, drafts, target_token_ids.shape[0], self.stops_early)
         return drafts
 
-    def _draft(self, h0: torch.Tensor, t0: torch.Tensor, k: int, sampling_metadata) -> torch.Tensor:
-        """[num_reqs, k] drafts from h0 (num_reqs, D) and t0 (num_reqs,): none, a tree's
-        first k nodes, or a chain."""
+    def _draft(
+        self, h0: torch.Tensor, t0: torch.Tensor, k: int, sampling_metadata, rows=None
+    ) -> torch.Tensor:
+        """[num_reqs, k] drafts from h0 (one row per drafting request, D) and t0 (num_reqs,):
+        none, a tree's first k nodes, or a chain; -1s for requests outside `rows`."""
         if k == 0:
             return t0.new_empty((t0.shape[0], 0))
         if self.trees is not None:
             return self._propose_tree(h0, t0, k)
-        return self._propose_chain(h0, t0, k, sampling_metadata)
+        return self._propose_chain(h0, t0, k, sampling_metadata, rows)
+
+    def _drafting_rows(self, num_reqs: int, k: int, like: torch.Tensor) -> torch.Tensor | None:
+        """[n] runner rows (int64, on `like`'s device) of the requests a trial drafts for, or
+        None: every request. Example: req_ids (a, b, c, d), drafting [d, b] -> (1, 3)."""
+        if self.drafting is None or k == 0 or self.trees is not None:
+            return None
+        chosen = set(self.drafting)
+        req_ids = self.runner.input_batch.req_ids[:num_reqs]
+        rows = [i for i, req_id in enumerate(req_ids) if req_id in chosen]
+        if not rows or len(rows) == num_reqs:  # (none: the scheduler picks from the step's)
+            return None
+        self.draft_log.subset_steps += 1
+        return torch.tensor(rows, device=like.device)
 
     def _propose_chain(
-        self, h0: torch.Tensor, t0: torch.Tensor, k: int, sampling_metadata
+        self, h0: torch.Tensor, t0: torch.Tensor, k: int, sampling_metadata, rows=None
     ) -> torch.Tensor:
-        """[num_reqs, k] drafts, each head step fed the previous draft; with
-        draft_sample_method "probabilistic", requests sampled at T > 0 draw theirs from the
-        heads' distributions, kept for the rejection sampler (``take_last_draft_probs``)."""
-        heads, tables = self.model.heads, self.model.tables
-        sampler = self._draft_sampler(sampling_metadata, t0.shape[0])
-        drafts = heads.propose(h0, t0, k, tables, self.min_confidence, sampler)
+        """[num_reqs, k] drafts, each head step fed the previous draft, for the requests of
+        `rows` (all if None; -1s for the others); with draft_sample_method "probabilistic",
+        requests sampled at T > 0 draw theirs from the heads' distributions, kept for the
+        rejection sampler (``take_last_draft_probs``)."""
+        heads, tables, num_reqs = self.model.heads, self.model.tables, t0.shape[0]
+        sampler = self._draft_sampler(sampling_metadata, num_reqs, rows)
+        drafted = heads.propose(
+            h0, t0 if rows is None else t0[rows], k, tables, self.min_confidence, sampler
+        )
+        drafts = (
+            drafted if rows is None else t0.new_full((num_reqs, k), -1).index_copy(0, rows, drafted)
+        )
         if sampler is not None:
             vocab_size = self.vllm_config.model_config.get_vocab_size()
-            self._last_draft_probs = sampler.target_probs(k, tables.draft_vocab_ids, vocab_size)
+            probs = sampler.target_probs(k, tables.draft_vocab_ids, vocab_size)  # (n, k, V)
+            if rows is not None:
+                probs = probs.new_zeros((num_reqs, *probs.shape[1:])).index_copy(0, rows, probs)
+            self._last_draft_probs = probs
             self.draft_log.drawn += sampler.num_drawn
         return drafts
 
-    def _draft_sampler(self, sampling_metadata, num_reqs: int) -> DraftSampler | None:
+    def _draft_sampler(self, sampling_metadata, num_reqs: int, rows=None) -> DraftSampler | None:
         """Where drafts are drawn at random: vLLM's own switch (draft_sample_method
         "probabilistic" with the standard rejection sampler) and a request sampled at T > 0
-        (seeded ones with their own generator). None: every draft greedy."""
+        (seeded ones with their own generator), for the requests of `rows` (all if None).
+        None: every draft greedy."""
         if not self._enable_probabilistic_draft_probs or sampling_metadata.all_greedy:
             return None
         temperature = sampling_metadata.temperature[:num_reqs]  # (num_reqs,), 0: greedy
-        return DraftSampler(temperature, sampling_metadata.generators)
+        generators = sampling_metadata.generators  # {runner row: generator}
+        if rows is not None:
+            temperature, place = temperature[rows], {r: j for j, r in enumerate(rows.tolist())}
+            generators = {place[r]: g for r, g in generators.items() if r in place}
+        return DraftSampler(temperature, generators)
 
     def _propose_tree(self, h0: torch.Tensor, t0: torch.Tensor, k: int) -> torch.Tensor:
         """[num_reqs, k] drafts of the tree's first k nodes (a BFS prefix of a tree is a
@@ -251,11 +287,13 @@ class CloverProposer(EagleProposer):
         last: torch.Tensor,
         cad,
         k: int,
+        rows: torch.Tensor | None,
     ) -> torch.Tensor | None:
-        """The block pass with deferral (``deferred_block.py``): h0 at each request's last
-        accepted token `last` [num_reqs], its deferred rows run before its own; or, at
-        K = `k` = 0, None, the rows kept instead. Clover's drafter adds no slots to a
-        request's query, so `last` indexes the step's own rows."""
+        """The block pass with deferral (``deferred_block.py``): h0 at the last accepted
+        token `last` [num_reqs] of each request of `rows` (all if None), its deferred rows run
+        before its own, the others' rows kept; or, at K = `k` = 0, None, every row kept.
+        Clover's drafter adds no slots to a request's query, so `last` indexes the step's own
+        rows."""
         num_tokens = token_ids.shape[0]
         next_ids = next_token_ids_after(token_ids, next_token_ids, last)
         step = StepRows(signal, next_ids, cad.slot_mapping[:num_tokens])
@@ -272,6 +310,7 @@ class CloverProposer(EagleProposer):
             block_size=self.vllm_config.cache_config.block_size,
             defer=k == 0,
             limit=self.vllm_config.scheduler_config.max_num_batched_tokens,
+            drafting=None if rows is None else rows.tolist(),
         )
 
     def _block_input(self, rows: StepRows) -> torch.Tensor:

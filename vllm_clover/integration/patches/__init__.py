@@ -239,7 +239,8 @@ PATCHES = (
         "patch",
         "the scheduler's per-step K comes only from a hand-written batch-size table "
         "(dynamic_sd_lookup); Clover's default asks a GoodputController, timed and taught "
-        "from each step's output",
+        "from each step's output; its trials name the requests that draft in the "
+        "SchedulerOutput, which the runner hands to the proposer before it drafts",
         "patches/scheduling.py",
         {
             f"{SCHEDULER}.__init__": "c02680245672",
@@ -248,8 +249,9 @@ PATCHES = (
             "vllm.v1.core.sched.output:SchedulerOutput": "97fb4463a2ed",
             "vllm.v1.outputs:ModelRunnerOutput": "b936f7c6940f",
             "vllm.v1.engine.core:EngineCore.step": "a02d17986fb7",
+            f"{RUNNER}.propose_draft_token_ids": "a60269aca9de",
         },
-        attributes=("dynamic_sd_lookup",),
+        attributes=("dynamic_sd_lookup", "requests", "drafter"),
         apply=scheduling.patch_goodput_budget,
     ),
     Entry(

@@ -7,6 +7,11 @@ K + 1 tokens. The patch puts a `GoodputLookup` in that slot, so the same code pa
 `GoodputController` instead of a table, and times every step (from `schedule` to
 `update_from_output`, which on the synchronous scheduler spans the whole forward, sampling
 and drafting) to teach it. A table the user gives stays vLLM's (draft_budget "fixed").
+
+A trial the controller makes at a large batch drafts for a few requests only
+(``trial_subset.py``): the patch names them in `SchedulerOutput.clover_drafting` (None: every
+request), which travels with the step to the worker, and hands them to the proposer from the
+runner's `propose_draft_token_ids`.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from vllm.logger import init_logger
 from vllm_clover.integration.deferred_block import why_block_runs
 from vllm_clover.integration.goodput import GoodputConfig, GoodputController
 from vllm_clover.integration.patches.marking import CLOVER_METHOD, is_patched, mark
+from vllm_clover.integration.trial_subset import TrialSubsets
 
 logger = init_logger("vllm.clover.patches")
 
@@ -73,10 +79,10 @@ def goodput_controller(vllm_config) -> GoodputController | None:
     return GoodputController(config)
 
 
-def verified_drafts(scheduler_output, model_runner_output) -> list[tuple[int, int]]:
-    """(drafted, accepted) for each request of the step that decoded one token plus its
-    drafts (prefill chunks excluded). Example: 1 + 3 tokens scheduled with drafts [5, 9, 2],
-    sampled [5, 9, 7] -> (3, 2); 1 token without drafts -> (0, 0)."""
+def verified_drafts(scheduler_output, model_runner_output) -> list[tuple[str, int, int]]:
+    """(request id, drafted, accepted) for each request of the step that decoded one token
+    plus its drafts (prefill chunks excluded). Example: a, 1 + 3 tokens scheduled with drafts
+    [5, 9, 2], sampled [5, 9, 7] -> (a, 3, 2); b, 1 token without drafts -> (b, 0, 0)."""
     sampled = model_runner_output.sampled_token_ids
     index = model_runner_output.req_id_to_index
     spec_tokens = scheduler_output.scheduled_spec_decode_tokens
@@ -86,13 +92,53 @@ def verified_drafts(scheduler_output, model_runner_output) -> list[tuple[int, in
         row = index.get(req_id)
         if num_tokens != 1 + drafted or row is None or not sampled or not sampled[row]:
             continue
-        verified.append((drafted, min(len(sampled[row]) - 1, drafted)))
+        verified.append((req_id, drafted, min(len(sampled[row]) - 1, drafted)))
     return verified
+
+
+def drafting_subset(scheduler, output) -> list[str] | None:
+    """The requests a scheduled step drafts for: a subset where the controller's choice was a
+    trial at a large batch, None for every request (or a step that drafts nothing). Notes
+    where each request stood when a step drafted for it (``TrialSubsets``)."""
+    subsets: TrialSubsets = scheduler.clover_subsets
+    subsets.forget(output.finished_req_ids)
+    if output.num_spec_tokens_to_schedule == 0 or output.total_num_scheduled_tokens == 0:
+        return None
+    requests = scheduler.requests
+    ends = {req_id: requests[req_id].num_computed_tokens for req_id in output.num_scheduled_tokens}
+    drafting = subsets.pick(ends) if scheduler.clover_budget.trial_size else None
+    subsets.drafted(ends, drafting)
+    return drafting
+
+
+def observe_step(scheduler, scheduler_output, model_runner_output) -> None:
+    """Teach the controller one step: its time, its K and the drafts it verified, each
+    offered under the previous step's K if the previous step drafted for it."""
+    budget: GoodputController = scheduler.clover_budget
+    verified = verified_drafts(scheduler_output, model_runner_output)
+    offered = None
+    if scheduler.clover_last_drafting is not None:  # drafts of a subset trial
+        chosen = set(scheduler.clover_last_drafting)
+        offered = [budget.last_k if req_id in chosen else 0 for req_id, _, _ in verified]
+    drafting = scheduler_output.clover_drafting
+    budget.observe_step(
+        seconds=time.perf_counter() - scheduler.clover_step_started,
+        tokens=scheduler_output.total_num_scheduled_tokens,
+        k=scheduler_output.num_spec_tokens_to_schedule,
+        batch=len(scheduler_output.num_scheduled_tokens),
+        verified=[(drafted, accepted) for _, drafted, accepted in verified],
+        drafting=None if drafting is None else len(drafting),
+        offered=offered,
+    )
+    scheduler.clover_last_drafting = drafting
+    if budget.cost.observations % SUMMARY_EVERY == 0:
+        logger.info("Clover goodput budget: %s", budget.summary())
 
 
 def patch_goodput_budget() -> None:
     """Wrap `Scheduler.__init__`, `schedule` and `update_from_output` (AsyncScheduler
-    inherits them; the controller is never built for it)."""
+    inherits them; the controller is never built for it), and the runner's
+    `propose_draft_token_ids`, which hands a step's drafting subset to the proposer."""
     from vllm.v1.core.sched.scheduler import Scheduler
 
     if is_patched(Scheduler.update_from_output, "goodput_budget"):
@@ -105,27 +151,41 @@ def patch_goodput_budget() -> None:
         self.clover_budget = goodput_controller(vllm_config)
         if self.clover_budget is not None:
             self.dynamic_sd_lookup = GoodputLookup(self.clover_budget)
+            self.clover_subsets = TrialSubsets(self.clover_budget.config.trial_requests)
+            self.clover_last_drafting = None
 
     @functools.wraps(schedule)
     def timed_schedule(self, *args, **kwargs):
         self.clover_step_started = time.perf_counter()
-        return schedule(self, *args, **kwargs)
+        output = schedule(self, *args, **kwargs)
+        if getattr(self, "clover_budget", None) is not None:
+            output.clover_drafting = drafting_subset(self, output)
+        return output
 
     @functools.wraps(update)
     def update_from_output(self, scheduler_output, model_runner_output):
         budget = getattr(self, "clover_budget", None)
         if budget is not None and scheduler_output.total_num_scheduled_tokens > 0:
-            budget.observe_step(
-                seconds=time.perf_counter() - self.clover_step_started,
-                tokens=scheduler_output.total_num_scheduled_tokens,
-                k=scheduler_output.num_spec_tokens_to_schedule,
-                batch=len(scheduler_output.num_scheduled_tokens),
-                verified=verified_drafts(scheduler_output, model_runner_output),
-            )
-            if budget.cost.observations % SUMMARY_EVERY == 0:
-                logger.info("Clover goodput budget: %s", budget.summary())
+            observe_step(self, scheduler_output, model_runner_output)
         return update(self, scheduler_output, model_runner_output)
 
     Scheduler.__init__ = mark(__init__, "goodput_budget")
     Scheduler.schedule = mark(timed_schedule, "goodput_budget")
     Scheduler.update_from_output = mark(update_from_output, "goodput_budget")
+    _patch_runner_subset()
+
+
+def _patch_runner_subset() -> None:
+    """Hand `SchedulerOutput.clover_drafting` to a Clover proposer before it drafts."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    original = GPUModelRunner.propose_draft_token_ids
+
+    @functools.wraps(original)
+    def propose_draft_token_ids(self, scheduler_output, *args, **kwargs):
+        drafter = getattr(self, "drafter", None)
+        if hasattr(drafter, "drafting"):
+            drafter.drafting = getattr(scheduler_output, "clover_drafting", None)
+        return original(self, scheduler_output, *args, **kwargs)
+
+    GPUModelRunner.propose_draft_token_ids = mark(propose_draft_token_ids, "goodput_budget")
