@@ -328,7 +328,8 @@ def test_optimism_does_not_keep_retrying_drafts_that_never_pay():
 
 def test_trials_at_a_larger_batch_draft_for_a_subset_and_choices_for_all(monkeypatch):
     """Warm-up steps of K > 0 at batch 64 draft for trial_requests (4) of the requests, at
-    batch 3 for all; a K > 0 that the model itself picks drafts for the whole batch."""
+    batch 3 for all; a K > 0 that the model itself picks drafts for a subset too until 8
+    decode steps of its batch bucket have measured it, then for the whole batch."""
     controller = GoodputController(GoodputConfig(max_k=2, explore=0.0))
     sizes = []
     for batch in (64, 64, 3):  # the warm-up cycle: K = 2, 0, 1
@@ -336,7 +337,12 @@ def test_trials_at_a_larger_batch_draft_for_a_subset_and_choices_for_all(monkeyp
         sizes.append((k, controller.trial_size))
     assert sizes == [(2, 4), (0, None), (1, None)]
     monkeypatch.setattr(controller, "predicted_goodput", lambda b: np.array([0.5, 1.0, 0.2]))
-    assert controller.choose(64) == 1 and controller.trial_size is None
+    sizes = []
+    for _ in range(10):
+        k = controller.choose(60)
+        sizes.append(controller.trial_size)
+        controller.observe_step(0.05, 60, k, 60, [(0, 0)] * 60, drafting=controller.trial_size)
+    assert sizes == [4] * 8 + [None] * 2 and controller.measured[(64, 1)] == 10
 
 
 def test_a_subset_trial_teaches_from_the_requests_that_drafted(monkeypatch):

@@ -37,9 +37,10 @@ step that drafted: a single step of K = 1 after a stretch of K = 0 first runs th
 every row the stretch kept (at batch 64, the prompts of a whole wave of requests: 7,000 rows
 and four steps' time in a traced run, docs/benchmarks.md), which one step's measurement does
 not repay; from K = 0 the model's own choice, and the trials of unmeasured Ks, still switch.
-At a batch larger than `trial_requests` every trial (warm-up, burst, close call) drafts for
-that many requests only, the ones least behind (``trial_subset.py``): its catch-up is theirs
-alone, so close calls are tried from K = 0 too.
+At a batch larger than `trial_requests` every trial (warm-up, burst, close call, and the
+model's own choice of a K not yet measured in this batch bucket) drafts for that many
+requests only, the ones least behind (``trial_subset.py``): its catch-up is theirs alone, so
+close calls are tried from K = 0 too.
 
 Worked example (illustrative figures, not measurements): f(1) = 30 ms, f(2) = 31.5 ms,
 f(5) = 36 ms, f(16) = 60 ms, f(32) = 96 ms, each head step 3 ms (g = e = 0), a = (0.3, 0.1,
@@ -266,24 +267,29 @@ class GoodputController:
 
     def choose(self, batch: int) -> int:
         """The K for a step of `batch` requests; `trial_size` then says how many of them
-        draft (None: all of them). A trial (warm-up or exploration) of K > 0 at a batch
-        larger than `trial_requests` drafts for that many (``trial_subset.py``)."""
+        draft (None: all of them). A trial of K > 0 at a batch larger than `trial_requests`
+        drafts for that many (``trial_subset.py``): a step of the warm-up cycle, an
+        exploration, or the model's own choice of a K that fewer than `min_measured` decode
+        steps of this batch bucket have run (its price there is still a guess)."""
         self.steps += 1
-        self.trial_size = None
         if self.steps <= self.config.warmup:
-            k = _warmup_k(self.steps - 1, self.config.max_k)
+            k, trial = _warmup_k(self.steps - 1, self.config.max_k), True
             self.log.warmup[k] += 1
         else:
             goodput = self.predicted_goodput(batch)
-            k = int(np.argmax(goodput))
-            tried = self._explore(batch, k, goodput)
+            best = int(np.argmax(goodput))
+            tried = self._explore(batch, best, goodput)
             if tried is None:
+                k, trial = (
+                    best,
+                    self.measured[(batch_bucket(batch), best)] < self.config.min_measured,
+                )
                 self.log.chosen[(batch, k)] += 1
-                return k
-            self.log.explored[tried] += 1
-            k = tried
-        if k > 0 and self._subset(batch):
-            self.trial_size = self.config.trial_requests
+            else:
+                k, trial = tried, True
+                self.log.explored[k] += 1
+        subset = trial and k > 0 and self._subset(batch)
+        self.trial_size = self.config.trial_requests if subset else None
         return k
 
     def _subset(self, batch: int) -> bool:
