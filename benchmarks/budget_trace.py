@@ -31,9 +31,9 @@ def trace_steps(budget) -> None:
     """Record every step the goodput budget observes (in this process: in-process engine)."""
     observe = budget.observe_step
 
-    def traced(seconds, tokens, k, batch, verified):
+    def traced(seconds, tokens, k, batch, verified, **kwargs):
         STEPS.append((k, batch, tokens, seconds, len(verified) == batch))
-        observe(seconds, tokens, k, batch, verified)
+        observe(seconds, tokens, k, batch, verified, **kwargs)
 
     budget.observe_step = traced
 
@@ -86,6 +86,7 @@ def deferral_stats(worker) -> dict | None:
 def report_controller(budget) -> None:
     log = budget.log
     print("warm-up K:", dict(log.warmup), "explored K:", dict(log.explored))
+    print(f"subset trials: {log.subset_steps} steps, {log.subset_accepted} drafts accepted")
     print("chosen {batch: {K: steps}}:", log.k_by_batch())
     accepted, drafted = budget.acceptance.rates()
     print("accepted per position", accepted.round(3), "drafted", drafted.round(3))

@@ -26,10 +26,10 @@ def traced_clover_job(job) -> dict:
     steps = []
     observe = GoodputController.observe_step
 
-    def recording(self, seconds, tokens, k, batch, verified):
+    def recording(self, seconds, tokens, k, batch, verified, **kwargs):
         first_rate = float(self.acceptance.rates()[0][0])
         steps.append({"ms": round(1000 * seconds, 2), "tokens": tokens, "k": k, "a0": first_rate})
-        return observe(self, seconds, tokens, k, batch, verified)
+        return observe(self, seconds, tokens, k, batch, verified, **kwargs)
 
     GoodputController.observe_step = recording
     runs, _ = run_engine_job(job)
