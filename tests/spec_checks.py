@@ -115,6 +115,30 @@ def goodput_budget(llm):
     return llm.llm_engine.engine_core.engine_core.scheduler.clover_budget
 
 
+def script_budget(llm, script) -> None:
+    """Replace the goodput controller's choice in an `in_process_llm` by
+    `script(step, batch) -> (K, trial size or None)`, steps counted from 1; a trial size
+    makes the step a subset trial (the scheduler picks the requests least behind)."""
+    budget = goodput_budget(llm)
+
+    def choose(batch: int) -> int:
+        budget.steps += 1
+        k, budget.trial_size = script(budget.steps, batch)
+        return k
+
+    budget.choose = choose
+
+
+def _subset_steps(worker) -> int:
+    return worker.model_runner.drafter.draft_log.subset_steps
+
+
+def subset_steps(llm) -> int:
+    """Steps the proposer of an `in_process_llm` drafted for a subset of their requests."""
+    (steps,) = llm.collective_rpc(_subset_steps)
+    return steps
+
+
 def _target_compilation(worker) -> tuple[str, str, bool]:
     config = worker.vllm_config.compilation_config
     (model,) = [m for m in worker.model_runner.model.modules() if hasattr(m, "do_not_compile")]

@@ -14,7 +14,14 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from spec_checks import assert_clover_speculated, goodput_budget, speculation, target_compilation
+from spec_checks import (
+    assert_clover_speculated,
+    goodput_budget,
+    script_budget,
+    speculation,
+    subset_steps,
+    target_compilation,
+)
 
 from helpers import (
     in_process_llm,
@@ -206,10 +213,6 @@ def _drafts_and_deferral(worker) -> tuple:
     return list(drafter.draft_log.drafts), stats
 
 
-def _subset_steps(worker) -> int:
-    return worker.model_runner.drafter.draft_log.subset_steps
-
-
 def _has_block(spec) -> bool:
     """Whether spec's heads have an Augmenting Block, whose rows steps may defer."""
     config = json.loads((Path(spec["model"]) / "config.json").read_text())
@@ -220,20 +223,15 @@ def _keep_drafts(worker) -> None:
     worker.model_runner.drafter.draft_log.keep_drafts = True
 
 
-def _script_budget(llm, schedule: list[list[int]], every: int) -> None:
-    """Replace the goodput controller's choice with `schedule` ([[lo, hi, K], ...] by batch
-    size), where every `every`-th step of K = 0 is a subset trial of K = 2 instead (the
-    controller then picks the 4 requests least behind, as it does for its own trials)."""
-    budget = goodput_budget(llm)
+def _table_with_trials(schedule: list[list[int]], every: int):
+    """A `script_budget` script: K from `schedule` ([[lo, hi, K], ...] by batch size), but
+    every `every`-th step of K = 0 a subset trial of K = 2 for 4 requests."""
 
-    def choose(batch: int) -> int:
-        budget.steps += 1
+    def script(step: int, batch: int) -> tuple[int, int | None]:
         k = next(k for low, high, k in schedule if low <= batch <= high)
-        trial = k == 0 and budget.steps % every == 0
-        budget.trial_size = 4 if trial else None
-        return 2 if trial else k
+        return (2, 4) if k == 0 and step % every == 0 else (k, None)
 
-    budget.choose = choose
+    return script
 
 
 def test_steps_without_drafts_defer_the_block_without_changing_a_draft(
@@ -263,17 +261,16 @@ def test_steps_without_drafts_defer_the_block_without_changing_a_draft(
             block_size=32,
         ) as llm:
             llm.collective_rpc(_keep_drafts)
-            _script_budget(llm, schedule, every=3)
+            script_budget(llm, _table_with_trials(schedule, every=3))
             outputs = _generate(llm, prompts, params)
             ((drafts, deferral),) = llm.collective_rpc(_drafts_and_deferral)
-            (subset_steps,) = llm.collective_rpc(_subset_steps)
             log = goodput_budget(llm).log
-            runs.append((outputs, drafts, deferral, speculation(llm), subset_steps, log))
-    (deferred_outputs, deferred_drafts, deferral, stats, subset_steps, log) = runs[0]
-    outputs, drafts, off, _, subset_steps_off, _ = runs[1]
+            runs.append((outputs, drafts, deferral, speculation(llm), subset_steps(llm), log))
+    (deferred_outputs, deferred_drafts, deferral, stats, subsets, log) = runs[0]
+    outputs, drafts, off, _, subsets_off, _ = runs[1]
     assert deferred_outputs == expected == outputs
     assert deferred_drafts == drafts and off is None
-    assert subset_steps == subset_steps_off == log.subset_steps > 0, log
+    assert subsets == subsets_off == log.subset_steps > 0, log
     assert log.subset_accepted > 0, log  # the target accepted some of the trials' drafts
     assert_clover_speculated(stats)
     assert {0, 2, k} <= set(stats.steps_by_k), stats.steps_by_k
@@ -338,8 +335,7 @@ def _together_then_alone(reference_target, spec, cases, alone: int):
     with in_process_llm(reference_target, speculative_config=spec, max_num_seqs=16) as llm:
         together = _generate(llm, prompts, params)
         singles = [_generate(llm, [prompt], params[:1])[0] for prompt in prompts[:alone]]
-        (subset_steps,) = llm.collective_rpc(_subset_steps)
-        return together, singles, speculation(llm), goodput_budget(llm).log, subset_steps
+        return together, singles, speculation(llm), goodput_budget(llm).log, subset_steps(llm)
 
 
 # Heads whose drafts pay by a margin that step-time noise cannot hide at batch 1: the reference
@@ -364,12 +360,10 @@ def test_goodput_budget_drafts_where_drafts_pay(reference_target, clover_spec, c
     proposer drafts for those only, and the target accepts some of their drafts."""
     expected = cases["plain"][2]
     spec = {key: value for key, value in clover_spec.items() if key != "draft_budget"}
-    together, alone, stats, log, subset_steps = _together_then_alone(
-        reference_target, spec, cases, 2
-    )
+    together, alone, stats, log, subsets = _together_then_alone(reference_target, spec, cases, 2)
     picks = log.k_by_batch()
     assert together == expected and alone == expected[:2]
-    assert subset_steps == log.subset_steps > 0 and log.subset_accepted > 0, log
+    assert subsets == log.subset_steps > 0 and log.subset_accepted > 0, log
     if request.node.callspec.params["shipped_heads"] in CLEAR_GAIN_ALONE:
         assert sum(n for k, n in picks[1].items() if k > 0) > sum(picks[1].values()) / 2, picks
     assert stats.steps_by_k.get(0, 0) > 0 and len(stats.steps_by_k) > 1, stats.steps_by_k
