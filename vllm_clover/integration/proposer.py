@@ -149,7 +149,12 @@ class CloverProposer(EagleProposer):
         return drafts
 
     def _draft(
-        self, h0: torch.Tensor, t0: torch.Tensor, k: int, sampling_metadata, rows=None
+        self,
+        h0: torch.Tensor,
+        t0: torch.Tensor,
+        k: int,
+        sampling_metadata,
+        rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """[num_reqs, k] drafts from h0 (one row per drafting request, D) and t0 (num_reqs,):
         none, a tree's first k nodes, or a chain; -1s for requests outside `rows`."""
@@ -173,7 +178,12 @@ class CloverProposer(EagleProposer):
         return torch.tensor(rows, device=like.device)
 
     def _propose_chain(
-        self, h0: torch.Tensor, t0: torch.Tensor, k: int, sampling_metadata, rows=None
+        self,
+        h0: torch.Tensor,
+        t0: torch.Tensor,
+        k: int,
+        sampling_metadata,
+        rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """[num_reqs, k] drafts, each head step fed the previous draft, for the requests of
         `rows` (all if None; -1s for the others); with draft_sample_method "probabilistic",
@@ -196,7 +206,9 @@ class CloverProposer(EagleProposer):
             self.draft_log.drawn += sampler.num_drawn
         return drafts
 
-    def _draft_sampler(self, sampling_metadata, num_reqs: int, rows=None) -> DraftSampler | None:
+    def _draft_sampler(
+        self, sampling_metadata, num_reqs: int, rows: torch.Tensor | None = None
+    ) -> DraftSampler | None:
         """Where drafts are drawn at random: vLLM's own switch (draft_sample_method
         "probabilistic" with the standard rejection sampler) and a request sampled at T > 0
         (seeded ones with their own generator), for the requests of `rows` (all if None).
