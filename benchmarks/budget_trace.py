@@ -92,8 +92,8 @@ def report_controller(budget) -> None:
     print("accepted per position", accepted.round(3), "drafted", drafted.round(3))
     values = 1e3 * budget.cost.knot_values()
     knots = budget.cost.knots.astype(int).tolist()
-    print("f(knots) ms", dict(zip(knots, values[:-3].round(1).tolist(), strict=True)))
-    print("g, c, e ms", values[-3:].round(3).tolist())
+    print("f(knots) ms", dict(zip(knots, values[:-4].round(1).tolist(), strict=True)))
+    print("g, c, e ms", values[-4:-1].round(3).tolist(), "b us per row", round(1e3 * values[-1], 2))
     for batch in (4, 16, 64):
         print(f"batch {batch}: predicted tokens/s by K", budget.predicted_goodput(batch).round(1))
 

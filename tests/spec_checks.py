@@ -121,7 +121,7 @@ def script_budget(llm, script) -> None:
     makes the step a subset trial (the scheduler picks the requests least behind)."""
     budget = goodput_budget(llm)
 
-    def choose(batch: int) -> int:
+    def choose(batch: int, backlog: float = 0.0) -> int:
         budget.steps += 1
         k, budget.trial_size = script(budget.steps, batch)
         return k

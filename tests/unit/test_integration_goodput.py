@@ -79,7 +79,7 @@ def test_cost_model_recovers_a_known_linear_cost():
         model.observe(
             0.01 + 0.001 * tokens + 0.002 * (k > 0) + k * (0.003 + 0.0002 * batch), tokens, k, batch
         )
-    *_, g, c, e = model.knot_values()
+    *_, g, c, e, _ = model.knot_values()
     assert (g, c, e) == pytest.approx((0.002, 0.003, 0.0002), rel=0.05)
     assert model.predict(100, 0, 16) == pytest.approx(0.11, rel=0.02)
 
@@ -178,7 +178,7 @@ def test_explores_a_neighbour_only_when_it_is_a_close_call(monkeypatch):
     for predicted, expected in (([1.0, 0.9, 0.2], (40, 90)), ([1.0, 0.5, 0.2], (0, 0))):
         config = GoodputConfig(max_k=2, warmup_steps=1, seed=3, min_measured=0)
         controller = GoodputController(config)
-        monkeypatch.setattr(controller, "predicted_goodput", lambda b, p=predicted: np.array(p))
+        monkeypatch.setattr(controller, "predicted_goodput", lambda b, *_, p=predicted: np.array(p))
         picks = [controller.choose(8) for _ in range(1001)][1:]
         low, high = expected
         assert low <= picks.count(1) <= high, picks.count(1)
@@ -206,7 +206,7 @@ def test_close_calls_are_tried_only_after_a_step_that_drafted(
         trial_requests=trial_requests,
     )
     controller = GoodputController(config)
-    monkeypatch.setattr(controller, "predicted_goodput", lambda b: np.array([1.0, 0.9, 0.2]))
+    monkeypatch.setattr(controller, "predicted_goodput", lambda b, *_: np.array([1.0, 0.9, 0.2]))
     picks, sizes = [], set()
     for _ in range(1001):
         k = controller.choose(8)
@@ -228,7 +228,7 @@ def test_a_k_priced_only_by_the_warm_up_is_measured_before_it_is_ruled_out(monke
     batch 16 have run it (its price may come from prefill steps alone), in one burst of 8
     consecutive steps, then never; a prefill step at K = 1 does not count as a measurement."""
     controller = GoodputController(GoodputConfig(max_k=2, warmup_steps=1, seed=3))
-    monkeypatch.setattr(controller, "predicted_goodput", lambda b: np.array([1.0, 0.5, 0.2]))
+    monkeypatch.setattr(controller, "predicted_goodput", lambda b, *_: np.array([1.0, 0.5, 0.2]))
     controller.choose(16)  # the warm-up step
     controller.observe_step(0.3, 500, 1, 16, [])  # K = 1 on a prefill step
     picks = []
@@ -248,7 +248,7 @@ def test_batch_sizes_of_one_bucket_share_their_trials(monkeypatch):
     each a catch-up of the block's deferred rows), and on 8 consecutive steps whatever the
     size within the bucket (one catch-up); batch 16 is a bucket of its own."""
     controller = GoodputController(GoodputConfig(max_k=2, warmup_steps=1, seed=3))
-    monkeypatch.setattr(controller, "predicted_goodput", lambda b: np.array([1.0, 0.5, 0.2]))
+    monkeypatch.setattr(controller, "predicted_goodput", lambda b, *_: np.array([1.0, 0.5, 0.2]))
     controller.choose(64)  # the warm-up step
     picks = []
     for step in range(2000):
@@ -268,7 +268,7 @@ def test_a_burst_ends_with_its_bucket_and_after_twice_its_length(monkeypatch):
     own trials are counted there), and a burst whose steps all carry prefill, which measure
     nothing, stops after 16 steps instead of running on."""
     controller = GoodputController(GoodputConfig(max_k=2, warmup_steps=1, seed=3))
-    monkeypatch.setattr(controller, "predicted_goodput", lambda b: np.array([1.0, 0.5, 0.2]))
+    monkeypatch.setattr(controller, "predicted_goodput", lambda b, *_: np.array([1.0, 0.5, 0.2]))
     controller.choose(64)  # the warm-up step
     picks = [0]
     while picks[-1] == 0:  # steps of K = 0 until a burst starts
@@ -279,7 +279,7 @@ def test_a_burst_ends_with_its_bucket_and_after_twice_its_length(monkeypatch):
     assert controller.choose(16) == 0 and controller._trial is None  # ... until batch 16
 
     controller = GoodputController(GoodputConfig(max_k=2, warmup_steps=1, seed=3))
-    monkeypatch.setattr(controller, "predicted_goodput", lambda b: np.array([1.0, 0.5, 0.2]))
+    monkeypatch.setattr(controller, "predicted_goodput", lambda b, *_: np.array([1.0, 0.5, 0.2]))
     controller.choose(64)
     picks = []
     for _ in range(400):
@@ -336,7 +336,7 @@ def test_trials_at_a_larger_batch_draft_for_a_subset_and_choices_for_all(monkeyp
         k = controller.choose(batch)
         sizes.append((k, controller.trial_size))
     assert sizes == [(2, 4), (0, None), (1, None)]
-    monkeypatch.setattr(controller, "predicted_goodput", lambda b: np.array([0.5, 1.0, 0.2]))
+    monkeypatch.setattr(controller, "predicted_goodput", lambda b, *_: np.array([0.5, 1.0, 0.2]))
     sizes = []
     for _ in range(10):
         k = controller.choose(60)
@@ -358,7 +358,30 @@ def test_a_subset_trial_teaches_from_the_requests_that_drafted(monkeypatch):
     controller.observe_step(0.05, 8, 1, 8, [(0, 0)] * 8, drafting=4, offered=[0] * 8)
     verified = [(1, 1), (1, 0), (1, 1), (1, 0)] + [(0, 0)] * 4
     controller.observe_step(0.05, 12, 0, 8, verified, offered=[1] * 4 + [0] * 4)
-    assert costs == [(0.05, 8, 1, 4), (0.05, 12, 0, 8)]
+    assert costs == [(0.05, 8, 1, 4, 0.0), (0.05, 12, 0, 8, 0.0)]
     assert acceptance.offered.tolist() == [4, 0] and acceptance.drafted.tolist() == [4, 0]
     assert acceptance.accepted.tolist() == [2, 0]
     assert controller.log.subset_steps == 1 and controller.log.subset_accepted == 2
+
+
+def test_a_switch_to_drafting_pays_for_the_rows_it_catches_up():
+    """Batch 64 where K = 1 beats K = 0 by ~12 % once in sync (f = 0.2 s + 0.5 ms a token,
+    head loop 1 ms + 0.1 ms a request, a = 0.3). After a stretch of K = 0 steps 6,000 block
+    rows wait; at 0.12 ms a row (b, learnt from steps that caught rows up) the switch's
+    catch-up is 0.72 s, 45 ms a step over its 16-step horizon, which K = 1's gain does not
+    repay: the controller keeps K = 0, and drafts when no rows wait."""
+    config = GoodputConfig(max_k=1, max_tokens=256, explore=0.0, warmup_steps=1, cost_memory=1)
+    controller = GoodputController(config)
+    rng = random.Random(0)
+    for _ in range(300):
+        tokens, k, batch = rng.randint(1, 256), rng.randint(0, 1), rng.randint(1, 64)
+        rows = rng.randint(0, 500) if k else 0
+        seconds = 0.2 + 0.0005 * tokens + k * (0.001 + 0.0001 * batch) + 0.00012 * rows
+        controller.cost.observe(seconds, tokens, k, batch, rows)
+    assert controller.cost.knot_values()[-1] == pytest.approx(0.00012, rel=0.05)
+    acceptance = controller.acceptance
+    acceptance.offered[:], acceptance.drafted[:], acceptance.accepted[:] = 1000, 1000, 300
+    assert controller.predicted_goodput(64).argmax() == 1
+    assert controller.predicted_goodput(64, backlog=6000).argmax() == 0
+    controller.choose(64)  # the warm-up step
+    assert controller.choose(64, backlog=6000) == 0 and controller.choose(64, backlog=0) == 1

@@ -11,6 +11,7 @@ import pytest
 from vllm_clover.integration import patches
 from vllm_clover.integration.patches.scheduling import (
     GoodputLookup,
+    block_backlog,
     drafting_subset,
     goodput_controller,
     observe_step,
@@ -78,6 +79,20 @@ def test_the_lookup_asks_the_controller_once_per_step():
     assert controller.steps == 5
 
 
+def test_the_backlog_counts_the_running_requests_rows_since_they_last_drafted():
+    """a last drafted at 30 and has computed 40 tokens: 10 rows wait; b, never drafted for,
+    has computed 12: all 12 wait. The lookup hands the sum to the controller's choice."""
+    subsets = TrialSubsets(4)
+    subsets.marks = {"a": 30}
+    running = [SimpleNamespace(request_id="a", num_computed_tokens=40)]
+    running.append(SimpleNamespace(request_id="b", num_computed_tokens=12))
+    scheduler = SimpleNamespace(clover_subsets=subsets, running=running)
+    assert block_backlog(scheduler) == 22
+    seen = []
+    controller = SimpleNamespace(choose=lambda batch, backlog: seen.append(backlog) or 0)
+    assert GoodputLookup(controller, lambda: block_backlog(scheduler))[2] == 0 and seen == [22]
+
+
 def test_verified_drafts_follow_the_docstring_example():
     step = SimpleNamespace(
         num_scheduled_tokens={"a": 4, "b": 1, "c": 37, "d": 3},
@@ -116,14 +131,15 @@ def test_a_trial_drafts_for_the_requests_least_behind_and_counts_only_their_draf
     scheduler.clover_subsets.marks = {"a": 5, "c": 9, "gone": 3}
     controller.trial_size = 2
     trial = scheduled({"a": 1, "b": 1, "c": 1}, {}, k=2)
-    trial.clover_drafting = drafting_subset(scheduler, trial)
+    trial.clover_drafting, trial.clover_caught_up = drafting_subset(scheduler, trial)
     assert trial.clover_drafting == ["a", "c"]
+    assert trial.clover_caught_up == (10 - 5 - 1) + (10 - 9 - 1)  # behind, less their own row
     assert scheduler.clover_subsets.marks == {"a": 10, "c": 10}  # "gone" finished
     output = SimpleNamespace(req_id_to_index={"a": 0, "b": 1, "c": 2}, sampled_token_ids=[[1]] * 3)
     observe_step(scheduler, trial, output)
     assert controller.log.subset_steps == 1 and scheduler.clover_last_drafting == ["a", "c"]
     verify = scheduled({"a": 3, "b": 1, "c": 3}, {"a": [5, 6], "c": [7, 8]}, k=0)
-    verify.clover_drafting = None
+    verify.clover_drafting, verify.clover_caught_up = None, 0
     output.sampled_token_ids = [[5, 9], [4], [7, 8, 2]]
     controller.acceptance.offered[:] = 0  # no prior, nothing from earlier steps
     observe_step(scheduler, verify, output)

@@ -12,11 +12,14 @@ For a step of B requests it predicts, for every K in 0..K_max,
                                                 position i per request offered >= i+1 drafts
     time(K)   = f(B * (1 + D(K)))        D(K) = sum_{i<K} d_i, d_i: drafted at position i
                 + g * [K > 0] + K * (c + e * B)          (the confidence stop makes d_i < 1)
+                + b * R / H * [K > 0]    R: block rows waiting (deferred_block.py), H steps
 
 and drafts with the K of the highest tokens(K) / time(K); K = 0 when no K beats not drafting.
 f (the target's forward, sampling and bookkeeping for N scheduled tokens) is a piecewise-
-linear function of N on knots 1, 2, 4, ...; g, c, e price the head loop. `StepCostModel` fits
-them to the measured step times by exponentially weighted least squares on relative errors,
+linear function of N on knots 1, 2, 4, ...; g, c, e price the head loop, b a row of the
+Augmenting Block that a drafting step catches up (R of them wait after K = 0 steps; a switch
+to K > 0 runs them once, repaid over `switch_horizon` steps H). `StepCostModel` fits them
+to the measured step times by exponentially weighted least squares on relative errors,
 `AcceptanceModel` keeps a_i and d_i from the verified drafts; the choice reads a_i at an upper
 confidence bound (`optimism`), so that a few unlucky early requests cannot hold K at 0. A share
 of steps (`explore`) tries a K next to the best one when the model predicts it within
@@ -77,6 +80,7 @@ class GoodputConfig:
     min_measured: int = 8  # ... or if fewer decode steps of this batch bucket measured that K
     explore_from_zero: bool = False  # close calls tried after a K = 0 step too (pays a catch-up)
     trial_requests: int = 4  # a trial at a larger batch drafts for this many (0: for all)
+    switch_horizon: int = 16  # steps over which a switch to K > 0 repays its catch-up
     optimism: float = 1.0  # z of the acceptance's upper confidence bound the choice reads
     warmup_steps: int = 0  # first steps cycle K = max_k, 0, max_k - 1, ... (0: max_k + 1)
     cost_memory: float = 0.998  # per-step forgetting of the cost fit (about 500 steps)
@@ -98,6 +102,9 @@ class GoodputConfig:
         return self.warmup_steps or self.max_k + 1
 
 
+DRAFT_TERMS = 4  # g, c, e, b: the prices after the knots' values
+
+
 def cost_knots(max_tokens: int) -> np.ndarray:
     """Token counts where f is a free value: 1, 2, 4, ... up to the first >= max_tokens."""
     top = max(1, int(np.ceil(np.log2(max(max_tokens, 2)))))
@@ -105,11 +112,12 @@ def cost_knots(max_tokens: int) -> np.ndarray:
 
 
 class StepCostModel:
-    """Step time as f(tokens) + g [K > 0] + c K + e K B, fitted online (seconds).
+    """Step time as f(tokens) + g [K > 0] + c K + e K B + b R, fitted online (seconds); R:
+    the block rows the step caught up before its own (the scheduler's estimate).
 
     f is given by its values at the knots (linear interpolation between them, linear
     extrapolation past the last one), written f_j = f_0 + delta_1 + ... + delta_j so that
-    the fit can keep f non-decreasing: every coefficient (f_0, the deltas, g, c, e) is held
+    the fit can keep f non-decreasing: every coefficient (f_0, the deltas, g, c, e, b) is held
     >= 0. Example, knots 1, 2, 4, 8: N = 3 -> hats (0, 0.5, 0.5, 0), f(3) = (f(2) + f(4)) / 2
     = f_0 + delta_1 + delta_2 / 2.
 
@@ -124,10 +132,10 @@ class StepCostModel:
     def __init__(self, config: GoodputConfig) -> None:
         self.config = config
         self.knots = cost_knots(config.max_tokens)
-        size = len(self.knots) + 3
+        size = len(self.knots) + DRAFT_TERMS
         self.xtx = np.zeros((size, size))
         self.xty = np.zeros(size)
-        # [size, size]: knot values and drafting prices from (f_0, deltas, g, c, e)
+        # [size, size]: knot values and drafting prices from (f_0, deltas, g, c, e, b)
         self.to_values = np.eye(size)
         self.to_values[: len(self.knots), : len(self.knots)] = np.tril(
             np.ones((len(self.knots),) * 2)
@@ -140,14 +148,16 @@ class StepCostModel:
         self._fitted_at = 0  # observations when last fitted
         self._coef: np.ndarray | None = None
 
-    def features(self, tokens: float, k: int, batch: int) -> np.ndarray:
-        x = np.zeros(len(self.knots) + 3)
+    def features(self, tokens: float, k: int, batch: int, caught_up: float = 0.0) -> np.ndarray:
+        x = np.zeros(len(self.knots) + DRAFT_TERMS)
         x[: len(self.knots)] = hats(self.knots, tokens)
-        x[-3:] = (1.0 if k > 0 else 0.0, k, k * batch)
+        x[-DRAFT_TERMS:] = (1.0 if k > 0 else 0.0, k, k * batch, caught_up)
         return x @ self.to_values
 
-    def observe(self, seconds: float, tokens: int, k: int, batch: int) -> None:
-        x = self.features(tokens, k, batch)
+    def observe(
+        self, seconds: float, tokens: int, k: int, batch: int, caught_up: float = 0.0
+    ) -> None:
+        x = self.features(tokens, k, batch, caught_up)
         weight = 1.0 / max(seconds, 1e-6) ** 2
         memory = self.config.cost_memory
         self.xtx = memory * self.xtx + weight * np.outer(x, x)
@@ -157,7 +167,7 @@ class StepCostModel:
         self.observations += 1
 
     def coefficients(self) -> np.ndarray:
-        """[f_0, delta_1, ..., g, c, e], all >= 0 (refitted every `refit_every` steps)."""
+        """[f_0, delta_1, ..., g, c, e, b], all >= 0 (refitted every `refit_every` steps)."""
         if self._coef is None or self.observations - self._fitted_at >= self.config.refit_every:
             scale = self.weight_sum / self.count if self.count else 1.0
             self._coef = nonnegative_least_squares(self.xtx + scale * self.penalty, self.xty)
@@ -165,11 +175,11 @@ class StepCostModel:
         return self._coef
 
     def knot_values(self) -> np.ndarray:
-        """[f at each knot, g, c, e] in seconds."""
+        """[f at each knot, g, c, e, b] in seconds."""
         return self.to_values @ self.coefficients()
 
-    def predict(self, tokens: float, k: int, batch: int) -> float:
-        return float(self.features(tokens, k, batch) @ self.coefficients())
+    def predict(self, tokens: float, k: int, batch: int, caught_up: float = 0.0) -> float:
+        return float(self.features(tokens, k, batch, caught_up) @ self.coefficients())
 
 
 class AcceptanceModel:
@@ -265,18 +275,19 @@ class GoodputController:
         self.trial_size: int | None = None  # requests the step chosen last drafts for
         self._last_subset = False  # whether the step observed last drafted for a subset
 
-    def choose(self, batch: int) -> int:
+    def choose(self, batch: int, backlog: float = 0.0) -> int:
         """The K for a step of `batch` requests; `trial_size` then says how many of them
         draft (None: all of them). A trial of K > 0 at a batch larger than `trial_requests`
         drafts for that many (``trial_subset.py``): a step of the warm-up cycle, an
         exploration, or the model's own choice of a K that fewer than `min_measured` decode
-        steps of this batch bucket have run (its price there is still a guess)."""
+        steps of this batch bucket have run (its price there is still a guess). `backlog`:
+        the block rows a step drafting for the whole batch would catch up first."""
         self.steps += 1
         if self.steps <= self.config.warmup:
             k, trial = _warmup_k(self.steps - 1, self.config.max_k), True
             self.log.warmup[k] += 1
         else:
-            goodput = self.predicted_goodput(batch)
+            goodput = self.predicted_goodput(batch, backlog)
             best = int(np.argmax(goodput))
             tried = self._explore(batch, best, goodput)
             if tried is None:
@@ -334,13 +345,15 @@ class GoodputController:
         goodput = self.predicted_goodput(batch)
         return int(np.argmax(goodput))
 
-    def predicted_goodput(self, batch: int) -> np.ndarray:
-        """[K_max + 1] predicted tokens per second of a step with K = 0..K_max."""
+    def predicted_goodput(self, batch: int, backlog: float = 0.0) -> np.ndarray:
+        """[K_max + 1] predicted tokens per second of a step with K = 0..K_max, a K > 0 paying
+        a `switch_horizon`-th of the catch-up of `backlog` waiting block rows."""
         rates = self.acceptance.optimistic_rates(self.config.optimism)
         accepted, drafted = (np.concatenate(([0.0], np.cumsum(r))) for r in rates)
         goodput = np.zeros(self.config.max_k + 1)
         for k in range(self.config.max_k + 1):
-            seconds = self.cost.predict(batch * (1 + drafted[k]), k, batch)
+            caught_up = backlog / self.config.switch_horizon if k else 0.0
+            seconds = self.cost.predict(batch * (1 + drafted[k]), k, batch, caught_up)
             goodput[k] = batch * (1 + accepted[k]) / max(seconds, 1e-6)
         return goodput
 
@@ -353,13 +366,15 @@ class GoodputController:
         verified: list[tuple[int, int]],
         drafting: int | None = None,
         offered: list[int] | None = None,
+        caught_up: float = 0.0,
     ) -> None:
         """One executed step: its wall time, scheduled tokens, its K and batch, and for each
         request that decoded, its drafts made in the previous step as (drafted, accepted),
         (0, 0) without drafts; prefill chunks are not listed. `drafting`: the requests the
         step drafted for where that was a subset; `offered`: the K each of `verified` was
-        asked to draft (default: the previous step's K for all; 0 outside a subset trial's)."""
-        self.cost.observe(seconds, tokens, k, batch if drafting is None else drafting)
+        asked to draft (default: the previous step's K for all; 0 outside a subset trial's);
+        `caught_up`: the block rows it ran before its own (the scheduler's estimate)."""
+        self.cost.observe(seconds, tokens, k, batch if drafting is None else drafting, caught_up)
         if len(verified) == batch:  # every request decoded: no prefill in the step
             self.measured[(batch_bucket(batch), k)] += 1
         offered = [self.last_k] * len(verified) if offered is None else offered

@@ -251,7 +251,7 @@ PATCHES = (
             "vllm.v1.engine.core:EngineCore.step": "a02d17986fb7",
             f"{RUNNER}.propose_draft_token_ids": "a60269aca9de",
         },
-        attributes=("dynamic_sd_lookup", "requests", "drafter"),
+        attributes=("dynamic_sd_lookup", "requests", "running", "drafter"),
         apply=scheduling.patch_goodput_budget,
     ),
     Entry(

@@ -33,13 +33,23 @@ SUMMARY_EVERY = 1000  # steps between the controller's log lines
 
 class GoodputLookup:
     """Stands in for the scheduler's dense batch-size -> K table: `lookup[B]` asks the
-    controller for the K of a step with B requests."""
+    controller for the K of a step with B requests, and tells it how many block rows wait
+    (`backlog()`, 0 without a scheduler to read them from)."""
 
-    def __init__(self, controller: GoodputController) -> None:
+    def __init__(self, controller: GoodputController, backlog=None) -> None:
         self.controller = controller
+        self.backlog = backlog or (lambda: 0)
 
     def __getitem__(self, batch_size: int) -> int:
-        return self.controller.choose(batch_size)
+        return self.controller.choose(batch_size, self.backlog())
+
+
+def block_backlog(scheduler) -> int:
+    """The Augmenting Block rows of the running requests that no drafting step has run
+    (estimated: their computed tokens past where a step last drafted for them; the lookup
+    runs before the step's own tokens count as computed)."""
+    subsets: TrialSubsets = scheduler.clover_subsets
+    return sum(subsets.behind(r.request_id, r.num_computed_tokens) for r in scheduler.running)
 
 
 def goodput_controller(vllm_config) -> GoodputController | None:
@@ -96,19 +106,25 @@ def verified_drafts(scheduler_output, model_runner_output) -> list[tuple[str, in
     return verified
 
 
-def drafting_subset(scheduler, output) -> list[str] | None:
-    """The requests a scheduled step drafts for: a subset where the controller's choice was a
-    trial at a large batch, None for every request (or a step that drafts nothing). Notes
-    where each request stood when a step drafted for it (``TrialSubsets``)."""
+def drafting_subset(scheduler, output) -> tuple[list[str] | None, int]:
+    """The requests a scheduled step drafts for (a subset where the controller's choice was
+    a trial at a large batch, None for every request or a step that drafts nothing) and the
+    block rows it catches up for them before their own (estimated). Notes where each request
+    stood when a step drafted for it (``TrialSubsets``). Example: a request at 40 computed
+    tokens after a step that scheduled 1 of them, last drafted for at 30: 9 rows caught up."""
     subsets: TrialSubsets = scheduler.clover_subsets
     subsets.forget(output.finished_req_ids)
     if output.num_spec_tokens_to_schedule == 0 or output.total_num_scheduled_tokens == 0:
-        return None
-    requests = scheduler.requests
-    ends = {req_id: requests[req_id].num_computed_tokens for req_id in output.num_scheduled_tokens}
+        return None, 0
+    requests, scheduled = scheduler.requests, output.num_scheduled_tokens
+    ends = {req_id: requests[req_id].num_computed_tokens for req_id in scheduled}
     drafting = subsets.pick(ends) if scheduler.clover_budget.trial_size else None
+    caught_up = sum(
+        max(0, subsets.behind(req_id, ends[req_id]) - scheduled[req_id])
+        for req_id in (ends if drafting is None else drafting)
+    )
     subsets.drafted(ends, drafting)
-    return drafting
+    return drafting, caught_up
 
 
 def observe_step(scheduler, scheduler_output, model_runner_output) -> None:
@@ -129,6 +145,7 @@ def observe_step(scheduler, scheduler_output, model_runner_output) -> None:
         verified=[(drafted, accepted) for _, drafted, accepted in verified],
         drafting=None if drafting is None else len(drafting),
         offered=offered,
+        caught_up=getattr(scheduler_output, "clover_caught_up", 0),
     )
     scheduler.clover_last_drafting = drafting
     if budget.cost.observations % SUMMARY_EVERY == 0:
@@ -150,8 +167,8 @@ def patch_goodput_budget() -> None:
         init(self, vllm_config, *args, **kwargs)
         self.clover_budget = goodput_controller(vllm_config)
         if self.clover_budget is not None:
-            self.dynamic_sd_lookup = GoodputLookup(self.clover_budget)
             self.clover_subsets = TrialSubsets(self.clover_budget.config.trial_requests)
+            self.dynamic_sd_lookup = GoodputLookup(self.clover_budget, lambda: block_backlog(self))
             self.clover_last_drafting = None
 
     @functools.wraps(schedule)
@@ -159,7 +176,7 @@ def patch_goodput_budget() -> None:
         self.clover_step_started = time.perf_counter()
         output = schedule(self, *args, **kwargs)
         if getattr(self, "clover_budget", None) is not None:
-            output.clover_drafting = drafting_subset(self, output)
+            output.clover_drafting, output.clover_caught_up = drafting_subset(self, output)
         return output
 
     @functools.wraps(update)
