@@ -69,6 +69,19 @@ def test_rows_compare_with_vanilla_at_same_batch_and_temperature():
     json.dumps(rows)  # every figure is plain JSON
 
 
+def test_rows_find_their_vanilla_wherever_it_ran_in_the_round():
+    """Rounds rotate the methods (`runner.engine_jobs`): a round may run vanilla last. Its
+    runs are compared with that round's vanilla all the same, and a report written before
+    that vanilla ran holds no row for them yet."""
+    early, late = _results(repeat=1, clover_seconds=1.0)[::-1]  # round 2: clover first
+    rows = build_rows([*_results(), early])
+    assert [(r["method"], r["repeat"]) for r in rows] == [("vanilla", 0)] * 2 + [("clover", 0)] * 2
+    rows = build_rows([*_results(), early, late])
+    by_round = {(r["method"], r["repeat"], r["temperature"]): r for r in rows}
+    assert by_round[("clover", 1, 0.0)]["ratio_to_vanilla"] == pytest.approx(4.0)
+    assert by_round[("clover", 0, 0.0)]["ratio_to_vanilla"] == pytest.approx(2.0)
+
+
 def test_markdown_table_rendering():
     table = markdown_table(summarize(build_rows(_results())))
     lines = table.splitlines()
@@ -138,7 +151,10 @@ def test_markdown_document_names_command_machine_and_definitions():
     text = markdown_document(report)
     assert "    vllm-clover bench --quick" in text and "Some CPU" in text
     assert "MT-Bench first turns" in text and "- **tau**: 1 + accepted / drafts" in text
-    assert "1 alternating round(s) of every engine, engine mode(s) in-process" in text
+    assert (
+        "1 alternating round(s) of every engine (each round starting one method later), "
+        "engine mode(s) in-process" in text
+    )
     assert "float32, eager;" in text
     report["config"]["compiled"] = True
     assert "float32, compiled;" in markdown_document(report)

@@ -32,6 +32,7 @@ def test_engine_jobs_alternate_methods_round_by_round():
         (0, "in-process", 4, "clover"),
     ]
     assert len(order) == 2 * 2 * 2 * 2 and order[8][0] == 1  # round 2 after all of round 1
+    assert order[8:10] == [(1, "in-process", 1, "clover"), (1, "in-process", 1, "vanilla")]
     assert not any(j.compiled for j in jobs)  # eager unless asked
     compiled = engine_jobs(replace(config, compiled=True), "target", [[{"role": "user"}]])
     assert all(j.compiled for j in compiled)

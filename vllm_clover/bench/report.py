@@ -97,16 +97,25 @@ def _overheads(run: Run, vanilla: Run) -> dict[str, float | None]:
 
 def build_rows(results: list[tuple[Any, dict[float, Run], dict[str, Any]]]) -> list[dict[str, Any]]:
     """Rows for (EngineJob, runs by temperature, engine settings) results, each compared
-    with the vanilla run of its round, engine mode, batch size and temperature."""
-    vanilla: dict[tuple, Run] = {}
-    rows = []
-    for job, runs, engine in results:
-        for temperature, run in runs.items():
-            key = (job.repeat, job.engine_mode, job.batch_size, temperature)
-            if job.method.kind == "vanilla":
-                vanilla[key] = run
-            rows.append(run_row(job, temperature, run, vanilla[key], engine))
-    return rows
+    with the vanilla run of its round, engine mode, batch size and temperature, wherever in
+    the round that ran. A run whose vanilla has not run yet (a report written mid-round)
+    gets no row until it has."""
+
+    def key(job: Any, temperature: float) -> tuple:
+        return (job.repeat, job.engine_mode, job.batch_size, temperature)
+
+    vanilla = {
+        key(job, temperature): run
+        for job, runs, _ in results
+        if job.method.kind == "vanilla"
+        for temperature, run in runs.items()
+    }
+    return [
+        run_row(job, temperature, run, vanilla[key(job, temperature)], engine)
+        for job, runs, engine in results
+        for temperature, run in runs.items()
+        if key(job, temperature) in vanilla
+    ]
 
 
 def machine_info() -> dict[str, Any]:
@@ -254,7 +263,7 @@ def markdown_document(report: dict[str, Any]) -> str:
         f"{config.get('dtype', 'float32')}, "
         f"{'compiled' if config.get('compiled') else 'eager'}; "
         f"{config['repeats']} alternating round(s) "
-        "of every engine, engine "
+        "of every engine (each round starting one method later), engine "
         f"mode(s) {', '.join(config['engines'])}; batch size = max_num_seqs.",
         "",
         *([warning, ""] if (warning := busy_warning(report)) else []),

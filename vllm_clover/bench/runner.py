@@ -123,7 +123,14 @@ def run_isolated(function: Callable[[Any], Any], argument: Any) -> Any:
 
 def engine_jobs(config: BenchConfig, target: str, chats: list[Chat]) -> list[EngineJob]:
     """Every engine, round by round: per round and engine mode, each batch size's methods
-    back to back, vanilla first (the reference of the others in that round)."""
+    back to back, each round starting one method later than the one before.
+
+    On a shared machine the engines of a round can slow down one after another; a fixed
+    order would put that drift on the same methods in every round. Each run is still
+    compared with its own round's vanilla (`report.build_rows`). Example, methods
+    (vanilla, clover, ngram) over 3 rounds: vanilla clover ngram | clover ngram vanilla |
+    ngram vanilla clover.
+    """
     return [
         EngineJob(
             target,
@@ -141,8 +148,14 @@ def engine_jobs(config: BenchConfig, target: str, chats: list[Chat]) -> list[Eng
         for repeat in range(config.repeats)
         for mode in config.engines
         for batch in config.batch_sizes
-        for method in config.methods
+        for method in rotated(config.methods, repeat)
     ]
+
+
+def rotated(methods: Sequence[Method], repeat: int) -> list[Method]:
+    """`methods` starting at index `repeat` (mod their number): (a, b, c), 1 -> [b, c, a]."""
+    start = repeat % len(methods)
+    return [*methods[start:], *methods[:start]]
 
 
 def run_bench(config: BenchConfig, command: str) -> dict[str, Any]:
