@@ -90,7 +90,7 @@ def test_bench_alternates_rounds_in_both_engine_modes(clover_heads, tmp_path):
         (repeat, mode, method, temperature)
         for repeat in (0, 1)
         for mode in ("in-process", "multiprocess")
-        for method in ("vanilla", "clover-fixed")[:: 1 - 2 * repeat]
+        for method in (("vanilla", "clover-fixed"), ("clover-fixed", "vanilla"))[repeat]
         for temperature in (0.0, 1.0)
     ]
     for row in report["runs"]:

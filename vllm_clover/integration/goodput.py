@@ -62,11 +62,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from vllm_clover.integration.piecewise_fit import (
-    curvature_penalty,
-    hats,
-    nonnegative_least_squares,
-)
+from vllm_clover.integration.step_cost import StepCostModel
 
 
 @dataclass(frozen=True)
@@ -100,86 +96,6 @@ class GoodputConfig:
     @property
     def warmup(self) -> int:
         return self.warmup_steps or self.max_k + 1
-
-
-DRAFT_TERMS = 4  # g, c, e, b: the prices after the knots' values
-
-
-def cost_knots(max_tokens: int) -> np.ndarray:
-    """Token counts where f is a free value: 1, 2, 4, ... up to the first >= max_tokens."""
-    top = max(1, int(np.ceil(np.log2(max(max_tokens, 2)))))
-    return 2.0 ** np.arange(top + 1)
-
-
-class StepCostModel:
-    """Step time as f(tokens) + g [K > 0] + c K + e K B + b R, fitted online (seconds); R:
-    the block rows the step caught up before its own (the scheduler's estimate).
-
-    f is given by its values at the knots (linear interpolation between them, linear
-    extrapolation past the last one), written f_j = f_0 + delta_1 + ... + delta_j so that
-    the fit can keep f non-decreasing: every coefficient (f_0, the deltas, g, c, e, b) is held
-    >= 0. Example, knots 1, 2, 4, 8: N = 3 -> hats (0, 0.5, 0.5, 0), f(3) = (f(2) + f(4)) / 2
-    = f_0 + delta_1 + delta_2 / 2.
-
-    The fit minimises relative errors (each step weighted by 1 / seconds^2): a step's jitter
-    is proportional to its length, so in absolute terms the few long prefill steps, which
-    the warm-up cycle drafts on, would set the drafting prices that the short decode steps
-    measure (docs/benchmarks.md, "T = 1 with every answer run to the token limit"). The prior
-    is scaled by the mean weight, so its strength relative to the data does not depend on
-    how fast the machine is.
-    """
-
-    def __init__(self, config: GoodputConfig) -> None:
-        self.config = config
-        self.knots = cost_knots(config.max_tokens)
-        size = len(self.knots) + DRAFT_TERMS
-        self.xtx = np.zeros((size, size))
-        self.xty = np.zeros(size)
-        # [size, size]: knot values and drafting prices from (f_0, deltas, g, c, e, b)
-        self.to_values = np.eye(size)
-        self.to_values[: len(self.knots), : len(self.knots)] = np.tril(
-            np.ones((len(self.knots),) * 2)
-        )
-        penalty = curvature_penalty(self.knots, size)
-        self.penalty = config.smoothness * self.to_values.T @ penalty @ self.to_values
-        self.observations = 0
-        self.weight_sum = 0.0  # forgotten like xtx; / count: the scale of the prior
-        self.count = 0.0
-        self._fitted_at = 0  # observations when last fitted
-        self._coef: np.ndarray | None = None
-
-    def features(self, tokens: float, k: int, batch: int, caught_up: float = 0.0) -> np.ndarray:
-        x = np.zeros(len(self.knots) + DRAFT_TERMS)
-        x[: len(self.knots)] = hats(self.knots, tokens)
-        x[-DRAFT_TERMS:] = (1.0 if k > 0 else 0.0, k, k * batch, caught_up)
-        return x @ self.to_values
-
-    def observe(
-        self, seconds: float, tokens: int, k: int, batch: int, caught_up: float = 0.0
-    ) -> None:
-        x = self.features(tokens, k, batch, caught_up)
-        weight = 1.0 / max(seconds, 1e-6) ** 2
-        memory = self.config.cost_memory
-        self.xtx = memory * self.xtx + weight * np.outer(x, x)
-        self.xty = memory * self.xty + weight * seconds * x
-        self.weight_sum = memory * self.weight_sum + weight
-        self.count = memory * self.count + 1
-        self.observations += 1
-
-    def coefficients(self) -> np.ndarray:
-        """[f_0, delta_1, ..., g, c, e, b], all >= 0 (refitted every `refit_every` steps)."""
-        if self._coef is None or self.observations - self._fitted_at >= self.config.refit_every:
-            scale = self.weight_sum / self.count if self.count else 1.0
-            self._coef = nonnegative_least_squares(self.xtx + scale * self.penalty, self.xty)
-            self._fitted_at = self.observations
-        return self._coef
-
-    def knot_values(self) -> np.ndarray:
-        """[f at each knot, g, c, e, b] in seconds."""
-        return self.to_values @ self.coefficients()
-
-    def predict(self, tokens: float, k: int, batch: int, caught_up: float = 0.0) -> float:
-        return float(self.features(tokens, k, batch, caught_up) @ self.coefficients())
 
 
 class AcceptanceModel:

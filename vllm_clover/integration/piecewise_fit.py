@@ -1,4 +1,4 @@
-"""The fitting math under the goodput budget's `StepCostModel` (``goodput.py``).
+"""The fitting math under the goodput budget's `StepCostModel` (``step_cost.py``).
 
 A step's time is a piecewise-linear function of its scheduled tokens, so the model's features
 are hat functions on knots (`hats`), a prior keeps the function linear where no step has

@@ -19,7 +19,7 @@ Worked example (illustrative figures): batch 1, f'(N) = 1.5 ms per row, 28 token
 c = 0.042, so nodes of path probability >= 0.035. Batch 16, 1.0 ms per row, 300 tokens/s:
 c = 0.30, p >= 0.25.
 
-f is ``goodput.StepCostModel`` (piecewise linear in N, non-decreasing, fitted online) fed
+f is ``step_cost.StepCostModel`` (piecewise linear in N, non-decreasing, fitted online) fed
 with decoding steps only (a step with a prefill chunk says little about a row's price); E / T
 and r are exponentially weighted. Until ``warmup_steps`` decoding steps are measured the
 threshold is ``start``. Pure Python and NumPy; the runner feeds it (``patches/trees.py``).
@@ -29,7 +29,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vllm_clover.integration.goodput import GoodputConfig, StepCostModel
+from vllm_clover.integration.goodput import GoodputConfig
+from vllm_clover.integration.step_cost import StepCostModel
 
 
 @dataclass(frozen=True)

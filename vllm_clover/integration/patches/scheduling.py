@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 
 from vllm.logger import init_logger
 
@@ -36,7 +37,9 @@ class GoodputLookup:
     controller for the K of a step with B requests, and tells it how many block rows wait
     (`backlog()`, 0 without a scheduler to read them from)."""
 
-    def __init__(self, controller: GoodputController, backlog=None) -> None:
+    def __init__(
+        self, controller: GoodputController, backlog: Callable[[], float] | None = None
+    ) -> None:
         self.controller = controller
         self.backlog = backlog or (lambda: 0)
 
