@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from helpers import D, K, random_clover, tiny_config
 from vllm_clover.integration.cpu_gemm import linear_slots, onednn_row_packer, pack_linears
-from vllm_clover.modeling.head_loop import LinearHead
+from vllm_clover.modeling.layer_fusion import LayerFusion
 from vllm_clover.modeling.scoring import DraftRows
 
 pytestmark = pytest.mark.unit
@@ -76,11 +76,15 @@ def test_pack_linears_runs_the_head_network_on_the_gemm_with_the_same_drafts():
     t0 = torch.tensor([1, 5, 7, 9, 11, 13])
     before = (h0, model.heads.propose(h0, t0, K, model.tables))
     parts = (model.heads, model.adapter, model.fusion)  # the block is vLLM's own layers
-    kinds = (torch.nn.Linear, LinearHead)
-    linears = [m for p in parts for m in p.modules() if isinstance(m, kinds)]
-    # the layer fusion's 2, the next-token fusion's and the decoder's q/k/v, the K heads
-    assert pack_linears(*parts, None) == len(linears) == 2 + 3 + 3 + K
-    assert all(slot in vars(m) for m, slot in linear_slots(*parts))  # the instances' own
+    slots = linear_slots(*parts)
+    # the layer fusion's one, the next-token fusion's and the decoder's q and [k | v], the
+    # K heads; the layers inside a fused product are not packed on their own
+    assert [(type(m), slot) for m, slot in slots].count((LayerFusion, "project")) == 1
+    assert [slot for _, slot in slots].count("key_value") == 2
+    assert pack_linears(*parts, None) == len(slots) == 1 + 2 + 2 + K
+    assert all(slot in vars(m) for m, slot in slots)  # the instances' own
+    fused_away = [*model.fusion.projs, model.adapter.fuse.k_proj, model.heads.decoder.v_proj]
+    assert not any("forward" in vars(layer) for layer in fused_away)
     h0 = model.adapter.block_input(model.fusion(signal), torch.arange(6), model.tables)
     torch.testing.assert_close(h0, before[0], rtol=1e-5, atol=1e-5)
     assert torch.equal(model.heads.propose(h0, t0, K, model.tables), before[1])

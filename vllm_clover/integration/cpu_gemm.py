@@ -17,11 +17,14 @@ float32; ``kernel(z)`` with z (4, 576) float32 -> (4, 8192), equal to ``z @ rows
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 from vllm.logger import init_logger
 
-from vllm_clover.modeling.head_loop import LinearHead
+from vllm_clover.modeling.head_loop import AttentionDecoder, LinearHead
+from vllm_clover.modeling.layer_fusion import LayerFusion
 from vllm_clover.modeling.scoring import RowKernel, RowPacker
 
 logger = init_logger(__name__)
@@ -61,14 +64,17 @@ def _packed(weight: torch.Tensor, bias: torch.Tensor | None) -> RowKernel | None
 
 
 def pack_linears(*modules: nn.Module | None) -> int:
-    """Run the linear layers of these (pure-PyTorch) modules on the packed GEMM: each
-    ``nn.Linear``'s forward and each ``LinearHead``'s ``project``, with the weights as they
-    are now (call it after loading them; serving never changes them after). Returns how
-    many were packed: 0 where the build has no oneDNN or the weights are not on the CPU.
+    """Run the linear products of these (pure-PyTorch) modules on the packed GEMM: each
+    ``nn.Linear``'s forward, each ``LinearHead``'s ``project``, and the products that sum or
+    stack several layers' outputs as one (``LayerFusion.project``, the decoder's
+    ``key_value``: one kernel over their concatenated weights, whose own layers are then
+    not packed apart), with the weights as they are now (call it after loading them; serving
+    never changes them after). Returns how many were packed: 0 where the build has no oneDNN
+    or the weights are not on the CPU.
 
-    Example: the shipped Clover-2 heads pack 13 layers: the next-token fusion's and the
-    decoder's q/k/v, the layer fusion's three projections (target layers 2, 15, 27) and
-    the four heads' projections.
+    Example: the shipped Clover-2 heads pack 10 products: the layer fusion's one (target
+    layers 2, 15, 27), the next-token fusion's and the decoder's q and [k | v], and the four
+    heads' projections.
     """
     from vllm import _custom_ops as ops
 
@@ -76,22 +82,53 @@ def pack_linears(*modules: nn.Module | None) -> int:
         return 0
     count = 0
     for module, slot in linear_slots(*modules):
-        if module.weight.device.type != "cpu":
+        weight, bias = _AFFINE_SLOTS[type(module)][1](module)
+        if weight.device.type != "cpu":
             continue
-        kernel = _packed(module.weight, module.bias)
+        kernel = _packed(weight, bias)
         if kernel is not None:
             setattr(module, slot, kernel)  # an instance attribute, ahead of the class's method
             count += 1
     return count
 
 
-# Which method computes x @ W^T + b from the module's own weight and bias, per module type.
-_AFFINE_SLOTS: dict[type, str] = {nn.Linear: "forward", LinearHead: "project"}
+def _own(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    return module.weight, module.bias
+
+
+# Per module type: the method that computes x @ W^T + b, and (W, b) of that product.
+_AFFINE_SLOTS: dict[type, tuple[str, Callable[[nn.Module], tuple]]] = {
+    nn.Linear: ("forward", _own),
+    LinearHead: ("project", _own),
+    LayerFusion: ("project", lambda m: (m.projection_weight(), None)),
+    AttentionDecoder: ("key_value", lambda m: (m.projection_weight(), None)),
+}
+# Layers that a packed product of their parent runs (by attribute name in the parent).
+_FUSED_CHILDREN: dict[type, tuple[str, ...]] = {
+    LayerFusion: ("projs",),
+    AttentionDecoder: ("k_proj", "v_proj"),
+}
 
 
 def linear_slots(*modules: nn.Module | None) -> list[tuple[nn.Module, str]]:
-    """Every linear layer inside these modules, with the method ``pack_linears`` replaces in
-    it ("forward" of an ``nn.Linear``, "project" of a ``LinearHead``); a layer is packed
-    when that method is an attribute of the instance (``slot in vars(module)``)."""
-    found = (m for root in modules if root is not None for m in root.modules())
-    return [(m, _AFFINE_SLOTS[type(m)]) for m in found if type(m) in _AFFINE_SLOTS]
+    """Every linear product inside these modules, with the method ``pack_linears`` replaces
+    in it ("forward" of an ``nn.Linear``, "project" of a ``LinearHead`` or a
+    ``LayerFusion``, "key_value" of an ``AttentionDecoder``); a product is packed when that
+    method is an attribute of the instance (``slot in vars(module)``). Layers inside a
+    fused product are not listed on their own.
+
+    Example: an ``AttentionDecoder`` lists as itself ("key_value") and its q_proj
+    ("forward"), not its k_proj and v_proj.
+    """
+    found = [m for root in modules if root is not None for m in root.modules()]
+    inside = {
+        id(layer)
+        for m in found
+        for name in _FUSED_CHILDREN.get(type(m), ())
+        for layer in getattr(m, name).modules()
+    }
+    return [
+        (m, _AFFINE_SLOTS[type(m)][0])
+        for m in found
+        if type(m) in _AFFINE_SLOTS and id(m) not in inside
+    ]

@@ -118,9 +118,14 @@ class AttentionDecoder(nn.Module):
 
         Two products, not one with [W_K; W_V]: concatenating the weights would copy 2 D^2
         floats on every call, which on a CPU costs more than the rows it serves (the
-        next-token fusion of Clover-2 runs this on every verified token).
+        next-token fusion of Clover-2 runs this on every verified token). A serving layer
+        may hand it to a kernel that holds ``projection_weight`` once (integration/cpu_gemm.py).
         """
         return torch.cat((self.k_proj(e), self.v_proj(e)), dim=-1)  # (..., 2D)
+
+    def projection_weight(self) -> torch.Tensor:
+        """[W_K; W_V] (2D, D): the weight of ``key_value`` as one product."""
+        return torch.cat((self.k_proj.weight, self.v_proj.weight), dim=0)
 
     def attend(self, h: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
         # h: previous hidden (..., D); kv: [k | v] from key_value (..., 2D)

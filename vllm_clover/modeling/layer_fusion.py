@@ -29,7 +29,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn as nn
 
-from vllm_clover.modeling.augmenting import RMSNorm
+from vllm_clover.modeling.augmenting import RMSNorm, rms_norm
 from vllm_clover.modeling.config import CloverConfig
 
 # Prefix of this module's tensors in a checkpoint.
@@ -66,13 +66,24 @@ class LayerFusion(nn.Module):
                 f"{len(self.projs)} target layer(s): {self.signal_width}"
             )
         dtype = self.projs[0].weight.dtype
-        d = self.hidden_size
-        x = signal[..., :d].to(dtype)  # (..., D) H
-        for a, (norm, proj) in enumerate(zip(self.norms, self.projs, strict=True)):
-            # (..., D) L_{target_layers[a]}, the slot after H's
-            layer = signal[..., (1 + a) * d : (2 + a) * d].to(dtype)
-            x = x + proj(norm(layer))
-        return x
+        d, slots = self.hidden_size, len(self.projs)
+        hidden = signal[..., :d].to(dtype)  # (..., D) H
+        layers = signal[..., d:].unflatten(-1, (slots, d)).to(dtype)  # (..., A, D) L_j
+        # the A norms at once: few rows cost per operator, not per value
+        weights = torch.stack([norm.weight for norm in self.norms])  # (A, D)
+        normed = rms_norm(layers, weights, self.norms[0].eps)  # (..., A, D)
+        return hidden + self.project(normed.flatten(-2))  # (..., D)
+
+    def project(self, normed: torch.Tensor) -> torch.Tensor:
+        """sum_j W_j n_j for normed = [n_a | n_b ...] (..., A * D) -> (..., D): one product
+        with [W_a | W_b ...] (D, A * D), which a serving layer may hand to a faster kernel
+        with those weights (integration/cpu_gemm.py)."""
+        parts = normed.chunk(len(self.projs), dim=-1)  # A x (..., D)
+        return sum(proj(part) for proj, part in zip(self.projs, parts, strict=True))
+
+    def projection_weight(self) -> torch.Tensor:
+        """[W_a | W_b ...] (D, A * D): the weight of ``project`` as one product."""
+        return torch.cat([proj.weight for proj in self.projs], dim=-1)
 
 
 def signal_columns(
