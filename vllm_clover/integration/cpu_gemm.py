@@ -18,6 +18,7 @@ float32; ``kernel(z)`` with z (4, 576) float32 -> (4, 8192), equal to ``z @ rows
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -82,7 +83,7 @@ def pack_linears(*modules: nn.Module | None) -> int:
         return 0
     count = 0
     for module, slot in linear_slots(*modules):
-        weight, bias = _AFFINE_SLOTS[type(module)][1](module)
+        weight, bias = _PRODUCTS[type(module)].weights(module)
         if weight.device.type != "cpu":
             continue
         kernel = _packed(weight, bias)
@@ -92,21 +93,29 @@ def pack_linears(*modules: nn.Module | None) -> int:
     return count
 
 
+class _Product(NamedTuple):
+    """How a module type computes x @ W^T + b: the method that does (replaced when packed),
+    its (W, b), and the child layers it runs inside that one product (then not packed on
+    their own)."""
+
+    slot: str
+    weights: Callable[[nn.Module], tuple[torch.Tensor, torch.Tensor | None]]
+    fused_children: tuple[str, ...] = ()
+
+
 def _own(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
     return module.weight, module.bias
 
 
-# Per module type: the method that computes x @ W^T + b, and (W, b) of that product.
-_AFFINE_SLOTS: dict[type, tuple[str, Callable[[nn.Module], tuple]]] = {
-    nn.Linear: ("forward", _own),
-    LinearHead: ("project", _own),
-    LayerFusion: ("project", lambda m: (m.projection_weight(), None)),
-    AttentionDecoder: ("key_value", lambda m: (m.projection_weight(), None)),
-}
-# Layers that a packed product of their parent runs (by attribute name in the parent).
-_FUSED_CHILDREN: dict[type, tuple[str, ...]] = {
-    LayerFusion: ("projs",),
-    AttentionDecoder: ("k_proj", "v_proj"),
+def _concatenated(module: nn.Module) -> tuple[torch.Tensor, None]:
+    return module.projection_weight(), None
+
+
+_PRODUCTS: dict[type, _Product] = {
+    nn.Linear: _Product("forward", _own),
+    LinearHead: _Product("project", _own),
+    LayerFusion: _Product("project", _concatenated, ("projs",)),
+    AttentionDecoder: _Product("key_value", _concatenated, ("k_proj", "v_proj")),
 }
 
 
@@ -121,14 +130,11 @@ def linear_slots(*modules: nn.Module | None) -> list[tuple[nn.Module, str]]:
     ("forward"), not its k_proj and v_proj.
     """
     found = [m for root in modules if root is not None for m in root.modules()]
+    products = [m for m in found if type(m) in _PRODUCTS]
     inside = {
         id(layer)
-        for m in found
-        for name in _FUSED_CHILDREN.get(type(m), ())
+        for m in products
+        for name in _PRODUCTS[type(m)].fused_children
         for layer in getattr(m, name).modules()
     }
-    return [
-        (m, _AFFINE_SLOTS[type(m)][0])
-        for m in found
-        if type(m) in _AFFINE_SLOTS and id(m) not in inside
-    ]
+    return [(m, _PRODUCTS[type(m)].slot) for m in products if id(m) not in inside]
