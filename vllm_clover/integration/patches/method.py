@@ -191,16 +191,20 @@ def _resolve_clover_settings(spec):
 
 def _keep_last_prefix_block(spec, config) -> None:
     """On a prefix-cache hit vLLM recomputes the last cached block for EAGLE-like drafters,
-    whose draft KV there was computed with the token that followed it then. Heads that read
-    H alone (no Augmenting Block, or one without the next-token fusion) have draft KV that
-    the prefix fixes, like the target's: they keep that block."""
-    if config.fuse_next_token or spec.disable_eagle_block_drop:
+    whose draft KV at the block's last slot was computed with the token that followed it
+    then. Heads that read H alone (no Augmenting Block, or one without the next-token fusion)
+    have draft KV that the prefix fixes, like the target's: they keep that block. Heads with
+    the fusion give it up only where the token after the hit differs (the prefix_block_drop
+    patch, ``prefix_blocks.py``), so vLLM's drop is off for every Clover engine."""
+    if spec.disable_eagle_block_drop:
         return
     spec.disable_eagle_block_drop = True
     logger.info(
-        "Clover: these heads read the target's hidden states alone, so the last "
-        "prefix-cache block a request hits is kept (vLLM's warning that EAGLE block "
-        "dropping is disabled does not apply to them)"
+        "Clover: the last prefix-cache block a request hits is kept%s (vLLM's warning that "
+        "EAGLE block dropping is disabled does not apply to Clover heads)",
+        " where the token after it is the one its draft KV was computed with"
+        if config.fuse_next_token
+        else ": these heads read the target's hidden states alone",
     )
 
 

@@ -21,8 +21,9 @@ RELIANCES = (
         "eagle_block_drop",
         "relies",
         "the scheduler's KV-cache manager drops the last prefix-cache block a request hits "
-        "when use_eagle_block_drop(); Clover heads without the next-token fusion set "
-        "disable_eagle_block_drop (in post_init), since their draft KV depends on the prefix only",
+        "when use_eagle_block_drop(); post_init sets disable_eagle_block_drop for every "
+        "Clover engine: heads without the next-token fusion have draft KV that depends on the "
+        "prefix only, heads with it drop the block themselves where needed (prefix_block_drop)",
         "patches/method.py",
         {
             f"{SPEC}:SpeculativeConfig.use_eagle_block_drop": "ff96d1f1a36f",
