@@ -11,6 +11,9 @@ scheduler's KV-cache manager, on that instance only, so that
 - `free` records the followers its last step sampled before the request's blocks go;
 - `get_computed_blocks` gives up the hit's last block unless the request's token after the
   hit is that block's follower.
+
+A user's `disable_eagle_block_drop` cannot be told from post_init's: with these heads the
+rule above applies either way, and it only gives up blocks whose draft KV is stale.
 """
 
 from __future__ import annotations
