@@ -90,7 +90,6 @@ def follow_blocks(manager, followers: BlockFollowers) -> None:
     manager.allocate_slots = allocate_slots
     manager.cache_blocks = cache_blocks
     manager.free = free_blocks
-    manager.clover_followers = followers
 
 
 def patch_prefix_block_drop() -> None:
