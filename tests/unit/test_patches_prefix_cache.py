@@ -47,13 +47,22 @@ def test_only_clover_heads_with_the_fusion_and_prefix_caching_follow_blocks():
         block_followers(vllm_config(), kv_cache_config(groups=2))
 
 
+def kv_cache_manager(use_eagle: bool = False) -> KVCacheManager:
+    """A real vLLM KV-cache manager with prefix caching (use_eagle: vLLM's block drop)."""
+    init_none_hash(sha256)
+    return KVCacheManager(
+        kv_cache_config(),
+        max_model_len=64,
+        scheduler_block_size=BLOCK,
+        hash_block_size=BLOCK,
+        use_eagle=use_eagle,
+    )
+
+
 @pytest.fixture
 def manager():
     """A real vLLM KV-cache manager with prefix caching, its blocks followed."""
-    init_none_hash(sha256)
-    kv = KVCacheManager(
-        kv_cache_config(), max_model_len=64, scheduler_block_size=BLOCK, hash_block_size=BLOCK
-    )
+    kv = kv_cache_manager()
     follow_blocks(kv, BlockFollowers(BLOCK))
     return kv
 
@@ -93,13 +102,6 @@ def test_a_block_filled_by_a_decoded_token_is_followed_once_the_next_is_sampled(
 
 def test_vllm_itself_drops_the_last_block_of_every_hit():
     """What the patch replaces (use_eagle: vLLM's block drop), the same requests as above."""
-    init_none_hash(sha256)
-    manager = KVCacheManager(
-        kv_cache_config(),
-        max_model_len=64,
-        scheduler_block_size=BLOCK,
-        hash_block_size=BLOCK,
-        use_eagle=True,
-    )
+    manager = kv_cache_manager(use_eagle=True)
     admit(manager, "a", [5, 6, 7, 8, 9, 1, 2, 3, 4])
     assert admit(manager, "b", [5, 6, 7, 8, 9, 1, 2, 3, 4, 2])[1] == 4
