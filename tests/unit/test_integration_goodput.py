@@ -57,11 +57,13 @@ def test_warmup_visits_every_k_extremes_first():
 
 def test_acceptance_counts_follow_the_docstring_example():
     model = AcceptanceModel(GoodputConfig(max_k=3, acceptance_memory=1.0))
-    model.offered[:], model.drafted[:], model.accepted[:] = 0, 0, 0  # no prior
+    for counts in (model.offered, model.drafted, model.reached, model.accepted):
+        counts[:] = 0  # no prior
     model.observe([(3, 2, 1)])
     assert model.offered.tolist() == [1, 1, 1]
     assert model.drafted.tolist() == [1, 1, 0]
     assert model.accepted.tolist() == [1, 0, 0]
+    assert model.reached.tolist() == [1, 1, 0]
 
 
 def test_speculates_at_batch_one_and_not_at_batch_64_on_a_cpu_like_engine():
@@ -328,8 +330,23 @@ def test_a_switch_to_drafting_pays_for_the_rows_it_catches_up():
         controller.cost.observe(seconds, tokens, k, batch, rows)
     assert controller.cost.knot_values()[-1] == pytest.approx(0.00012, rel=0.05)
     acceptance = controller.acceptance
-    acceptance.offered[:], acceptance.drafted[:], acceptance.accepted[:] = 1000, 1000, 300
+    acceptance.offered[:], acceptance.drafted[:], acceptance.reached[:] = 1000, 1000, 1000
+    acceptance.accepted[:] = 300
     assert controller.predicted_goodput(64).argmax() == 1
     assert controller.predicted_goodput(64, backlog=6000).argmax() == 0
     controller.choose(64)  # the warm-up step
     assert controller.choose(64, backlog=6000) == 0 and controller.choose(64, backlog=0) == 1
+
+
+def test_a_position_that_few_requests_reached_does_not_keep_its_prior():
+    """Heads that accept nothing: 35 requests offered one draft, 5 offered four. Read per
+    request offered, the last position keeps most of its prior (0.0625 of 6 requests, more
+    than the first position's 0.5 of 41) and K = 4 looks four times as good as K = 1; as a
+    chain, each later position is the one before times its own rate (the prior's 0.5, since
+    no draft reached it), in the plain and the optimistic rates alike."""
+    model = AcceptanceModel(GoodputConfig(max_k=4, acceptance_memory=1.0))
+    model.observe([(1, 1, 0)] * 35 + [(4, 4, 0)] * 5)
+    for a, _ in (model.rates(), model.optimistic_rates(1.0)):
+        assert a[0] > 0 and a[1:] == pytest.approx(a[0] * 0.5 ** np.arange(1, 4))
+    assert model.rates()[0][0] == pytest.approx(0.5 / 41)
+    assert model.offered.tolist() == [41, 6, 6, 6] and model.reached.tolist() == [41, 1, 1, 1]

@@ -103,55 +103,66 @@ class AcceptanceModel:
 
     Each request verified in a step was offered k drafts when they were made (the budget of
     the step before), drafted n <= k (the confidence stop) and had m <= n accepted. Example,
-    k = 3, n = 2, m = 1: offered (1, 1, 1), drafted (1, 1, 0), accepted (1, 0, 0).
-    A weak prior (one request, a_i = 0.5^(i+1), d_i = 1) stands in until drafts are seen.
-    Only steps that verify drafts forget: a stretch of K = 0 steps teaches nothing about the
-    heads, so it leaves the counts, and the confidence in them, as they were.
+    k = 3, n = 2, m = 1: offered (1, 1, 1), drafted (1, 1, 0), accepted (1, 0, 0), reached
+    (1, 1, 0): position i was reached when the i drafts before it were accepted.
+    a_i is a chain, a_i = p_0 * p_1 * ... * p_i with p_i = accepted_i / reached_i the rate at
+    position i of the drafts that got there: a position is accepted only after the ones
+    before it. Read as accepted_i / offered_i instead, a position that few requests were
+    offered (steps of a smaller K are the many) keeps its prior: untrained heads that had
+    accepted nothing in 40 requests at the first position and 5 at the last read a_3 = a_0,
+    so K = 4 looked four times as good as K = 1.
+    A weak prior (one request reaching each position, p_i = 0.5, d_i = 1) stands in until
+    drafts are seen. Only steps that verify drafts forget: a stretch of K = 0 steps teaches
+    nothing about the heads, so it leaves the counts, and the confidence in them, as they were.
     """
 
     def __init__(self, config: GoodputConfig) -> None:
         self.memory = config.acceptance_memory
-        positions = np.arange(config.max_k)
         self.offered = np.ones(config.max_k)
         self.drafted = np.ones(config.max_k)
-        self.accepted = 0.5 ** (positions + 1.0)
+        self.reached = np.ones(config.max_k)
+        self.accepted = np.full(config.max_k, 0.5)
 
     def observe(self, verified: list[tuple[int, int, int]]) -> None:
         """verified: (offered k, drafted n, accepted m) for each request of one step."""
         if not any(offered for offered, _, _ in verified):
             return
-        for counts in (self.offered, self.drafted, self.accepted):
+        for counts in (self.offered, self.drafted, self.reached, self.accepted):
             counts *= self.memory
         for offered, drafted, accepted in verified:
             self.offered[:offered] += 1
             self.drafted[:drafted] += 1
+            self.reached[: min(offered, accepted + 1)] += 1
             self.accepted[:accepted] += 1
 
     def rates(self) -> tuple[np.ndarray, np.ndarray]:
-        """(a, d): per position, accepted and drafted per request offered that position."""
-        return self.accepted / self.offered, self.drafted / self.offered
+        """(a, d): per position, accepted (the chain of p_i) and drafted per request offered
+        that position."""
+        return np.cumprod(self._conditional()), self.drafted / self.offered
+
+    def _conditional(self) -> np.ndarray:
+        """p_i: accepted per draft that reached position i."""
+        return np.minimum(self.accepted / np.maximum(self.reached, 1e-9), 1.0)
 
     def optimistic_rates(self, z: float) -> tuple[np.ndarray, np.ndarray]:
-        """(a+, d): the first position's a at its Wilson upper bound (z standard errors over
-        the forgotten counts), the later ones scaled by the same factor; d as in ``rates``.
+        """(a+, d): a with p_0 at its Wilson upper bound (z standard errors over the
+        forgotten counts); d as in ``rates``.
 
         Choosing K on a's plain mean can stall: an opening that accepts nothing drives it to
         a few percent, K = 0 wins, and K = 0 steps verify no drafts, so the mean recovers
         only through exploration. The bound shrinks as requests are verified, so a guess
         from a few of them gets checked and a well-measured rate is taken nearly as is. Only
-        the first position gets its own bound: every chain starts there, and independent
-        bounds for the later positions would each add a full margin, paying for the longest
-        chain even when nothing was ever accepted. Example, z = 1: 0 of 20 accepted ->
-        a+ = (0.048, 0, ...); 54 of 200 at the first position -> 0.30 (the mean 0.27).
+        the first position gets its own bound: every chain starts there, and a bound on each
+        later p_i too would pay for the longest chain even when nothing was ever accepted.
+        Example, z = 1: 0 of 20 accepted -> p_0+ = 0.048, a+ = (0.048, 0.024, ...) while the
+        later positions keep their prior; 54 of 200 at the first position -> 0.30 (mean 0.27).
         """
-        a, d = self.rates()
-        n, first = self.offered[0], a[0]
+        p = self._conditional()
+        n, first = self.reached[0], p[0]
         centre = first + z**2 / (2 * n)
         spread = z * np.sqrt(first * (1 - first) / n + z**2 / (4 * n**2))
-        upper = (centre + spread) / (1 + z**2 / n)
-        scaled = a * (upper / first) if first > 0 else np.zeros_like(a)
-        scaled[0] = upper
-        return np.minimum.accumulate(np.minimum(scaled, 1.0)), d
+        p[0] = min((centre + spread) / (1 + z**2 / n), 1.0)
+        return np.cumprod(p), self.drafted / self.offered
 
 
 @dataclass
