@@ -342,11 +342,22 @@ def test_a_position_that_few_requests_reached_does_not_keep_its_prior():
     """Heads that accept nothing: 35 requests offered one draft, 5 offered four. Read per
     request offered, the last position keeps most of its prior (0.0625 of 6 requests, more
     than the first position's 0.5 of 41) and K = 4 looks four times as good as K = 1; as a
-    chain, each later position is the one before times its own rate (the prior's 0.5, since
-    no draft reached it), in the plain and the optimistic rates alike."""
+    chain, no draft reached position 1, so each later rate is its predecessor's (the prior),
+    in the plain and the optimistic rates alike: a_i = p_0^(i+1), p_0+ * p_0^i."""
     model = AcceptanceModel(GoodputConfig(max_k=4, acceptance_memory=1.0))
     model.observe([(1, 1, 0)] * 35 + [(4, 4, 0)] * 5)
-    for a, _ in (model.rates(), model.optimistic_rates(1.0)):
-        assert a[0] > 0 and a[1:] == pytest.approx(a[0] * 0.5 ** np.arange(1, 4))
-    assert model.rates()[0][0] == pytest.approx(0.5 / 41)
-    assert model.offered.tolist() == [41, 6, 6, 6] and model.reached.tolist() == [41, 1, 1, 1]
+    p0 = 0.5 / 41
+    assert model.rates()[0] == pytest.approx(p0 ** np.arange(1, 5))
+    upper = model.optimistic_rates(1.0)[0]
+    assert upper[0] > 3 * p0 and upper[1:] == pytest.approx(upper[0] * p0 ** np.arange(1, 4))
+    assert model.offered.tolist() == [41, 6, 6, 6] and model.reached.tolist() == [41, 0, 0, 0]
+
+
+def test_without_data_each_position_halves_and_data_replace_the_prior():
+    """No drafts yet: a = 0.5, 0.25, 0.125. Heads accepting 50 % at the first position and
+    20 % of what reaches the second, 200 requests offered two drafts: a ~ (0.5, 0.1)."""
+    model = AcceptanceModel(GoodputConfig(max_k=3, acceptance_memory=1.0))
+    assert model.rates()[0] == pytest.approx([0.5, 0.25, 0.125])
+    model.observe([(2, 2, 0)] * 100 + [(2, 2, 1)] * 80 + [(2, 2, 2)] * 20)
+    a = model.rates()[0]
+    assert a[:2] == pytest.approx([0.5, 0.1], abs=0.01)

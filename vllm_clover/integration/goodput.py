@@ -111,17 +111,22 @@ class AcceptanceModel:
     offered (steps of a smaller K are the many) keeps its prior: untrained heads that had
     accepted nothing in 40 requests at the first position and 5 at the last read a_3 = a_0,
     so K = 4 looked four times as good as K = 1.
-    A weak prior (one request reaching each position, p_i = 0.5, d_i = 1) stands in until
-    drafts are seen. Only steps that verify drafts forget: a stretch of K = 0 steps teaches
-    nothing about the heads, so it leaves the counts, and the confidence in them, as they were.
+    Each p_i has a weak prior of one request at the rate before it, p_{i-1} (p_0: 0.5; d_i:
+    1), so that a position few drafts reached reads about as its predecessor: no later than
+    a_{i-1} * p_{i-1}, below which the heads' own decay usually lies. Without data a_i is
+    0.5^(i+1). (A fixed prior of 0.5 at every position drafted longer chains than they paid
+    for at batch 4: with K mostly 1, few drafts reach position 2.) Only steps that verify
+    drafts forget: a stretch of K = 0 steps teaches nothing about the heads, so it leaves the
+    counts, and the confidence in them, as they were.
     """
 
     def __init__(self, config: GoodputConfig) -> None:
         self.memory = config.acceptance_memory
         self.offered = np.ones(config.max_k)
         self.drafted = np.ones(config.max_k)
-        self.reached = np.ones(config.max_k)
-        self.accepted = np.full(config.max_k, 0.5)
+        self.reached = np.zeros(config.max_k)
+        self.accepted = np.zeros(config.max_k)
+        self.reached[0], self.accepted[0] = 1.0, 0.5  # p_0's prior; the others follow it
 
     def observe(self, verified: list[tuple[int, int, int]]) -> None:
         """verified: (offered k, drafted n, accepted m) for each request of one step."""
@@ -140,9 +145,15 @@ class AcceptanceModel:
         that position."""
         return np.cumprod(self._conditional()), self.drafted / self.offered
 
-    def _conditional(self) -> np.ndarray:
-        """p_i: accepted per draft that reached position i."""
-        return np.minimum(self.accepted / np.maximum(self.reached, 1e-9), 1.0)
+    def _conditional(self, first: float | None = None) -> np.ndarray:
+        """p_i: accepted per draft that reached position i, each with one request's prior at
+        p_{i-1}; `first`: p_0 in place of its own mean (the prior of p_1 keeps the mean)."""
+        p = np.minimum(self.accepted / np.maximum(self.reached, 1e-9), 1.0)
+        for i in range(1, len(p)):
+            p[i] = min((self.accepted[i] + p[i - 1]) / (self.reached[i] + 1.0), 1.0)
+        if first is not None:
+            p[0] = first
+        return p
 
     def optimistic_rates(self, z: float) -> tuple[np.ndarray, np.ndarray]:
         """(a+, d): a with p_0 at its Wilson upper bound (z standard errors over the
@@ -154,15 +165,15 @@ class AcceptanceModel:
         from a few of them gets checked and a well-measured rate is taken nearly as is. Only
         the first position gets its own bound: every chain starts there, and a bound on each
         later p_i too would pay for the longest chain even when nothing was ever accepted.
-        Example, z = 1: 0 of 20 accepted -> p_0+ = 0.048, a+ = (0.048, 0.024, ...) while the
-        later positions keep their prior; 54 of 200 at the first position -> 0.30 (mean 0.27).
+        Example, z = 1: 0 of 20 accepted -> p_0+ = 0.048, p_1 = p_0 = 0 with no draft past
+        the first, a+ = (0.048, 0, ...); 54 of 200 at the first position -> 0.30 (mean 0.27).
         """
-        p = self._conditional()
-        n, first = self.reached[0], p[0]
+        n = self.reached[0]
+        first = min(self.accepted[0] / n, 1.0)
         centre = first + z**2 / (2 * n)
         spread = z * np.sqrt(first * (1 - first) / n + z**2 / (4 * n**2))
-        p[0] = min((centre + spread) / (1 + z**2 / n), 1.0)
-        return np.cumprod(p), self.drafted / self.offered
+        upper = min((centre + spread) / (1 + z**2 / n), 1.0)
+        return np.cumprod(self._conditional(upper)), self.drafted / self.offered
 
 
 @dataclass
