@@ -135,6 +135,20 @@ def test_explores_a_neighbour_only_when_it_is_a_close_call(monkeypatch):
         assert picks.count(2) == 0 and picks.count(0) == 1000 - picks.count(1)
 
 
+def test_an_unmeasured_neighbour_is_explored_first(monkeypatch):
+    """Best K = 1 at batch 1, K = 2 measured there and K = 0 not: until K = 0 is measured
+    (8 steps), every exploration starts a burst of K = 0, never a close call of K = 2."""
+    controller = GoodputController(GoodputConfig(max_k=2, warmup_steps=1, seed=3))
+    monkeypatch.setattr(controller, "predicted_goodput", lambda b, *_: np.array([0.9, 1.0, 0.95]))
+    controller.measured[(1, 2)] = 100
+    controller.choose(1)  # the warm-up step
+    picks = []
+    while controller.measured[(1, 0)] < 8 and len(picks) < 400:
+        picks.append(controller.choose(1))
+        controller.observe_step(0.03, 1 + picks[-1], picks[-1], 1, [(0, 0)])
+    assert controller.measured[(1, 0)] == 8 and 2 not in picks, picks
+
+
 @pytest.mark.parametrize(
     ("from_zero", "trial_requests", "tried_from_zero"),
     [(False, 0, False), (True, 0, True), (False, 4, True)],

@@ -262,7 +262,7 @@ class GoodputController:
             self._trial = None
         if self._random.random() >= self.config.explore:
             return None
-        near = self._neighbour(best)
+        near = self._neighbour(best, bucket)
         if self.measured[(bucket, near)] < self.config.min_measured:
             # a prefill step does not measure, so the burst gets twice its length in steps
             self._trial, self._trial_steps_left = (bucket, near), 2 * self.config.min_measured
@@ -273,10 +273,15 @@ class GoodputController:
             return near
         return None
 
-    def _neighbour(self, best: int) -> int:
-        """best - 1 or best + 1, at random, within 0..max_k."""
+    def _neighbour(self, best: int, bucket: int) -> int:
+        """best - 1 or best + 1 within 0..max_k, at random among those that fewer than
+        `min_measured` decode steps of this batch bucket ran, if any. Example: best 1 at
+        batch 1, K = 2 measured, K = 0 not (the first steps alone drafted): K = 0. Drawn
+        from both, the model could hold K = 1 for dozens of steps on a price of K = 0 it
+        had only extrapolated from larger batches (one run of untrained heads held it 47)."""
         options = [k for k in (best - 1, best + 1) if 0 <= k <= self.config.max_k]
-        return self._random.choice(options)
+        unmeasured = [k for k in options if self.measured[(bucket, k)] < self.config.min_measured]
+        return self._random.choice(unmeasured or options)
 
     def best_k(self, batch: int) -> int:
         """argmax_K predicted tokens per second for `batch` requests (the smallest K on ties)."""
