@@ -139,6 +139,17 @@ def subset_steps(llm) -> int:
     return steps
 
 
+def cut_short(llm) -> int:
+    """Chains the proposer of an `in_process_llm` drafted that the confidence stop ended
+    after 1 to K - 1 drafts (a trial's other requests, all -1, are not among them)."""
+    (chains,) = llm.collective_rpc(_cut_short)
+    return chains
+
+
+def _cut_short(worker) -> int:
+    return worker.model_runner.drafter.draft_log.cut_short
+
+
 def _target_compilation(worker) -> tuple[str, str, bool]:
     config = worker.vllm_config.compilation_config
     (model,) = [m for m in worker.model_runner.model.modules() if hasattr(m, "do_not_compile")]

@@ -58,6 +58,7 @@ class DraftLog:
     max_step_tokens: int = 0  # the most tokens the target's forward of a step scheduled
     drawn: int = 0  # requests whose drafts were drawn at random (draft_sample_method)
     subset_steps: int = 0  # steps that drafted for a subset of their requests (a trial)
+    cut_short: int = 0  # chains the confidence stop ended after 1 to K - 1 drafts
     keep_drafts: bool = False
     drafts: list[list[list[int]]] = field(default_factory=list)
     signal_width: int = 0  # columns of the target rows: D, or (1 + A) * D with target layers
@@ -67,7 +68,9 @@ class DraftLog:
     ) -> None:
         self.steps_by_k[num_speculative_tokens] += 1
         if cut:  # a stopped chain ends in -1s (read on the host: the runner syncs here anyway)
-            self.drafts_by_length.update((drafts >= 0).sum(dim=-1).tolist())
+            lengths = (drafts >= 0).sum(dim=-1).tolist()
+            self.drafts_by_length.update(lengths)
+            self.cut_short += sum(0 < n < num_speculative_tokens for n in lengths)
         else:
             self.drafts_by_length[num_speculative_tokens] += drafts.shape[0]
         self.max_requests = max(self.max_requests, drafts.shape[0])
