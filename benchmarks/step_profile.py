@@ -30,7 +30,12 @@ comes (``deferred_block.py``). Clover K=0 no-defer runs the block at every step 
 drafted at every step), named ``clover tree<N>`` after its node count; `--goodput` a row of
 Clover's defaults (``clover goodput``). `--workload mtbench` runs the bench's requests
 instead of fixed-length ones: twice B MT-Bench first turns as chats, whose long prompts
-make prefill a large share of the run.
+make prefill a large share of the run. `--engine multiprocess` runs vLLM's default
+multiprocess engine (the engine core and the model in a process of their own, what `vllm
+serve` and `LLM` give a user); the phases are timed in that process alike, but torch.profiler
+in this one cannot see its operators, so the forward is not split there (its columns read
+-, null in the JSON).
+Every row also counts the prompt tokens and those the prefix cache served.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import time
 from pathlib import Path
 
@@ -48,6 +54,8 @@ from vllm_clover.bundled import REFERENCE_HEADS
 from vllm_clover.tree.spec import TokenTree
 
 FORWARD_SCOPE = "step_profile::forward"
+SPLIT = ("matmul", "attention", "other")  # the forward's operator classes
+PROMPT, CACHED = "vllm:prompt_tokens", "vllm:prompt_tokens_cached"
 MATMUL_MARKERS = ("mm", "linear", "matmul", "onednn", "gemm")
 ATTENTION_MARKERS = ("attention", "attn", "reshape_and_cache")
 
@@ -75,7 +83,7 @@ def op_class(name: str) -> str:
 
 def forward_split(events) -> dict[str, float]:
     """Self CPU seconds per op class over the events inside FORWARD_SCOPE ranges."""
-    split = {"matmul": 0.0, "attention": 0.0, "other": 0.0}
+    split = dict.fromkeys(SPLIT, 0.0)
     for event in events:
         parent, inside = event.cpu_parent, False
         while parent is not None:
@@ -121,17 +129,27 @@ def measure(target: str, spec: dict | None, batch: int, args, temperature: float
         llm.reset_prefix_cache()
         llm.collective_rpc(time_methods, args=(tuple(STEP_PHASES),))
         before = read_counters(llm)
+        prompts = {name: metric(llm, name) for name in (PROMPT, CACHED)}
         started = time.perf_counter()
         run(llm, params)
         elapsed = time.perf_counter() - started
         counters = read_counters(llm) - before
+        prompts = {name: metric(llm, name) - value for name, value in prompts.items()}
         (times,) = llm.collective_rpc(method_times)
-        llm.collective_rpc(label_forward)
-        profiled_params = SamplingParams(temperature=temperature, max_tokens=12, ignore_eos=True)
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-            run(llm, profiled_params)
-        split = forward_split(prof.events())
-    return phases(elapsed, counters.steps, times, split, counters.tau)
+        split = {}  # the multiprocess engine's operators run where no profiler here sees them
+        if args.engine == "in-process":
+            llm.collective_rpc(label_forward)
+            profiled = SamplingParams(temperature=temperature, max_tokens=12, ignore_eos=True)
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                run(llm, profiled)
+            split = forward_split(prof.events())
+    row = phases(elapsed, counters.steps, times, split, counters.tau)
+    return {**row, "prompt_tokens": prompts[PROMPT], "cached_tokens": prompts[CACHED]}
+
+
+def metric(llm, name: str) -> float:
+    """A counter of `llm.get_metrics()` (summed over its label sets)."""
+    return sum(m.value for m in llm.get_metrics() if m.name == name and hasattr(m, "value"))
 
 
 def phases(elapsed, steps, times, split, tau) -> dict:
@@ -142,7 +160,7 @@ def phases(elapsed, steps, times, split, tau) -> dict:
     row = {
         "step": 1e3 * elapsed / steps,
         "forward": forward,
-        **{f"forward_{k}": forward * v / profiled for k, v in split.items()},
+        **{f"forward_{k}": forward * split[k] / profiled if split else None for k in SPLIT},
         "logits+state": per_step["execute_model"] - per_step["_prepare_inputs"] - forward,
         "input prep": per_step["_prepare_inputs"],
         "sampling": per_step["_sample"],
@@ -213,7 +231,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("step-profile"))
     parser.add_argument("--workload", choices=("dragons", "mtbench"), default="dragons")
     parser.add_argument("--goodput", action="store_true", help="add Clover's default budget")
+    parser.add_argument("--engine", choices=("in-process", "multiprocess"), default="in-process")
     args = parser.parse_args()
+    if args.engine == "multiprocess":  # before vLLM reads them
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
+        os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # collective_rpc of the timers
 
     from vllm_clover.assets.target import fetch_reference_target
 
@@ -222,7 +244,7 @@ def main() -> None:
     for batch, temperature in itertools.product(args.batch_sizes, args.temperatures):
         for method, spec in configurations(args.heads, args.ks, args.tree, args.goodput):
             row = {"batch": batch, "T": temperature, "method": method, "dtype": args.dtype}
-            row["workload"] = args.workload
+            row.update(workload=args.workload, engine_mode=args.engine)
             row.update(measure(target, spec, batch, args, temperature))
             rows.append(row)
             print(json.dumps(row), flush=True)
@@ -231,7 +253,7 @@ def main() -> None:
     header = "| batch | T | method | " + " | ".join(COLUMNS) + " | tau |"
     lines = [header, "|" + "---|" * (len(COLUMNS) + 4)]
     for row in rows:
-        cells = " | ".join(f"{row[c]:.1f}" for c in COLUMNS)
+        cells = " | ".join("-" if row[c] is None else f"{row[c]:.1f}" for c in COLUMNS)
         tau = f"{row['tau']:.2f}" if row["tau"] else "-"
         lines.append(f"| {row['batch']} | {row['T']:g} | {row['method']} | {cells} | {tau} |")
     (args.out / "step_profile.md").write_text("\n".join(lines) + "\n")
