@@ -26,8 +26,9 @@ of steps (`explore`) tries a K next to the best one when the model predicts it w
 `explore_margin` of the best, so that the model keeps being measured where its choice is a
 close call (but not right after a step that drafted nothing: see below), or when fewer than
 `min_measured` decode steps of batch sizes like this one (the same power-of-two bucket: 33-64
-is one) have run it: until then its price rests on the warm-up cycle, which drafts on long
-prefill steps, and a K priced too high there would otherwise never be tried again. Under load
+is one) have run it (such a neighbour is drawn first): until then its price rests on the
+warm-up cycle, which drafts on long prefill steps, and a K priced too high there would
+otherwise never be tried again. Under load
 the batch size wanders (64, 61, 58, ...), and a K tried after a stretch of K = 0 runs the
 Augmenting Block's deferred rows too (``deferred_block.py``), one and a half steps' time at
 batch 64: counted per exact batch size, those trials never end. For the same reason an
