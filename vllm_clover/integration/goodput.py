@@ -113,7 +113,7 @@ class AcceptanceModel:
     accepted nothing in 40 requests at the first position and 5 at the last read a_3 = a_0,
     so K = 4 looked four times as good as K = 1.
     Each p_i has a weak prior of one request at the rate before it, p_{i-1} (p_0: 0.5; d_i:
-    1), so that a position few drafts reached reads about as its predecessor: no later than
+    1), so that a position few drafts reached reads about as its predecessor: no more than
     a_{i-1} * p_{i-1}, below which the heads' own decay usually lies. Without data a_i is
     0.5^(i+1). (A fixed prior of 0.5 at every position drafted longer chains than they paid
     for at batch 4: with K mostly 1, few drafts reach position 2.) Only steps that verify
