@@ -146,14 +146,13 @@ class AcceptanceModel:
         that position."""
         return np.cumprod(self._conditional()), self.drafted / self.offered
 
-    def _conditional(self, first: float | None = None) -> np.ndarray:
-        """p_i: accepted per draft that reached position i, each with one request's prior at
-        p_{i-1}; `first`: p_0 in place of its own mean (the prior of p_1 keeps the mean)."""
-        p = np.minimum(self.accepted / np.maximum(self.reached, 1e-9), 1.0)
+    def _conditional(self) -> np.ndarray:
+        """p_i: accepted per draft that reached position i, each p_i (i > 0) with one
+        request's prior at p_{i-1} (p_0's prior is in its counts)."""
+        p = np.empty_like(self.accepted)
+        p[0] = min(self.accepted[0] / self.reached[0], 1.0)
         for i in range(1, len(p)):
             p[i] = min((self.accepted[i] + p[i - 1]) / (self.reached[i] + 1.0), 1.0)
-        if first is not None:
-            p[0] = first
         return p
 
     def optimistic_rates(self, z: float) -> tuple[np.ndarray, np.ndarray]:
@@ -169,12 +168,11 @@ class AcceptanceModel:
         Example, z = 1: 0 of 20 accepted -> p_0+ = 0.048, p_1 = p_0 = 0 with no draft past
         the first, a+ = (0.048, 0, ...); 54 of 200 at the first position -> 0.30 (mean 0.27).
         """
-        n = self.reached[0]
-        first = min(self.accepted[0] / n, 1.0)
-        centre = first + z**2 / (2 * n)
-        spread = z * np.sqrt(first * (1 - first) / n + z**2 / (4 * n**2))
-        upper = min((centre + spread) / (1 + z**2 / n), 1.0)
-        return np.cumprod(self._conditional(upper)), self.drafted / self.offered
+        p, n = self._conditional(), self.reached[0]
+        centre = p[0] + z**2 / (2 * n)
+        spread = z * np.sqrt(p[0] * (1 - p[0]) / n + z**2 / (4 * n**2))
+        p[0] = min((centre + spread) / (1 + z**2 / n), 1.0)  # the later p_i keep the mean's prior
+        return np.cumprod(p), self.drafted / self.offered
 
 
 @dataclass
