@@ -118,7 +118,7 @@ def measure(target: str, spec: dict | None, batch: int, args, temperature: float
     sampled at `temperature` (Clover's chains draw their drafts at T > 0, its default)."""
     from vllm import SamplingParams
 
-    from vllm_clover.bench.measure import engine, read_counters
+    from vllm_clover.bench.measure import engine, metric_total, read_counters
     from vllm_clover.integration.patches.hooks import STEP_PHASES, method_times, time_methods
 
     run, params = workload(args.workload, batch, args.max_tokens, temperature)
@@ -129,12 +129,12 @@ def measure(target: str, spec: dict | None, batch: int, args, temperature: float
         llm.reset_prefix_cache()
         llm.collective_rpc(time_methods, args=(tuple(STEP_PHASES),))
         before = read_counters(llm)
-        prompts = {name: metric(llm, name) for name in (PROMPT, CACHED)}
+        prompts = {name: metric_total(llm, name) for name in (PROMPT, CACHED)}
         started = time.perf_counter()
         run(llm, params)
         elapsed = time.perf_counter() - started
         counters = read_counters(llm) - before
-        prompts = {name: metric(llm, name) - value for name, value in prompts.items()}
+        prompts = {name: metric_total(llm, name) - value for name, value in prompts.items()}
         (times,) = llm.collective_rpc(method_times)
         split = {}  # the multiprocess engine's operators run where no profiler here sees them
         if args.engine == "in-process":
@@ -145,11 +145,6 @@ def measure(target: str, spec: dict | None, batch: int, args, temperature: float
             split = forward_split(prof.events())
     row = phases(elapsed, counters.steps, times, split, counters.tau)
     return {**row, "prompt_tokens": prompts[PROMPT], "cached_tokens": prompts[CACHED]}
-
-
-def metric(llm, name: str) -> float:
-    """A counter of `llm.get_metrics()` (summed over its label sets)."""
-    return sum(m.value for m in llm.get_metrics() if m.name == name and hasattr(m, "value"))
 
 
 def phases(elapsed, steps, times, split, tau) -> dict:

@@ -289,11 +289,6 @@ def mtbench_prompts(tokenizer, mtbench_path, n: int, system: str | None = None) 
     return prompts
 
 
-def metric_total(llm, name: str) -> float:
-    """The sum of an `in_process_llm`'s metric `name` (e.g. "vllm:num_preemptions")."""
-    return sum(m.value for m in llm.get_metrics() if m.name == name)
-
-
 def run_with_aborts(llm, prompts, params, aborted: list[str], at_step: int):
     """Step the engine through prompts (request ids "0", "1", ...), aborting the requests
     `aborted` after step `at_step`: ({request index: tokens} of the finished, the aborted

@@ -27,10 +27,10 @@ from spec_checks import (
 from helpers import (
     in_process_llm,
     make_untrained_clover,
-    metric_total,
     mtbench_prompts,
     run_with_aborts,
 )
+from vllm_clover.bench.measure import metric_total
 from vllm_clover.bundled import CLOVER2_HEADS
 
 pytestmark = pytest.mark.engine

@@ -15,7 +15,8 @@ from spec_checks import (
     tree_stats,
 )
 
-from helpers import in_process_llm, metric_total, mtbench_prompts, run_with_aborts
+from helpers import in_process_llm, mtbench_prompts, run_with_aborts
+from vllm_clover.bench.measure import metric_total
 
 pytestmark = pytest.mark.engine
 

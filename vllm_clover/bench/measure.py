@@ -128,6 +128,12 @@ def counters_from_metrics(
     )
 
 
+def metric_total(llm: LLM, name: str) -> float:
+    """The sum of `llm`'s counter or gauge `name` over its label sets (e.g. engines), such as
+    "vllm:num_preemptions" or "vllm:prompt_tokens_cached"."""
+    return sum(m.value for m in llm.get_metrics() if m.name == name and hasattr(m, "value"))
+
+
 def install_drafting_timer(llm: LLM) -> None:
     """Make `read_counters` include the time spent drafting (see the module docstring)."""
     from vllm_clover.integration.patches.hooks import time_drafting
