@@ -55,6 +55,20 @@ def test_gathered_rows_keep_the_segments_order_across_interleaved_steps():
     assert positions_of(gather([(s1, 2, 3), (s1, 5, 8)])) == [12, 15, 16, 17]
 
 
+def test_rows_read_once_per_step_come_as_slices_in_order():
+    """A block that fills at a decode step reads one row of each step since it began: every
+    step read once gives its slice (copied once, by the concatenation); a step read by two
+    segments among steps read once keeps its place in the segments' order."""
+    steps = [step_rows([10 + i, 20 + i, 30 + i]) for i in range(5)]
+    rows = gather([(step, 1, 2) for step in steps])  # request b's row of each step
+    assert positions_of(rows) == [20, 21, 22, 23, 24]
+    steps[0].slots[:] = -1  # the gathered rows are a copy: the steps may change after
+    assert positions_of(rows) == [20, 21, 22, 23, 24]
+    assert positions_of(gather([(steps[1], 0, 1)])) == [11]  # one segment alone
+    mixed = gather([(steps[1], 0, 1), (steps[2], 2, 3), (steps[1], 2, 3), (steps[3], 0, 2)])
+    assert positions_of(mixed) == [11, 32, 31, 13, 23]
+
+
 def test_rows_scheduled_again_are_dropped():
     """A step verifying drafts schedules 10, 11, 12; 11 and 12 are rejected, so the next
     step schedules 11 again: only 10's row is still the block's to run."""

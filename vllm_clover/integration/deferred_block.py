@@ -115,42 +115,69 @@ BlockInputOf = Callable[[StepRows], torch.Tensor]  # rows -> x [N, D], what the 
 
 
 def gather(segments: Sequence[Segment]) -> StepRows:
-    """The rows of `segments`, concatenated in order: one index_select per column over the
-    concatenation of the distinct steps they come from (not one slice per segment: a
-    catch-up reads thousands of one-row segments). A step that gives fewer than half its
-    rows enters that concatenation as those rows only: a block that fills at a decode step
-    takes a few rows of the prompt chunk it began in (thousands of rows, W wide) and one row
-    of each decode step since, and copying those steps whole cost more than the block.
+    """The rows of `segments`, concatenated in order: each distinct step they come from gives
+    its rows once (not one piece per segment: a catch-up reads thousands of one-row
+    segments), then one index_select per column puts them in the segments' order. A step
+    gives its rows as a slice where one segment reads it (the usual case: a request's row of
+    each decode step since its block began, a view, no copy), else as an index_select of
+    those rows where they are fewer than half of it (a block that fills at a decode step
+    takes a few rows of the prompt chunk it began in, thousands of rows W wide), else whole.
+    Where the pieces already stand in the segments' order, the final index_select is skipped
+    (so rows from one slice of one step are a view of it: read them before the step changes).
 
     Example: segments (s1, 0, 2), (s2, 5, 6), (s1, 7, 8), s1 8 rows long, s2 6: s1 gives
-    rows 0, 1, 7 and s2 row 5, fewer than half of each; the concatenation is those four
-    rows (s1 0, s1 1, s1 7, s2 5), and the index (0, 1, 3, 2) reads them in the segments'
-    order: s1 0, s1 1, s2 5, s1 7.
+    rows 0, 1, 7 (an index_select: fewer than half) and s2 row 5 (a slice); the
+    concatenation is those four rows (s1 0, s1 1, s1 7, s2 5), and the index (0, 1, 3, 2)
+    reads them in the segments' order: s1 0, s1 1, s2 5, s1 7.
     """
-    steps: dict[int, tuple[StepRows, list[np.ndarray]]] = {}
+    steps: dict[int, tuple[StepRows, list[tuple[int, int]]]] = {}
     for step, begin, end in segments:
-        steps.setdefault(id(step), (step, []))[1].append(np.arange(begin, end))
+        steps.setdefault(id(step), (step, []))[1].append((begin, end))
+    if len(steps) == len(segments):  # each step read once: the slices, in order
+        return _concatenated([(step, slice(begin, end)) for step, begin, end in segments], None)
     pieces, places, total = [], {}, 0  # places: id -> concatenation row of each step row
     for key, (step, ranges) in steps.items():
-        size, taken = step.slots.shape[0], np.unique(np.concatenate(ranges))
-        if 2 * len(taken) >= size:  # most of it: the step whole, not cut first
-            pieces.append((step, None))
-            places[key], total = np.arange(total, total + size), total + size
+        size = step.slots.shape[0]
+        places[key] = np.full(size, -1)
+        if len(ranges) == 1:  # one segment: its rows as a view
+            (begin, end), taken = ranges[0], slice(*ranges[0])
+            places[key][begin:end] = np.arange(total, total + end - begin)
+            pieces.append((step, taken))
+            total += end - begin
+            continue
+        rows = np.unique(np.concatenate([np.arange(begin, end) for begin, end in ranges]))
+        if 2 * len(rows) >= size:  # most of it: the step whole, not cut first
+            rows, taken = np.arange(size), None
         else:
-            pieces.append((step, torch.from_numpy(taken).to(step.slots.device)))
-            places[key] = np.full(size, -1)
-            places[key][taken], total = np.arange(total, total + len(taken)), total + len(taken)
+            taken = torch.from_numpy(rows).to(step.slots.device)
+        places[key][rows] = np.arange(total, total + len(rows))
+        pieces.append((step, taken))
+        total += len(rows)
     index = np.concatenate([places[id(step)][begin:end] for step, begin, end in segments])
-    rows = torch.from_numpy(index).to(segments[0][0].slots.device)
+    in_order = len(index) == total and bool((index == np.arange(total)).all())
+    return _concatenated(pieces, None if in_order else torch.from_numpy(index))
+
+
+def _concatenated(
+    pieces: list[tuple[StepRows, slice | torch.Tensor | None]], index: torch.Tensor | None
+) -> StepRows:
+    """The pieces' rows one after the other, then (where given) reordered by `index`."""
+    device = pieces[0][0].slots.device
+    index = None if index is None else index.to(device)
 
     def column(name: str) -> torch.Tensor:
-        values = [
-            getattr(step, name) if taken is None else getattr(step, name).index_select(0, taken)
-            for step, taken in pieces
-        ]
-        return (values[0] if len(values) == 1 else torch.cat(values)).index_select(0, rows)
+        values = [_rows_of(getattr(step, name), taken) for step, taken in pieces]
+        value = values[0] if len(values) == 1 else torch.cat(values)
+        return value if index is None else value.index_select(0, index)
 
     return StepRows(column("signal"), column("next_ids"), column("slots"))
+
+
+def _rows_of(values: torch.Tensor, taken: slice | torch.Tensor | None) -> torch.Tensor:
+    """`values`' rows `taken`: a slice (a view), an index (a copy), or None (all)."""
+    if taken is None or isinstance(taken, slice):
+        return values if taken is None else values[taken]
+    return values.index_select(0, taken)
 
 
 @dataclass
