@@ -6,7 +6,8 @@ choices by batch size), what it has learned (acceptance per position, the step-c
 the predicted tokens/s of each K at a few batch sizes), and every drafting call of the
 run: its K, the step's rows, its milliseconds and the Augmenting Block passes it ran (rows,
 milliseconds), summed by kind of step (drafting or not, with or without a prompt chunk),
-and every step as the budget observed it (K, batch, scheduled tokens, milliseconds).
+and every step as the budget observed it (K, batch, scheduled tokens, milliseconds); and how
+often K = 1 was a close call to K = 0, priced with and without the switch's catch-up.
 
     python benchmarks/budget_trace.py --batch-size 64 \
         --heads checkpoints/smollm2-135m-instruct-clover2 > trace.txt
@@ -25,6 +26,8 @@ from vllm_clover.bundled import REFERENCE_HEADS
 CALLS: list[tuple[int, int, bool, float, list[tuple[int, float]]]] = []
 # (K, batch, scheduled tokens, seconds, decoded only) per engine step, as the budget saw it
 STEPS: list[tuple[int, int, int, float, bool]] = []
+# (batch, backlog rows, K = 1 over K = 0 as priced with the backlog, and without) per choice
+CHOICES: list[tuple[int, float, float, float]] = []
 
 
 def trace_steps(budget) -> None:
@@ -36,6 +39,29 @@ def trace_steps(budget) -> None:
         observe(seconds, tokens, k, batch, verified, **kwargs)
 
     budget.observe_step = traced
+    choose = budget.choose
+
+    def traced_choice(batch, backlog=0.0):
+        ratios = []
+        for rows in (backlog, 0.0):
+            goodput = budget.predicted_goodput(batch, rows)
+            ratios.append(float(goodput[1] / goodput[0]))
+        CHOICES.append((batch, backlog, *ratios))
+        return choose(batch, backlog)
+
+    budget.choose = traced_choice
+
+
+def report_choices(margin: float) -> None:
+    """How often K = 1 was a close call (within `margin` of K = 0) with and without the
+    switch's catch-up of the waiting rows, over the choices made after the warm-up."""
+    priced = sum(with_rows >= 1 - margin for _, _, with_rows, _ in CHOICES)
+    free = sum(without >= 1 - margin for _, _, _, without in CHOICES)
+    backlog = sorted(rows for _, rows, _, _ in CHOICES)
+    print(
+        f"choices: {len(CHOICES)}; K = 1 within {margin:.0%} of K = 0 in {priced} priced with"
+        f" the waiting rows, {free} without; waiting rows median {backlog[len(backlog) // 2]:.0f}"
+    )
 
 
 def report_steps() -> None:
@@ -143,6 +169,7 @@ def main() -> None:
         print(f"{tokens / run.seconds:.1f} tokens/s, {run.counters.steps} steps, tau", end=" ")
         print(f"{run.counters.tau:.3f}")
         report_controller(budget)
+        report_choices(budget.config.explore_margin)
         (deferral,) = llm.collective_rpc(deferral_stats)
         print("deferral:", deferral)
     report_calls()
