@@ -138,18 +138,15 @@ def gather(segments: Sequence[Segment]) -> StepRows:
     pieces, places, total = [], {}, 0  # places: id -> concatenation row of each step row
     for key, (step, ranges) in steps.items():
         size = step.slots.shape[0]
-        places[key] = np.full(size, -1)
         if len(ranges) == 1:  # one segment: its rows as a view
-            (begin, end), taken = ranges[0], slice(*ranges[0])
-            places[key][begin:end] = np.arange(total, total + end - begin)
-            pieces.append((step, taken))
-            total += end - begin
-            continue
-        rows = np.unique(np.concatenate([np.arange(begin, end) for begin, end in ranges]))
-        if 2 * len(rows) >= size:  # most of it: the step whole, not cut first
-            rows, taken = np.arange(size), None
+            rows, taken = np.arange(*ranges[0]), slice(*ranges[0])
         else:
-            taken = torch.from_numpy(rows).to(step.slots.device)
+            rows = np.unique(np.concatenate([np.arange(begin, end) for begin, end in ranges]))
+            if 2 * len(rows) >= size:  # most of it: the step whole, not cut first
+                rows, taken = np.arange(size), None
+            else:
+                taken = torch.from_numpy(rows).to(step.slots.device)
+        places[key] = np.full(size, -1)
         places[key][rows] = np.arange(total, total + len(rows))
         pieces.append((step, taken))
         total += len(rows)
@@ -175,8 +172,10 @@ def _concatenated(
 
 def _rows_of(values: torch.Tensor, taken: slice | torch.Tensor | None) -> torch.Tensor:
     """`values`' rows `taken`: a slice (a view), an index (a copy), or None (all)."""
-    if taken is None or isinstance(taken, slice):
-        return values if taken is None else values[taken]
+    if taken is None:
+        return values
+    if isinstance(taken, slice):
+        return values[taken]
     return values.index_select(0, taken)
 
 
