@@ -1,6 +1,6 @@
 """The Augmenting Block's deferred rows: what is kept and what is dropped
 (deferred_block.py); the engine test of the whole (same drafts with and without deferral)
-is in tests/engine/test_clover_scheduling.py."""
+is in tests/engine/test_clover_budget.py."""
 
 from __future__ import annotations
 

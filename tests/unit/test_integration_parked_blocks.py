@@ -1,6 +1,6 @@
 """Rows parked under full KV blocks: keyed by block, found through block tables, dropped when
 a block is written again (parked_blocks.py). The step-level flow is in
-test_integration_deferred_passes.py, the engine test in tests/engine/test_clover_scheduling.py."""
+test_integration_deferred_passes.py, the engine tests in tests/engine/test_clover_budget.py."""
 
 from __future__ import annotations
 
