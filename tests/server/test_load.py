@@ -21,234 +21,50 @@ import asyncio
 import json
 import os
 import signal
-import threading
 import time
-import urllib.error
-import urllib.request
 
 import httpx
 import psutil
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
+from load_client import (
+    CANCEL_AFTER_CHUNKS,
+    MALFORMED,
+    MAX_MODEL_LEN,
+    REQUEST_TIMEOUT_S,
+    chat_body,
+    metric,
+    run_load,
+    stream,
+    stream_all,
+    wait_until_idle,
+)
 from spec_checks import assert_clover_speculated, server_speculation
 
 from helpers import http_get, in_process_llm, running_server
 
 pytestmark = pytest.mark.server
 
-MODEL = "smollm2-135m-instruct"
-MAX_MODEL_LEN = 8192  # the target's own limit: room for the long streams below
 SPEC_TOKENS = 3
 NUM_VALID, NUM_CANCELLED = 56, 8
 MAX_TOKENS = (8, 12, 16, 20, 24, 32, 40, 48)
 UNKNOWN_FIELDS = {"frobnicate": 3, "x_client_tag": "load-test"}  # in 8 valid requests
-CANCEL_AFTER_CHUNKS = 3
 # Far beyond what the test waits for: a stream the server failed to abort would still be
-# decoding (with EOS ignored) when the idle check below gives up. It also bounds how late a
-# busy client may close a stream (or send SIGTERM) and still find it running: far longer
-# than the stalls seen on shared CI machines (docs/serving.md, "Stalls on shared machines").
+# decoding (with EOS ignored) when wait_until_idle gives up. It also bounds how late a busy
+# client may close a stream (or send SIGTERM) and still find it running: far longer than
+# the stalls seen on shared CI machines (docs/serving.md, "Stalls on shared machines").
 LONG_MAX_TOKENS = 8000
 LONG_PROMPT = "Count from one to two thousand, one number per line."
-IDLE_TIMEOUT_S = 30
-HEALTH_TIMEOUT_S = 30
 STREAMS_START_TIMEOUT_S = 240
 # Stopping takes seconds (the test prints the times); vLLM 0.32 alone waits for the clients
 # to hang up (docs/serving.md, section 2).
 SHUTDOWN_TIMEOUT_S = 30
-REQUEST_TIMEOUT_S = 300
 NUM_RESTART_CHECKS = 8
-# kind -> (body, expected "param" of vLLM's error body); body is bytes (sent as is) or a dict.
-MALFORMED = {
-    "bad_json": (b'{"model": "smollm2-135m-instruct", "messages": [', None),
-    "wrong_type": ({"temperature": "hot"}, "body.temperature"),
-    "prompt_too_long": (
-        {"messages": [{"role": "user", "content": "hello " * (MAX_MODEL_LEN + 50)}]},
-        "input_tokens",
-    ),
-    "negative_max_tokens": ({"max_tokens": -5}, "max_tokens"),
-}
-
-
-def _chat_body(question: str, max_tokens: int, **extra) -> dict:
-    """A greedy streaming chat request that also returns the generated token ids."""
-    return {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": question}],
-        "temperature": 0,
-        "max_tokens": max_tokens,
-        "stream": True,
-        "return_token_ids": True,
-        **extra,
-    }
-
-
-def _malformed_body(kind: str) -> bytes:
-    body, _ = MALFORMED[kind]
-    if isinstance(body, bytes):
-        return body
-    return json.dumps({**_chat_body("Hi", 8), **body}).encode()
 
 
 def _clover_args(heads) -> list[str]:
     spec = {"method": "clover", "model": str(heads), "num_speculative_tokens": SPEC_TOKENS}
     spec["draft_budget"] = "fixed"  # drafts at every step under load, for the checks below
     return ["--speculative-config", json.dumps(spec)]
-
-
-def _metric(text: str, name: str, **labels: str) -> float:
-    """Sum of the /metrics samples called `name` whose labels include `labels`."""
-    values = [
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == name and labels.items() <= sample.labels.items()
-    ]
-    assert values, f"{name} {labels} not in /metrics"
-    return sum(values)
-
-
-async def _stream(
-    client: httpx.AsyncClient,
-    base: str,
-    body: dict | bytes,
-    cancel_after: int | None = None,
-    started: asyncio.Event | None = None,
-) -> dict:
-    """POST one chat request; collect the streamed token ids and the finish reason.
-
-    With `cancel_after`, close the stream after that many chunks (the client goes away).
-    `started`, if given, is set at the first chunk (the request is running on the server).
-    A non-200 answer is returned as {"status", "body"} (the parsed error body).
-    """
-    content = body if isinstance(body, bytes) else json.dumps(body).encode()
-    tokens, finish, chunks = [], None, 0
-    async with client.stream(
-        "POST",
-        base + "/v1/chat/completions",
-        content=content,
-        headers={"Content-Type": "application/json"},
-    ) as response:
-        if response.status_code != 200:
-            return {"status": response.status_code, "body": json.loads(await response.aread())}
-        async for line in response.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[len("data: ") :])
-            assert "error" not in chunk, chunk
-            for choice in chunk["choices"]:
-                tokens += choice.get("token_ids") or []
-                finish = choice.get("finish_reason") or finish
-            chunks += 1
-            if started is not None:
-                started.set()
-            if cancel_after is not None and chunks >= cancel_after:
-                break
-    return {"status": 200, "tokens": tokens, "finish": finish, "chunks": chunks}
-
-
-async def _streams(base: str, bodies: list[dict]) -> list[dict]:
-    """All `bodies` as concurrent streams; their results in order."""
-    async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S) as client:
-        return await asyncio.gather(*(_stream(client, base, body) for body in bodies))
-
-
-class HealthWatch(threading.Thread):
-    """GET /health every half second from a thread of its own until `done` is set.
-
-    `polls`: (status code, or the error, and seconds the answer took) per GET. Blocking
-    sockets in a separate thread, not a task on the load's event loop: a timeout measured
-    on that loop would also count the time the loop spent on the 64 streams it serves,
-    and this measures only the server.
-    """
-
-    def __init__(self, base: str) -> None:
-        super().__init__(daemon=True)
-        self.url, self.done, self.polls = base + "/health", threading.Event(), []
-
-    def run(self) -> None:
-        while not self.done.wait(0.5):
-            start = time.monotonic()
-            try:
-                with urllib.request.urlopen(self.url, timeout=HEALTH_TIMEOUT_S) as response:
-                    outcome = response.status
-            except urllib.error.HTTPError as err:
-                outcome = err.code
-            except OSError as err:
-                outcome = repr(err)
-            self.polls.append((outcome, round(time.monotonic() - start, 3)))
-
-
-class CancelledStreams(threading.Thread):
-    """The streams the client closes after CANCEL_AFTER_CHUNKS chunks, on a loop of their own.
-
-    A client of their own, so that closing them never waits behind the main loop's 64
-    other streams: a close that came late (the requests already decoded to their end) would
-    not test aborts. `results` holds _stream's dicts plus "closed_s", the seconds from
-    `start` until the client closed the stream.
-    """
-
-    def __init__(self, base: str, bodies: list[dict]) -> None:
-        super().__init__(daemon=True)
-        self.base, self.bodies, self.results = base, bodies, []
-        self.start_s = time.monotonic()
-
-    async def _one(self, client: httpx.AsyncClient, body: dict) -> dict:
-        result = await _stream(client, self.base, body, CANCEL_AFTER_CHUNKS)
-        return {**result, "closed_s": round(time.monotonic() - self.start_s, 2)}
-
-    async def _all(self) -> list[dict]:
-        limits = httpx.Limits(max_keepalive_connections=0)
-        async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S, limits=limits) as client:
-            return await asyncio.gather(*(self._one(client, body) for body in self.bodies))
-
-    def run(self) -> None:
-        self.results = asyncio.run(self._all())
-
-
-async def _load(base: str, valid: list[dict], cancelled: list[dict]) -> dict:
-    """Everything at once: valid, cancelled and malformed requests, plus /health polls."""
-    limits = httpx.Limits(max_connections=200, max_keepalive_connections=0)
-    health, cancelling = HealthWatch(base), CancelledStreams(base, cancelled)
-    health.start()
-    cancelling.start()
-    async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S, limits=limits) as client:
-        kinds = [kind for kind in MALFORMED for _ in range(2)]
-        results = await asyncio.gather(
-            *(_stream(client, base, body) for body in valid),
-            *(_stream(client, base, _malformed_body(kind)) for kind in kinds),
-        )
-    cancelling.join()
-    health.done.set()
-    health.join()
-    n = len(valid)
-    return {
-        "valid": results[:n],
-        "cancelled": cancelling.results,
-        "malformed": list(zip(kinds, results[n:], strict=True)),
-        "health": health.polls,
-    }
-
-
-def _wait_until_idle(base: str, idle_usage: float) -> tuple[str, float]:
-    """Poll /metrics until no request runs or waits and the KV usage is back at idle.
-
-    Returns (the last /metrics text, seconds waited); fails after IDLE_TIMEOUT_S.
-    """
-    start = time.monotonic()
-    while True:
-        text = http_get(base + "/metrics")
-        busy = _metric(text, "vllm:num_requests_running") + _metric(
-            text, "vllm:num_requests_waiting"
-        )
-        usage = _metric(text, "vllm:kv_cache_usage_perc")
-        if busy == 0 and usage == idle_usage:
-            return text, time.monotonic() - start
-        if time.monotonic() - start > IDLE_TIMEOUT_S:
-            pytest.fail(
-                f"not idle {IDLE_TIMEOUT_S} s after the load: {busy} requests, "
-                f"KV usage {usage} (idle {idle_usage})"
-            )
-        time.sleep(0.5)
 
 
 @pytest.fixture(scope="module")
@@ -258,7 +74,7 @@ def valid_bodies(mtbench_path) -> list[dict]:
 
     questions = [q.turns[0] for q in mtbench_questions(mtbench_path)[:NUM_VALID]]
     return [
-        _chat_body(q, MAX_TOKENS[i % len(MAX_TOKENS)], **(UNKNOWN_FIELDS if i % 7 == 3 else {}))
+        chat_body(q, MAX_TOKENS[i % len(MAX_TOKENS)], **(UNKNOWN_FIELDS if i % 7 == 3 else {}))
         for i, q in enumerate(questions)
     ]
 
@@ -287,12 +103,12 @@ def clover_server(vanilla_tokens, shipped_heads, tmp_path_factory):
 def load_run(clover_server, valid_bodies) -> dict:
     """The load, once; then the server's /metrics once it is idle again."""
     base = clover_server["base"]
-    idle_usage = _metric(http_get(base + "/metrics"), "vllm:kv_cache_usage_perc")
-    cancelled = [_chat_body(LONG_PROMPT, LONG_MAX_TOKENS, ignore_eos=True)] * NUM_CANCELLED
+    idle_usage = metric(http_get(base + "/metrics"), "vllm:kv_cache_usage_perc")
+    cancelled = [chat_body(LONG_PROMPT, LONG_MAX_TOKENS, ignore_eos=True)] * NUM_CANCELLED
     start = time.monotonic()
-    run = asyncio.run(_load(base, valid_bodies, cancelled))
+    run = asyncio.run(run_load(base, valid_bodies, cancelled))
     run["load_s"] = time.monotonic() - start
-    run["metrics"], run["idle_after_s"] = _wait_until_idle(base, idle_usage)
+    run["metrics"], run["idle_after_s"] = wait_until_idle(base, idle_usage)
     print(f"load: {run['load_s']:.1f} s, idle {run['idle_after_s']:.1f} s later")  # pytest -s
     return run
 
@@ -331,7 +147,7 @@ def test_malformed_requests_get_400_with_vllms_error_body(load_run):
 def test_cancelled_streams_are_aborted_and_free_their_kv_blocks(load_run):
     """The client closed each after a few chunks; the engine dropped them and their blocks.
 
-    _wait_until_idle already saw no request running or waiting and the KV usage back at
+    wait_until_idle already saw no request running or waiting and the KV usage back at
     its idle value. vLLM counts client aborts in no counter, so: the requests that finished
     are exactly the valid ones, and the cancelled ones together got fewer tokens than one
     of them alone would have run to (EOS ignored).
@@ -341,9 +157,9 @@ def test_cancelled_streams_are_aborted_and_free_their_kv_blocks(load_run):
         assert result["finish"] is None, result
     metrics = load_run["metrics"]
     valid_tokens = sum(len(r["tokens"]) for r in load_run["valid"])
-    cancelled_tokens = _metric(metrics, "vllm:generation_tokens_total") - valid_tokens
+    cancelled_tokens = metric(metrics, "vllm:generation_tokens_total") - valid_tokens
     finished = {
-        reason: _metric(metrics, "vllm:request_success_total", finished_reason=reason)
+        reason: metric(metrics, "vllm:request_success_total", finished_reason=reason)
         for reason in ("stop", "length", "abort", "error", "repetition")
     }
     closed_s = [r["closed_s"] for r in load_run["cancelled"]]
@@ -403,7 +219,7 @@ async def _all_streaming(streams: list[asyncio.Task], started: list[asyncio.Even
     except asyncio.TimeoutError:  # the builtin TimeoutError from Python 3.11 on, not on 3.10
         count = sum(event.is_set() for event in started)
         pytest.fail(f"{count} of {len(streams)} streams started in {STREAMS_START_TIMEOUT_S} s")
-    ended = [stream.result() for stream in streams if stream.done()]
+    ended = [task.result() for task in streams if task.done()]
     assert not ended, f"streams ended before SIGTERM: {ended}"
 
 
@@ -415,11 +231,11 @@ async def _sigterm_mid_load(base: str, server, num_streams: int) -> dict:
     wait for these clients forever (docs/serving.md). With it, the server closes them
     HTTP_SHUTDOWN_GRACE_S after the engine stopped and exits.
     """
-    body = _chat_body(LONG_PROMPT, LONG_MAX_TOKENS, ignore_eos=True)
+    body = chat_body(LONG_PROMPT, LONG_MAX_TOKENS, ignore_eos=True)
     async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S) as client:
         started = [asyncio.Event() for _ in range(num_streams)]
         streams = [
-            asyncio.create_task(_stream(client, base, body, started=event)) for event in started
+            asyncio.create_task(stream(client, base, body, started=event)) for event in started
         ]
         await _all_streaming(streams, started)
         assert _engine_processes(server), "no engine process found in the server's group"
@@ -433,10 +249,10 @@ async def _sigterm_mid_load(base: str, server, num_streams: int) -> dict:
             lambda: server.poll() is not None, SHUTDOWN_TIMEOUT_S
         )
         times["streams_closed_s"] = await _seconds_until(
-            lambda: all(stream.done() for stream in streams), SHUTDOWN_TIMEOUT_S
+            lambda: all(task.done() for task in streams), SHUTDOWN_TIMEOUT_S
         )
-        for stream in streams:
-            stream.cancel()
+        for task in streams:
+            task.cancel()
         outcomes = await asyncio.gather(*streams, return_exceptions=True)
     times["completed_streams"] = sum(
         isinstance(o, dict) and o["finish"] is not None for o in outcomes
@@ -462,5 +278,5 @@ def test_sigterm_mid_load_stops_every_process_and_a_restart_answers_the_same(
     with running_server(
         tmp_path / "restart.log", _clover_args(shipped_heads), max_model_len=MAX_MODEL_LEN
     ) as restarted:
-        results = asyncio.run(_streams(restarted["base"], valid_bodies[:NUM_RESTART_CHECKS]))
+        results = asyncio.run(stream_all(restarted["base"], valid_bodies[:NUM_RESTART_CHECKS]))
     assert [r["tokens"] for r in results] == vanilla_tokens[:NUM_RESTART_CHECKS]
