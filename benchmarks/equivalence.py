@@ -23,9 +23,8 @@ import json
 import os
 from pathlib import Path
 
+from vllm_clover.bench.ties import NEAR_TIE, first_difference, top2_gap
 from vllm_clover.bundled import REFERENCE_HEADS
-
-NEAR_TIE = {"float32": 1e-4, "bfloat16": 0.5}  # top-2 logit gaps within rounding noise
 
 
 def generate(
@@ -47,7 +46,7 @@ def generate(
     tokens = [list(o.outputs[0].token_ids) for o in outputs]
     gaps = None
     if not spec:
-        gaps = [[_top2_gap(position) for position in o.outputs[0].logprobs] for o in outputs]
+        gaps = [[top2_gap(position) for position in o.outputs[0].logprobs] for o in outputs]
     metrics = {
         m.name: getattr(m, "values", None) or m.value
         for m in llm.get_metrics()
@@ -55,11 +54,6 @@ def generate(
     }
     del llm
     return tokens, gaps, metrics
-
-
-def _top2_gap(position_logprobs: dict) -> float:
-    best = sorted((lp.logprob for lp in position_logprobs.values()), reverse=True)
-    return best[0] - best[1] if len(best) > 1 else float("inf")
 
 
 def compare(
@@ -74,9 +68,7 @@ def compare(
         if a == b:
             result["equal"] += 1
             continue
-        first = next(
-            (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
-        )
+        first = first_difference(a, b)
         gap = gaps[prompt][first] if first < len(gaps[prompt]) else float("inf")
         entry = {"prompt": prompt, "first_diverging_token": first, "vanilla_top2_gap": gap}
         result["near_ties" if gap <= near_tie else "divergences"].append(entry)

@@ -1,10 +1,13 @@
-"""`vllm-clover bench` end to end, tiny: every method through the real engine, JSON complete."""
+"""`vllm-clover bench` end to end, tiny: every method through the real engine, JSON complete;
+and the rerun that tells where two greedy runs part (bench/ties.py)."""
 
 import json
 
 import pytest
 
-from helpers import run_python
+from helpers import in_process_llm, run_python
+from vllm_clover.assets.data import mtbench_questions
+from vllm_clover.bench.ties import Parting, vanilla_partings
 
 pytestmark = pytest.mark.engine
 
@@ -106,3 +109,25 @@ def test_bench_alternates_rounds_in_both_engine_modes(clover_heads, tmp_path):
     clover = summary["clover-fixed", "multiprocess", 0.0]
     low, high = clover["ratio_to_vanilla_range"]
     assert low <= clover["ratio_to_vanilla"] <= high and clover["equal_prompts"] == 4
+
+
+def test_partings_rerun_vanilla_up_to_the_first_difference(reference_target, mtbench_path):
+    """Three chats' vanilla outputs (float32, batch invariant) against made-up others: equal,
+    changed at token 5, cut short at token 7. The rerun of the two that part reproduces
+    vanilla's tokens and gives a real top-2 gap at the parting token; a "vanilla" that the
+    engine does not reproduce before its parting gets no gap rather than a wrong one."""
+    from vllm import SamplingParams
+
+    questions = mtbench_questions(mtbench_path)[:3]
+    chats = [[{"role": "user", "content": q.turns[0]}] for q in questions]
+    with in_process_llm(reference_target, max_num_seqs=4) as llm:
+        greedy = SamplingParams(temperature=0.0, max_tokens=12)
+        vanilla = [list(o.outputs[0].token_ids) for o in llm.chat(chats, greedy, use_tqdm=False)]
+        changed = vanilla[1][:5] + [vanilla[1][5] + 1] + vanilla[1][6:]
+        partings = vanilla_partings(llm, chats, vanilla, [vanilla[0], changed, vanilla[2][:7]])
+        altered = [vanilla[0][:2] + [vanilla[0][2] + 1] + vanilla[0][3:]]  # not what it decodes
+        unknown = vanilla_partings(llm, chats[:1], altered, [altered[0][:6] + [-1]])
+    assert [len(tokens) for tokens in vanilla] == [12] * 3
+    assert [(p.prompt, p.token) for p in partings] == [(1, 5), (2, 7)]
+    assert all(p.gap is not None and p.gap > 0 for p in partings), partings
+    assert unknown == [Parting(0, 6, None)]

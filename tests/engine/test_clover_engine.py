@@ -12,6 +12,7 @@ from spec_checks import assert_clover_speculated, goodput_budget, speculation
 
 from helpers import in_process_llm
 from vllm_clover.assets.data import mtbench_questions
+from vllm_clover.bench.ties import NEAR_TIE, first_difference, top2_gap
 from vllm_clover.modeling.scoring import PACKED_DTYPES
 from vllm_clover.modeling.tables import scoring_dtype_for
 
@@ -246,10 +247,6 @@ def _exception_text(error: BaseException) -> str:
     return "\n".join(parts)
 
 
-def _first_difference(a: list[int], b: list[int]) -> int | None:
-    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
-
-
 BF16 = {"dtype": "bfloat16", "max_num_seqs": 4}
 
 
@@ -282,7 +279,7 @@ def test_bf16_target_differs_from_vanilla_only_at_rounding_ties(
         stats = speculation(llm)
     assert_clover_speculated(stats, k=k)
     for expected, got in zip(vanilla, clover, strict=True):
-        first = _first_difference(list(expected.outputs[0].token_ids), got)
+        first = first_difference(expected.outputs[0].token_ids, got)
         if first is not None:
-            top2 = sorted(p.logprob for p in expected.outputs[0].logprobs[first].values())
-            assert top2[-1] - top2[-2] <= 0.5, (first, top2)
+            gap = top2_gap(expected.outputs[0].logprobs[first])
+            assert gap <= NEAR_TIE["bfloat16"], (first, gap)
