@@ -1,8 +1,10 @@
 """`vllm-clover demo`: the project's main job on the bundled reference target.
 
 Generates the same MT-Bench answers twice through vLLM, once plainly and once with Clover
-speculative decoding, and prints what a user wants to know: are the outputs identical (they
-must be, greedy), how many tokens each verification step yields (tau), and the speedup.
+speculative decoding, and prints what a user wants to know: are the outputs identical (in
+float32 they must be; in bfloat16, where one is not, a third, untimed vanilla engine shows
+that it parts from vanilla's at a rounding tie, else the demo fails: ``bench/ties.py``), how
+many tokens each verification step yields (tau), and the speedup.
 """
 
 from __future__ import annotations
@@ -14,12 +16,13 @@ from pathlib import Path
 from vllm_clover.assets.data import fetch_mtbench, mtbench_questions
 from vllm_clover.assets.target import fetch_reference_target
 from vllm_clover.bench.measure import Run, engine, identical_outputs, timed_chat
+from vllm_clover.bench.ties import NEAR_TIE, Parting, vanilla_partings
 from vllm_clover.bundled import CLOVER2_HEADS
 
-BF16_NOTE = (
-    "  (in bfloat16 a verification step, which scores several tokens per request, runs other\n"
-    "  matmul shapes than decoding one token, so two candidates whose logits are within\n"
-    "  bfloat16 rounding may swap: see docs/equivalence.md; --dtype float32 is token-exact)"
+TIE_NOTE = (
+    "  a verification step scores several tokens per request, matmul shapes that decoding one\n"
+    "  token never runs, so where two tokens are within rounding the other may win\n"
+    "  (docs/equivalence.md); --dtype float32 is token-exact"
 )
 # The bare "What is the capital of France?" is a rounding tie in bfloat16 for this target (its
 # first tokens "L" and "The" are one bf16 step apart); asking for one sentence is not.
@@ -45,13 +48,14 @@ def generate(
     return run
 
 
-def report(vanilla: Run, clover: Run, num_heads: int, dtype: str) -> None:
-    """Print output equality, tau, per-position acceptance and the speedup."""
+def report(vanilla: Run, clover: Run, num_heads: int, dtype: str, partings: list[Parting]) -> None:
+    """Print output equality (with where and why outputs part), tau, per-position acceptance
+    and the speedup; then SystemExit if an output parted from vanilla's anywhere but at a
+    rounding tie."""
     counters = clover.counters
     same = identical_outputs(vanilla.tokens, clover.tokens)
     print(f"\ngreedy outputs identical to vanilla: {same}/{len(vanilla.tokens)} prompts")
-    if same < len(vanilla.tokens) and dtype != "float32":
-        print(BF16_NOTE)
+    _print_partings(partings, dtype)
     if counters.drafts:
         print(
             f"mean acceptance length tau = 1 + accepted/drafts = {counters.tau:.2f} "
@@ -64,6 +68,36 @@ def report(vanilla: Run, clover: Run, num_heads: int, dtype: str) -> None:
         f"clover : {clover.tokens_per_second:6.1f} tokens/s  "
         f"(speedup {clover.tokens_per_second / vanilla.tokens_per_second:.2f}x, same run)"
     )
+    bugs = [p for p in partings if p.gap is not None and not p.is_tie(dtype)]
+    if bugs:
+        raise SystemExit(
+            "vllm-clover demo: "
+            + "; ".join(f"prompt {p.prompt} parts from vanilla at token {p.token}" for p in bugs)
+            + f", where vanilla's best token led by more than {dtype} rounding "
+            f"({NEAR_TIE[dtype]}). Clover must not change greedy outputs: please report this "
+            "with the command you ran."
+        )
+
+
+def _print_partings(partings: list[Parting], dtype: str) -> None:
+    """One line for the ties (their top-2 gaps), one per other parting."""
+    ties = [p for p in partings if p.is_tie(dtype)]
+    if ties:
+        gaps = ", ".join(f"{p.gap:.3g}" for p in ties)
+        which = f"all {len(ties)}" if len(ties) == len(partings) else f"{len(ties)} of the"
+        print(
+            f"  {which} others part where vanilla's two best tokens were a {dtype} rounding tie\n"
+            f"  (top-2 logit gap at the first differing token: {gaps}; a tie is <= "
+            f"{NEAR_TIE[dtype]}):\n{TIE_NOTE}"
+        )
+    for p in partings:
+        if p.gap is None:
+            print(
+                f"  prompt {p.prompt} parts at token {p.token}; vanilla's gap there is unknown "
+                "(its rerun, with the other prompts gone, did not reproduce its own tokens)"
+            )
+        elif not p.is_tie(dtype):
+            print(f"  prompt {p.prompt} parts at token {p.token}, top-2 gap {p.gap:.3g}: NOT a tie")
 
 
 def run_demo(
@@ -104,7 +138,11 @@ def run_demo(
     # make the goodput budget (the serving default) choose; `vllm-clover bench` measures both.
     spec["draft_budget"] = "fixed"
     clover = generate(target, chats, max_tokens, batch_size, spec, dtype)
-    report(vanilla, clover, num_heads, dtype)
+    partings = []
+    if clover.tokens != vanilla.tokens:  # where and why: one more, untimed vanilla engine
+        with engine(target, None, batch_size, dtype=dtype) as llm:
+            partings = vanilla_partings(llm, chats, vanilla.tokens, clover.tokens)
+    report(vanilla, clover, num_heads, "float32" if dtype == "float32" else "bfloat16", partings)
 
 
 def _num_heads(heads_dir: Path) -> int:
