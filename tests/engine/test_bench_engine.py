@@ -113,9 +113,10 @@ def test_bench_alternates_rounds_in_both_engine_modes(clover_heads, tmp_path):
 
 def test_partings_rerun_vanilla_up_to_the_first_difference(reference_target, mtbench_path):
     """Three chats' vanilla outputs (float32, batch invariant) against made-up others: equal,
-    changed at token 5, cut short at token 7. The rerun of the two that part reproduces
-    vanilla's tokens and gives a real top-2 gap at the parting token; a "vanilla" that the
-    engine does not reproduce before its parting gets no gap rather than a wrong one."""
+    changed at token 5, cut short at token 7. The rerun of the two that part, and the rerun
+    of all three as they ran, reproduce vanilla's tokens and give the same real top-2 gap at
+    the parting token; a "vanilla" that the engine does not reproduce before its parting gets
+    no gap rather than a wrong one."""
     from vllm import SamplingParams
 
     questions = mtbench_questions(mtbench_path)[:3]
@@ -124,10 +125,14 @@ def test_partings_rerun_vanilla_up_to_the_first_difference(reference_target, mtb
         greedy = SamplingParams(temperature=0.0, max_tokens=12)
         vanilla = [list(o.outputs[0].token_ids) for o in llm.chat(chats, greedy, use_tqdm=False)]
         changed = vanilla[1][:5] + [vanilla[1][5] + 1] + vanilla[1][6:]
-        partings = vanilla_partings(llm, chats, vanilla, [vanilla[0], changed, vanilla[2][:7]])
+        others = [vanilla[0], changed, vanilla[2][:7]]
+        partings = vanilla_partings(llm, chats, vanilla, others)
+        as_run = vanilla_partings(llm, chats, vanilla, others, max_tokens=12)  # all chats, whole
         altered = [vanilla[0][:2] + [vanilla[0][2] + 1] + vanilla[0][3:]]  # not what it decodes
         unknown = vanilla_partings(llm, chats[:1], altered, [altered[0][:6] + [-1]])
     assert [len(tokens) for tokens in vanilla] == [12] * 3
     assert [(p.prompt, p.token) for p in partings] == [(1, 5), (2, 7)]
     assert all(p.gap is not None and p.gap > 0 for p in partings), partings
+    assert [(p.prompt, p.token) for p in as_run] == [(1, 5), (2, 7)]
+    assert [p.gap for p in as_run] == pytest.approx([p.gap for p in partings], abs=1e-4)
     assert unknown == [Parting(0, 6, None)]

@@ -55,27 +55,45 @@ def top2_gap(position_logprobs: dict[int, Any]) -> float:
 
 
 def vanilla_partings(
-    llm: Any, chats: list, vanilla: list[list[int]], other: list[list[int]]
+    llm: Any,
+    chats: list,
+    vanilla: list[list[int]],
+    other: list[list[int]],
+    max_tokens: int | None = None,
 ) -> list[Parting]:
     """Each prompt whose `other` output differs from `vanilla`, with vanilla's top-2 gap at
-    the first differing token: `llm`, a vanilla engine with the vanilla run's settings, reruns
-    just those chats greedily up to that token with two logprobs per position. A rerun that
-    does not reproduce vanilla's tokens up to there (another batch composition in bfloat16)
-    leaves the gap unknown rather than guessed."""
+    the first differing token, from a greedy rerun with two logprobs per position in `llm`, a
+    vanilla engine with the vanilla run's settings.
+
+    With `max_tokens` None the rerun is just the chats that part, each up to its first
+    differing token: enough where each prompt ran alone (batch size 1). In bfloat16 the
+    numerics of a step depend on which requests share it, so after a run at a larger batch
+    size pass the run's `max_tokens`: every chat is rerun as the run ran it, and the same
+    requests share the same steps. A rerun that does not reproduce vanilla's tokens up to the
+    parting leaves the gap unknown rather than guessed.
+    """
     from vllm import SamplingParams
 
-    firsts = {
-        i: first_difference(a, b) for i, (a, b) in enumerate(zip(vanilla, other, strict=True))
-    }
-    parted = [i for i, first in firsts.items() if first is not None]
+    firsts = [first_difference(a, b) for a, b in zip(vanilla, other, strict=True)]
+    parted = [i for i, first in enumerate(firsts) if first is not None]
     if not parted:
         return []
-    params = [SamplingParams(temperature=0.0, max_tokens=firsts[i] + 1, logprobs=2) for i in parted]
-    outputs = llm.chat([chats[i] for i in parted], params, use_tqdm=False)
-    partings = []
-    for i, output in zip(parted, outputs, strict=True):
-        first, rerun = firsts[i], output.outputs[0]
-        reproduced = list(rerun.token_ids[: first + 1]) == vanilla[i][: first + 1]
-        known = reproduced and first < len(vanilla[i]) and first < len(rerun.logprobs or [])
-        partings.append(Parting(i, first, top2_gap(rerun.logprobs[first]) if known else None))
-    return partings
+    rerun = parted if max_tokens is None else list(range(len(chats)))
+    params = [
+        SamplingParams(
+            temperature=0.0,
+            max_tokens=firsts[i] + 1 if max_tokens is None else max_tokens,
+            logprobs=2,
+        )
+        for i in rerun
+    ]
+    results = llm.chat([chats[i] for i in rerun], params, use_tqdm=False)
+    outputs = dict(zip(rerun, results, strict=True))
+    return [_parting(i, firsts[i], vanilla[i], outputs[i].outputs[0]) for i in parted]
+
+
+def _parting(prompt: int, first: int, vanilla: list[int], rerun: Any) -> Parting:
+    """The Parting of `prompt` from its rerun (a vLLM CompletionOutput with logprobs)."""
+    reproduced = list(rerun.token_ids[: first + 1]) == vanilla[: first + 1]
+    known = reproduced and first < len(vanilla) and first < len(rerun.logprobs or [])
+    return Parting(prompt, first, top2_gap(rerun.logprobs[first]) if known else None)
