@@ -68,7 +68,7 @@ def report(vanilla: Run, clover: Run, num_heads: int, dtype: str, partings: list
         f"clover : {clover.tokens_per_second:6.1f} tokens/s  "
         f"(speedup {clover.tokens_per_second / vanilla.tokens_per_second:.2f}x, same run)"
     )
-    bugs = [p for p in partings if p.gap is not None and not p.is_tie(dtype)]
+    bugs = [p for p in partings if p.is_bug(dtype)]
     if bugs:
         raise SystemExit(
             "vllm-clover demo: "
@@ -96,7 +96,7 @@ def _print_partings(partings: list[Parting], dtype: str) -> None:
                 f"  prompt {p.prompt} parts at token {p.token}; vanilla's gap there is unknown "
                 "(its rerun did not reproduce its own tokens)"
             )
-        elif not p.is_tie(dtype):
+        elif p.is_bug(dtype):
             print(f"  prompt {p.prompt} parts at token {p.token}, top-2 gap {p.gap:.3g}: NOT a tie")
 
 

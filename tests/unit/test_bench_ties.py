@@ -40,4 +40,6 @@ def test_a_tie_is_a_known_gap_within_the_dtypes_rounding():
     assert not Parting(0, 3, 0.125).is_tie("float32")
     assert Parting(0, 3, NEAR_TIE["bfloat16"]).is_tie("bfloat16")
     assert not Parting(0, 3, 0.625).is_tie("bfloat16")
-    assert not Parting(0, 3, None).is_tie("bfloat16")  # unknown is not a tie
+    assert not Parting(0, 3, None).is_tie("bfloat16")  # unknown is not a tie ...
+    assert not Parting(0, 3, None).is_bug("bfloat16")  # ... nor a bug
+    assert Parting(0, 3, 0.625).is_bug("bfloat16") and not Parting(0, 3, 0.5).is_bug("bfloat16")

@@ -37,6 +37,10 @@ class Parting:
     def is_tie(self, dtype: str) -> bool:
         return self.gap is not None and self.gap <= NEAR_TIE[dtype]
 
+    def is_bug(self, dtype: str) -> bool:
+        """A known gap beyond `dtype`'s rounding: vanilla's best token clearly led."""
+        return self.gap is not None and not self.is_tie(dtype)
+
 
 def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
     """The index of the first token where `a` and `b` differ (the shorter one's length where
