@@ -5,7 +5,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from vllm_clover.bench.ties import NEAR_TIE, Parting, first_difference, top2_gap
+from vllm_clover.bench.ties import (
+    NEAR_TIE,
+    Parting,
+    VanillaRerun,
+    first_difference,
+    parting,
+    top2_gap,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -43,3 +50,16 @@ def test_a_tie_is_a_known_gap_within_the_dtypes_rounding():
     assert not Parting(0, 3, None).is_tie("bfloat16")  # unknown is not a tie ...
     assert not Parting(0, 3, None).is_bug("bfloat16")  # ... nor a bug
     assert Parting(0, 3, 0.625).is_bug("bfloat16") and not Parting(0, 3, 0.5).is_bug("bfloat16")
+
+
+def test_parting_reads_the_gap_where_the_rerun_reproduces_vanilla():
+    vanilla, other = [5, 9, 2, 7], [5, 9, 4, 1]  # part at index 2
+    rerun = VanillaRerun((5, 9, 2), (1.5, 2.0, 0.125))
+    assert parting(3, vanilla, other, rerun) == Parting(3, 2, 0.125)
+    assert parting(3, vanilla, other, None) == Parting(3, 2, None)  # not rerun
+    drifted = VanillaRerun((5, 8, 2), (1.5, 2.0, 0.125))  # its own tokens, not vanilla's
+    assert parting(3, vanilla, other, drifted) == Parting(3, 2, None)
+    short = VanillaRerun((5, 9), (1.5, 2.0))  # ended before the parting
+    assert parting(3, vanilla, other, short) == Parting(3, 2, None)
+    with pytest.raises(ValueError, match="prompt 3: the two outputs are equal"):
+        parting(3, vanilla, vanilla, rerun)

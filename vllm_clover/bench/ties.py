@@ -58,6 +58,70 @@ def top2_gap(position_logprobs: dict[int, Any]) -> float:
     return best[0] - best[1] if len(best) > 1 else float("inf")
 
 
+@dataclass(frozen=True)
+class VanillaRerun:
+    """One chat's greedy rerun in a vanilla engine: its tokens, and at each the top-2 logprob
+    gap of vanilla's distribution there (plain data: it crosses process boundaries)."""
+
+    tokens: tuple[int, ...]
+    gaps: tuple[float, ...]
+
+
+def rerun_vanilla(
+    llm: Any,
+    chats: list,
+    lengths: dict[int, int],
+    max_tokens: int | None = None,
+    ignore_eos: bool = False,
+) -> dict[int, VanillaRerun]:
+    """Greedy reruns with two logprobs per position in `llm`, a vanilla engine with the
+    vanilla run's settings, by chat index.
+
+    With `max_tokens` None the rerun is just the chats in `lengths`, each up to its length:
+    enough where each prompt ran alone (batch size 1). In bfloat16 the numerics of a step
+    depend on which requests share it, so after a run at a larger batch size pass the run's
+    `max_tokens` (and its `ignore_eos`): every chat is rerun as the run ran it, and the same
+    requests share the same steps. Example: lengths {1: 6} at batch size 1 reruns chat 1 for
+    6 tokens; with max_tokens 64 every chat reruns for 64.
+    """
+    from vllm import SamplingParams
+
+    rerun = sorted(lengths) if max_tokens is None else list(range(len(chats)))
+    params = [
+        SamplingParams(
+            temperature=0.0,
+            max_tokens=lengths[i] if max_tokens is None else max_tokens,
+            logprobs=2,
+            ignore_eos=ignore_eos,
+        )
+        for i in rerun
+    ]
+    results = llm.chat([chats[i] for i in rerun], params, use_tqdm=False)
+    return {
+        i: VanillaRerun(
+            tuple(out.token_ids), tuple(top2_gap(position) for position in out.logprobs or [])
+        )
+        for i, out in ((i, result.outputs[0]) for i, result in zip(rerun, results, strict=True))
+    }
+
+
+def parting(
+    prompt: int, vanilla: list[int], other: list[int], rerun: VanillaRerun | None
+) -> Parting:
+    """Where `other` parts from `vanilla` (which must differ), with the gap `rerun` gives
+    there; None where there is no rerun, or it does not reproduce vanilla's tokens up to
+    and including the parting, or it ended before it."""
+    first = first_difference(vanilla, other)
+    if first is None:
+        raise ValueError(f"prompt {prompt}: the two outputs are equal, they do not part")
+    known = (
+        rerun is not None
+        and list(rerun.tokens[: first + 1]) == list(vanilla[: first + 1])
+        and first < min(len(vanilla), len(rerun.gaps))
+    )
+    return Parting(prompt, first, rerun.gaps[first] if known else None)
+
+
 def vanilla_partings(
     llm: Any,
     chats: list,
@@ -66,38 +130,13 @@ def vanilla_partings(
     max_tokens: int | None = None,
 ) -> list[Parting]:
     """Each prompt whose `other` output differs from `vanilla`, with vanilla's top-2 gap at
-    the first differing token, from a greedy rerun with two logprobs per position in `llm`, a
-    vanilla engine with the vanilla run's settings.
-
-    With `max_tokens` None the rerun is just the chats that part, each up to its first
-    differing token: enough where each prompt ran alone (batch size 1). In bfloat16 the
-    numerics of a step depend on which requests share it, so after a run at a larger batch
-    size pass the run's `max_tokens`: every chat is rerun as the run ran it, and the same
-    requests share the same steps. A rerun that does not reproduce vanilla's tokens up to the
-    parting leaves the gap unknown rather than guessed.
-    """
-    from vllm import SamplingParams
-
-    firsts = [first_difference(a, b) for a, b in zip(vanilla, other, strict=True)]
-    parted = [i for i, first in enumerate(firsts) if first is not None]
-    if not parted:
+    the first differing token, from `rerun_vanilla` in `llm` (each parted chat up to that
+    token with `max_tokens` None; see there for batch sizes above 1)."""
+    firsts = {
+        i: first_difference(a, b) for i, (a, b) in enumerate(zip(vanilla, other, strict=True))
+    }
+    lengths = {i: first + 1 for i, first in firsts.items() if first is not None}
+    if not lengths:
         return []
-    rerun = parted if max_tokens is None else list(range(len(chats)))
-    params = [
-        SamplingParams(
-            temperature=0.0,
-            max_tokens=firsts[i] + 1 if max_tokens is None else max_tokens,
-            logprobs=2,
-        )
-        for i in rerun
-    ]
-    results = llm.chat([chats[i] for i in rerun], params, use_tqdm=False)
-    outputs = dict(zip(rerun, results, strict=True))
-    return [_parting(i, firsts[i], vanilla[i], outputs[i].outputs[0]) for i in parted]
-
-
-def _parting(prompt: int, first: int, vanilla: list[int], rerun: Any) -> Parting:
-    """The Parting of `prompt` from its rerun (a vLLM CompletionOutput with logprobs)."""
-    reproduced = list(rerun.token_ids[: first + 1]) == vanilla[: first + 1]
-    known = reproduced and first < len(vanilla) and first < len(rerun.logprobs or [])
-    return Parting(prompt, first, top2_gap(rerun.logprobs[first]) if known else None)
+    reruns = rerun_vanilla(llm, chats, lengths, max_tokens)
+    return [parting(i, vanilla[i], other[i], reruns[i]) for i in sorted(lengths)]
