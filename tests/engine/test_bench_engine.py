@@ -136,3 +136,40 @@ def test_partings_rerun_vanilla_up_to_the_first_difference(reference_target, mtb
     assert [(p.prompt, p.token) for p in as_run] == [(1, 5), (2, 7)]
     assert [p.gap for p in as_run] == pytest.approx([p.gap for p in partings], abs=1e-4)
     assert unknown == [Parting(0, 6, None)]
+
+
+def test_tie_check_reruns_vanilla_and_flags_a_parting_beyond_rounding(
+    reference_target, mtbench_path
+):
+    """A real timed vanilla run (float32, batch 2, 3 chats) against a made-up "clover" run
+    equal to it but for chat 1 from token 3 on: the tie check reruns vanilla (all 3 chats,
+    whole, at batch size 2), reproduces its tokens, and reads a real top-2 gap at token 3,
+    beyond float32 rounding, so the report flags it and names it."""
+    from vllm_clover.bench.config import BenchConfig, Method
+    from vllm_clover.bench.measure import Run
+    from vllm_clover.bench.report import beyond_rounding, build_report
+    from vllm_clover.bench.runner import EngineJob, check_ties, run_engine_job, run_isolated
+
+    vanilla_method, clover = Method("vanilla", "vanilla"), Method("clover", "clover", "/h", 4)
+    config = BenchConfig(methods=(vanilla_method,), batch_sizes=(2,), max_tokens=8, repeats=1)
+    chats = [[{"role": "user", "content": q.turns[0]}] for q in mtbench_questions(mtbench_path)]
+    job = EngineJob(str(reference_target), vanilla_method, 2, chats[:3], (0.0,), 8)
+    runs, settings = run_isolated(run_engine_job, job)
+    tokens = [list(t) for t in runs[0.0].tokens]
+    tokens[1][3:] = [tokens[1][3] + 1]  # a token vanilla's greedy decoding did not choose
+    results = [
+        (job, runs, settings),
+        (
+            EngineJob(job.target, clover, 2, job.chats, (0.0,), 8),
+            {0.0: Run(tokens, 1.0, runs[0.0].counters)},
+            settings,
+        ),
+    ]
+    reruns = check_ties(config, job.target, results)
+    report = build_report(config, "test", len(chats), results, reruns)
+    row = next(r for r in report["runs"] if r["method"] == "clover")
+    assert set(reruns[("in-process", 2)]) == {0, 1, 2}  # every chat, as the batch ran
+    assert [(p["prompt"], p["token"]) for p in row["partings"]] == [(1, 3)]
+    assert row["partings"][0]["gap"] > 1e-4 and row["beyond_rounding"] == 1
+    assert (row["tie_prompts"], row["unknown_partings"], row["equal_prompts"]) == (0, 0, 2)
+    assert beyond_rounding(report).startswith("clover at batch 2 (in-process, round 1): prompt 1")

@@ -174,6 +174,10 @@ def test_quick_preset_and_explicit_flags():
         )
     )
     assert (custom.batch_sizes, custom.max_tokens, custom.plots) == ((2, 8), 7, False)
+    assert (
+        full.tie_check
+        and not config_from_args(parser.parse_args(["bench", "--no-tie-check"])).tie_check
+    )
     assert [custom.num_prompts(b) for b in (1, 4, 16)] == [8, 8, 32]  # max(min, 2 x batch)
 
 

@@ -10,8 +10,15 @@ import pytest
 from vllm_clover.bench.config import Method
 from vllm_clover.bench.measure import Counters, Run
 from vllm_clover.bench.plots import acceptance_series, ratio_series, write_plots
-from vllm_clover.bench.report import build_rows, busy_warning, markdown_document, markdown_table
+from vllm_clover.bench.report import (
+    beyond_rounding,
+    build_rows,
+    busy_warning,
+    markdown_document,
+    markdown_table,
+)
 from vllm_clover.bench.summary import summarize
+from vllm_clover.bench.ties import VanillaRerun
 
 pytestmark = pytest.mark.unit
 
@@ -178,3 +185,36 @@ def test_plots_are_png_files(tmp_path):
     assert [p.name for p in paths] == ["throughput_ratio.png", "acceptance_per_position.png"]
     for path in paths:
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 1000
+
+
+# ------------------------------------------------------------------ the tie check
+def test_partings_tell_ties_from_bugs_once_the_tie_check_ran():
+    """Clover parts from vanilla at prompt 1, token 3 (`_results`). A rerun of vanilla that
+    reproduces its tokens gives the gap there: 0.25 is a bfloat16 tie, 0.75 is a bug; a rerun
+    that does not reproduce them leaves the gap unknown; no rerun row: no tie check yet."""
+    results, second_round = _results(), _results(repeat=1)
+    for job, _, _ in results + second_round:
+        job.dtype = "bfloat16"
+    assert "partings" not in build_rows(results)[2]
+    rerun = lambda gap: {("in-process", 2): {1: VanillaRerun((1, 2, 3, 4), (9, 9, 9, gap))}}  # noqa: E731
+    tie = build_rows(results, rerun(0.25))[2]
+    assert tie["partings"] == [{"prompt": 1, "token": 3, "gap": 0.25}]
+    assert (tie["tie_prompts"], tie["unknown_partings"], tie["beyond_rounding"]) == (1, 0, 0)
+    assert (
+        markdown_table(summarize(build_rows(results, rerun(0.25))))
+        .splitlines()[4]
+        .endswith("| 1/2, 1 tie |")
+    )
+    unknown = build_rows(results, {("in-process", 2): {}})[2]
+    assert (unknown["tie_prompts"], unknown["unknown_partings"]) == (0, 1)
+    rows = build_rows(results, rerun(0.75))
+    assert rows[2]["beyond_rounding"] == 1
+    report = {"runs": rows, "config": {"dtype": "bfloat16"}}
+    assert beyond_rounding(report) == (
+        "clover at batch 2 (in-process, round 1): prompt 1 at token 3, gap 0.75"
+    )
+    summary = summarize(rows + build_rows(second_round, {}))
+    assert (summary[2]["tie_prompts"], summary[2]["beyond_rounding"]) == (0, 1)
+    assert summary[2]["unknown_partings"] == 1  # round 2 had no rerun of prompt 1
+    assert markdown_table(summary).splitlines()[4].endswith("| 2/4, 1 unknown, 1 BEYOND ROUNDING |")
+    assert beyond_rounding({**report, "runs": build_rows(results, rerun(0.25))}) is None

@@ -95,6 +95,8 @@ class BenchConfig:
     dtype: str = "float32"  # the target's: float32 (where greedy equality is exact) or bfloat16
     compiled: bool = False  # vLLM's torch.compile mode for the target, as `vllm serve` runs it
     ignore_eos: str = "auto"  # EOS_POLICIES
+    # Rerun vanilla where a T = 0 output parted from it, to tell rounding ties from bugs
+    tie_check: bool = True
     prompts_file: str | None = None  # None: MT-Bench first turns
     out: Path = Path("bench-results")
     cache_dir: str | None = None

@@ -161,6 +161,16 @@ def timed_chat(llm: LLM, chats: list, params: Any) -> Run:
     return Run(tokens, seconds, counters, [o.outputs[0].text for o in outputs])
 
 
+def set_engine_mode(mode: str) -> None:
+    """Environment for an engine of ENGINE_MODES `mode`, set in the child process that runs
+    it (so it changes no other engine)."""
+    multiprocess = mode == "multiprocess"
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocess else "0"
+    if multiprocess:  # collective_rpc ships the drafting timer (a function) to the engine
+        # core by pickle; that socket only links this bench's own two processes
+        os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+
+
 @contextlib.contextmanager
 def engine(
     target: str | Path, spec: dict | None, batch_size: int, **engine_args: Any

@@ -18,6 +18,7 @@ from typing import Any
 from vllm_clover.bench.config import BenchConfig
 from vllm_clover.bench.measure import Run, identical_outputs
 from vllm_clover.bench.summary import summarize
+from vllm_clover.bench.ties import Parting, VanillaRerun, parting
 
 # Environment variables that change vLLM's speed on CPU, recorded with the results.
 SPEED_ENV = (
@@ -45,16 +46,28 @@ DEFINITIONS = {
     "speculative step (drafting + verifying K+1 tokens per request + "
     "rejection sampling) relative to a plain step",
     "equal_to_vanilla": "T=0 only: prompts whose token ids equal vanilla's / prompts",
+    "partings": "T=0 only, after the tie check: each prompt whose tokens differ from its "
+    "round's vanilla, the first differing token, and vanilla's top-2 logprob gap there "
+    "from an untimed vanilla rerun (null: the rerun did not reproduce vanilla's tokens)",
+    "tie_prompts": "partings at a rounding tie: gap <= 1e-4 in float32, 0.5 in bfloat16",
+    "beyond_rounding": "partings where vanilla's best token led by more than rounding: a "
+    "bug (the bench then fails after writing its results)",
     "summary": "per (method, engine mode, batch size, temperature): the median over rounds "
     "of tokens_per_second, ratio_to_vanilla, tau and the overheads, with [min, max] "
-    "ranges; acceptance pooled over rounds; equal_prompts summed",
+    "ranges; acceptance pooled over rounds; equal_prompts and partings counts summed",
 }
 
 
 def run_row(
-    job: Any, temperature: float, run: Run, vanilla: Run, engine: dict[str, Any]
+    job: Any,
+    temperature: float,
+    run: Run,
+    vanilla: Run,
+    engine: dict[str, Any],
+    reruns: dict[int, VanillaRerun] | None = None,
 ) -> dict[str, Any]:
-    """All figures of one timed run of EngineJob `job`, with its ratios to `vanilla`."""
+    """All figures of one timed run of EngineJob `job`, with its ratios to `vanilla`; at
+    T = 0, once the tie check has run, the partings with vanilla's `reruns` (by chat)."""
     method, counters = job.method, run.counters
     is_spec = method.kind != "vanilla"
     row = {
@@ -80,7 +93,39 @@ def run_row(
     if temperature == 0 and is_spec:
         row["equal_prompts"] = identical_outputs(vanilla.tokens, run.tokens)
         row["equal_to_vanilla"] = row["equal_prompts"] / len(run.tokens)
+        if reruns is not None:
+            row.update(partings_figures(job.dtype, vanilla, run, reruns))
     return row
+
+
+def partings_figures(
+    dtype: str, vanilla: Run, run: Run, reruns: dict[int, VanillaRerun]
+) -> dict[str, Any]:
+    """partings, tie_prompts, unknown_partings and beyond_rounding (see DEFINITIONS)."""
+    partings = [
+        parting(i, a, b, reruns.get(i))
+        for i, (a, b) in enumerate(zip(vanilla.tokens, run.tokens, strict=True))
+        if a != b
+    ]
+    return {
+        "partings": [asdict(p) for p in partings],
+        "tie_prompts": sum(p.is_tie(dtype) for p in partings),
+        "unknown_partings": sum(p.gap is None for p in partings),
+        "beyond_rounding": sum(p.is_bug(dtype) for p in partings),
+    }
+
+
+def beyond_rounding(report: dict[str, Any]) -> str | None:
+    """The runs' partings beyond rounding, in words (None if there are none)."""
+    bugs = [
+        f"{row['method']} at batch {row['batch_size']} ({row['engine_mode']}, round "
+        f"{row['repeat'] + 1}): prompt {p['prompt']} at token {p['token']}, gap {p['gap']:.3g}"
+        for row in report["runs"]
+        if row.get("beyond_rounding")
+        for p in row["partings"]
+        if Parting(**p).is_bug(report["config"]["dtype"])
+    ]
+    return "; ".join(bugs) or None
 
 
 def _overheads(run: Run, vanilla: Run) -> dict[str, float | None]:
@@ -95,11 +140,14 @@ def _overheads(run: Run, vanilla: Run) -> dict[str, float | None]:
     }
 
 
-def build_rows(results: list[tuple[Any, dict[float, Run], dict[str, Any]]]) -> list[dict[str, Any]]:
+def build_rows(
+    results: list[tuple[Any, dict[float, Run], dict[str, Any]]], reruns: dict | None = None
+) -> list[dict[str, Any]]:
     """Rows for (EngineJob, runs by temperature, engine settings) results, each compared
     with the vanilla run of its round, engine mode, batch size and temperature, wherever in
     the round that ran. A run whose vanilla has not run yet (a report written mid-round)
-    gets no row until it has."""
+    gets no row until it has. `reruns`: the tie check's, by (engine mode, batch size), once
+    it has run (a group that parted nowhere has none)."""
 
     def key(job: Any, temperature: float) -> tuple:
         return (job.repeat, job.engine_mode, job.batch_size, temperature)
@@ -111,7 +159,14 @@ def build_rows(results: list[tuple[Any, dict[float, Run], dict[str, Any]]]) -> l
         for temperature, run in runs.items()
     }
     return [
-        run_row(job, temperature, run, vanilla[key(job, temperature)], engine)
+        run_row(
+            job,
+            temperature,
+            run,
+            vanilla[key(job, temperature)],
+            engine,
+            None if reruns is None else reruns.get((job.engine_mode, job.batch_size), {}),
+        )
         for job, runs, engine in results
         for temperature, run in runs.items()
         if key(job, temperature) in vanilla
@@ -162,8 +217,10 @@ def build_report(
     command: str,
     available_prompts: int,
     results: list[tuple[Any, dict[float, Run], dict[str, Any]]],
+    reruns: dict | None = None,
 ) -> dict[str, Any]:
-    """The whole JSON document: command, machine, configuration, definitions, rows."""
+    """The whole JSON document: command, machine, configuration, definitions, rows (with
+    partings where the tie check's `reruns` are given: `build_rows`)."""
     settings = asdict(config)
     settings["out"] = str(config.out)
     settings["available_prompts"] = available_prompts
@@ -175,7 +232,7 @@ def build_report(
         "machine": machine_info(),
         "config": settings,
         "definitions": DEFINITIONS,
-        "summary": summarize(rows := build_rows(results)),
+        "summary": summarize(rows := build_rows(results, reruns)),
         "runs": rows,
     }
 
@@ -204,13 +261,7 @@ def markdown_table(summary: list[dict[str, Any]]) -> str:
     ]
     for row in summary:
         rates = " ".join(f"{rate:.2f}" for rate in row["acceptance_rates"]) or "-"
-        equal = (
-            "reference"
-            if row["kind"] == "vanilla"
-            else f"{row['equal_prompts']}/{row['num_prompts']}"
-            if "equal_prompts" in row
-            else "n/a"
-        )
+        equal = "reference" if row["kind"] == "vanilla" else _equality(row)
         verified = row["draft_tokens"] / row["drafts"] if row["drafts"] else None
         lines.append(
             f"| {row['method']} | {row['engine_mode']} | {row['batch_size']} | "
@@ -220,6 +271,20 @@ def markdown_table(summary: list[dict[str, Any]]) -> str:
             f"{_fmt(row.get('step_time_ratio'), '.2f')} | {equal} |"
         )
     return "\n".join(lines)
+
+
+def _equality(row: dict[str, Any]) -> str:
+    """'22/24, 2 ties': equal prompts and, after the tie check, what the others were."""
+    if "equal_prompts" not in row:
+        return "n/a"
+    text = f"{row['equal_prompts']}/{row['num_prompts']}"
+    ties = row.get("tie_prompts")
+    counts = (
+        (ties, "tie" if ties == 1 else "ties"),
+        (row.get("unknown_partings"), "unknown"),
+        (row.get("beyond_rounding"), "BEYOND ROUNDING"),
+    )
+    return ", ".join([text, *(f"{n} {what}" for n, what in counts if n)])
 
 
 def _spread(row: dict[str, Any], name: str, pattern: str, unit: str = "") -> str:

@@ -21,7 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from vllm_clover.bench.config import BenchConfig, BenchError, Method, ignores_eos
-from vllm_clover.bench.measure import Run, engine, install_drafting_timer, timed_chat
+from vllm_clover.bench.measure import (
+    Run,
+    engine,
+    install_drafting_timer,
+    set_engine_mode,
+    timed_chat,
+)
 from vllm_clover.bench.prompts import Chat, load_prompts, take_prompts
 
 WARM_UP_TOKENS = 8
@@ -52,12 +58,7 @@ def run_engine_job(job: EngineJob) -> tuple[dict[float, Run], dict[str, Any]]:
     """
     from vllm import SamplingParams
 
-    # (a child process per engine: setting it here changes no other job)
-    multiprocess = job.engine_mode == "multiprocess"
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocess else "0"
-    if multiprocess:  # collective_rpc ships the drafting timer (a function) to the engine
-        # core by pickle; that socket only links this bench's own two processes
-        os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+    set_engine_mode(job.engine_mode)  # (a child process per engine)
     spec = job.method.speculative_config()
     eager = not job.compiled
     with engine(job.target, spec, job.batch_size, dtype=job.dtype, enforce_eager=eager) as llm:
@@ -181,8 +182,25 @@ def run_bench(config: BenchConfig, command: str) -> dict[str, Any]:
         report = build_report(config, command, len(chats), results)
         write_json(report, config.out)
     progress.close()
+    reruns = check_ties(config, target, results) if config.tie_check else None
+    report = build_report(config, command, len(chats), results, reruns)
     write_outputs(report, config.out, config.plots)
     return report
+
+
+def check_ties(config: BenchConfig, target: str, results: list) -> dict:
+    """Vanilla's reruns where T = 0 runs parted from it (`tie_check`), by (engine mode,
+    batch size) and chat index; untimed, after every timed engine."""
+    from vllm_clover.bench.tie_check import run_tie_job, tie_jobs
+
+    reruns = {}
+    for job in tie_jobs(config, target, results):
+        print(
+            f"tie check: rerunning {len(job.lengths)} parted prompt(s) in a vanilla engine "
+            f"(batch {job.batch_size}, {job.engine_mode})"
+        )
+        reruns[job.key] = run_isolated(run_tie_job, job)
+    return reruns
 
 
 def prepare_engine_server() -> None:
@@ -201,7 +219,8 @@ def prepare_engine_server() -> None:
 def bench_command(args: Any, argv: Sequence[str]) -> None:
     """`vllm-clover bench ...`: validate everything, run, print where the results are."""
     from vllm_clover.bench.arguments import config_from_args
-    from vllm_clover.bench.report import busy_warning, markdown_table
+    from vllm_clover.bench.report import beyond_rounding, busy_warning, markdown_table
+    from vllm_clover.bench.ties import NEAR_TIE
 
     config = config_from_args(args)
     report = run_bench(config, shlex.join(["vllm-clover", *argv]))
@@ -212,3 +231,9 @@ def bench_command(args: Any, argv: Sequence[str]) -> None:
         f"\nresults: {Path(config.out).resolve()}/ (results.json, results.md"
         f"{', plots' if config.plots else ''})"
     )
+    if bugs := beyond_rounding(report):
+        raise BenchError(
+            "greedy output parted from vanilla's where vanilla's best token led by more than "
+            f"{config.dtype} rounding ({NEAR_TIE[config.dtype]}): {bugs}. Speculative decoding "
+            "must not change greedy outputs: please report this with the command you ran."
+        )

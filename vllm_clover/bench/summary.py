@@ -5,7 +5,7 @@ Each round ran every engine once, in turn, and each run's ratio is to the vanill
 same round; the summary keeps the median and the [min, max] of those per-round figures.
 Example, three rounds of Clover at batch 1: ratios 1.00, 1.07, 1.05 -> 1.05, range
 [1.00, 1.07]. Acceptance is pooled (all rounds' accepted tokens over all their drafts), and
-equal_prompts summed over rounds.
+equal_prompts and the partings counts summed over rounds.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 MEDIANS = ("tokens_per_second", "ratio_to_vanilla", "seconds_per_step")
 OPTIONAL_MEDIANS = ("tau", "drafting_overhead", "drafting_share", "step_time_ratio")
 SUMS = ("num_prompts", "output_tokens", "drafts", "draft_tokens", "accepted", "steps")
+PARTING_SUMS = ("tie_prompts", "unknown_partings", "beyond_rounding")  # after the tie check
 
 
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -46,6 +47,9 @@ def _summary_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
     if all("equal_prompts" in r for r in runs):
         row["equal_prompts"] = sum(r["equal_prompts"] for r in runs)
         row["equal_to_vanilla"] = row["equal_prompts"] / row["num_prompts"]
+    for name in PARTING_SUMS:
+        if all(name in r for r in runs):
+            row[name] = sum(r[name] for r in runs)
     return row
 
 
