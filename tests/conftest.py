@@ -11,7 +11,6 @@ tiny networks) are in `helpers.py`, what speculation did and the checks on it in
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from helpers import make_untrained_clover
 from vllm_clover.assets.data import fetch_mtbench, fetch_sharegpt
 from vllm_clover.assets.target import fetch_reference_target
 from vllm_clover.bundled import CLOVER2_HEADS, FULL_CLOVER_HEADS, REFERENCE_HEADS
+from vllm_clover.modeling.checkpoint import read_config_json
 
 # The three configurations the repository ships, each with its own code path in the proposer:
 # the reference heads (no Augmenting Block: h0 = H, no draft KV cache), the paper's full
@@ -60,7 +60,7 @@ def clover_heads(reference_target, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def clover_num_heads(clover_heads) -> int:
-    return json.loads((clover_heads / "config.json").read_text())["num_heads"]
+    return read_config_json(clover_heads)["num_heads"]
 
 
 @pytest.fixture(params=sorted(SHIPPED_HEADS), scope="module")

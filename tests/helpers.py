@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from vllm_clover.modeling import CloverConfig, CloverModel
+from vllm_clover.modeling.checkpoint import read_config_json
 
 REPO = Path(__file__).resolve().parents[1]
 SERVER_STARTUP_TIMEOUT_S = 240
@@ -111,6 +112,18 @@ def hf_replies(target: Path, data: Path, batching: str, max_new_tokens: int = 10
 
 
 # ---------------------------------------------------------------- engines and servers
+def fixed_budget_spec(heads: Path) -> dict:
+    """speculative_config drafting as many tokens as `heads` has heads at every step
+    (draft_budget "fixed"), so that each feature under test meets drafts at every step."""
+    k = read_config_json(heads)["num_heads"]
+    return {
+        "method": "clover",
+        "model": str(heads),
+        "num_speculative_tokens": k,
+        "draft_budget": "fixed",
+    }
+
+
 def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 300) -> str:
     """Run `code` in a fresh interpreter (vLLM spawns processes; each test gets clean state).
 

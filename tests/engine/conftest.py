@@ -1,7 +1,9 @@
 """Fixtures of the engine tests that share one set of vanilla outputs (scheduling_cases.py)."""
 
 import pytest
-from scheduling_cases import build_cases, fixed_budget_spec
+from scheduling_cases import build_cases
+
+from helpers import fixed_budget_spec
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,6 @@
 """The prompts, parameters and vanilla outputs the scheduling and draft-budget tests share
 (test_clover_scheduling.py, test_clover_budget.py; fixtures in conftest.py)."""
 
-import json
 from pathlib import Path
 
 from helpers import in_process_llm, mtbench_prompts
@@ -61,15 +60,3 @@ def build_cases(reference_target: Path, mtbench_path: Path) -> dict:
     }
     with in_process_llm(reference_target, max_num_seqs=16) as llm:
         return {name: (p, s, generate(llm, p, s)) for name, (p, s) in cases.items()}
-
-
-def fixed_budget_spec(heads: Path) -> dict:
-    """speculative_config drafting as many tokens as `heads` has heads at every step
-    (draft_budget "fixed"), so that each feature under test meets drafts at every step."""
-    k = json.loads((heads / "config.json").read_text())["num_heads"]
-    return {
-        "method": "clover",
-        "model": str(heads),
-        "num_speculative_tokens": k,
-        "draft_budget": "fixed",
-    }

@@ -11,12 +11,11 @@ refused, naming what differs, where it cannot.
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from spec_checks import assert_clover_speculated, greedy_with_and_without_clover
 
 from vllm_clover.cli import main
+from vllm_clover.modeling.checkpoint import read_config_json
 from vllm_clover.training import TrainConfig, TrainingError, train
 from vllm_clover.training.tiny import (
     build_tiny_target,
@@ -94,7 +93,7 @@ def heads(workspace):
 
 
 def test_the_augmenting_block_is_trained_or_refused_naming_why(workspace, heads):
-    config = json.loads((heads / "config.json").read_text())
+    config = read_config_json(heads)
     mirrored = ARCHITECTURES[workspace["architecture"]]
     assert config["use_augmenting_block"] is mirrored
     if not mirrored:

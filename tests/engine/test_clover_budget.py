@@ -10,9 +10,7 @@ besides what the budget chose. The reference is plain vLLM on the same prompts
 (scheduling_cases.py).
 """
 
-import json
 from collections import Counter
-from pathlib import Path
 
 import pytest
 from scheduling_cases import MAX_TOKENS, generate
@@ -27,6 +25,7 @@ from spec_checks import (
 
 from helpers import in_process_llm, make_untrained_clover
 from vllm_clover.bench.measure import metric_total
+from vllm_clover.modeling.checkpoint import read_config_json
 
 pytestmark = pytest.mark.engine
 
@@ -39,7 +38,7 @@ def _drafts_and_deferral(worker) -> tuple:
 
 def _has_block(spec) -> bool:
     """Whether spec's heads have an Augmenting Block, whose rows steps may defer."""
-    config = json.loads((Path(spec["model"]) / "config.json").read_text())
+    config = read_config_json(spec["model"])
     return bool(config.get("use_augmenting_block"))
 
 

@@ -13,6 +13,7 @@ from spec_checks import assert_clover_speculated, goodput_budget, speculation
 from helpers import in_process_llm
 from vllm_clover.assets.data import mtbench_questions
 from vllm_clover.bench.ties import NEAR_TIE, first_difference, top2_gap
+from vllm_clover.modeling.checkpoint import read_config_json
 from vllm_clover.modeling.scoring import PACKED_DTYPES
 from vllm_clover.modeling.tables import scoring_dtype_for
 
@@ -30,7 +31,7 @@ def _greedy(max_tokens):
 
 
 def _num_heads(heads) -> int:
-    return json.loads((heads / "config.json").read_text())["num_heads"]
+    return read_config_json(heads)["num_heads"]
 
 
 def _tokens(outputs) -> list[list[int]]:
@@ -105,7 +106,7 @@ def test_greedy_output_equals_vanilla(
     assert outputs == vanilla_tokens[:num_prompts]
     assert_clover_speculated(stats, k=k)
     assert len(stats.accepted_per_pos) == k and stats.max_requests == min(max_num_seqs, 16)
-    config = json.loads((shipped_heads / "config.json").read_text())
+    config = read_config_json(shipped_heads)
     assert (draft_layers > 0) == config["use_augmenting_block"]
     # Clover-2 fuses every scheduled position with its next token before the block
     assert (fused_rows >= stats.drafts) if config.get("fuse_next_token") else fused_rows == 0

@@ -17,7 +17,7 @@ import json
 import pytest
 from spec_checks import Speculation, assert_clover_speculated, drawn_drafts, speculation
 
-from helpers import in_process_llm
+from helpers import fixed_budget_spec, in_process_llm
 from vllm_clover.assets.data import mtbench_questions
 
 pytestmark = pytest.mark.engine
@@ -89,15 +89,9 @@ def vanilla(reference_target, features):
         return _serve(llm, features)
 
 
-def _spec(heads) -> dict:
-    k = json.loads((heads / "config.json").read_text())["num_heads"]
-    fixed = {"draft_budget": "fixed"}  # every step drafts, so every feature meets drafts
-    return {"method": "clover", "model": str(heads), "num_speculative_tokens": k, **fixed}
-
-
 @pytest.fixture(scope="module")
 def clover(reference_target, shipped_heads, features, vanilla):
-    spec = _spec(shipped_heads)
+    spec = fixed_budget_spec(shipped_heads)
     with in_process_llm(
         reference_target, speculative_config=spec, max_num_seqs=8, max_model_len=MAX_MODEL_LEN
     ) as llm:
@@ -172,7 +166,7 @@ def test_seeded_sampling_is_reproduced_by_a_second_engine(
 
     prompts = features["n"][0]
     params = [SamplingParams(temperature=0.8, max_tokens=24, n=2, seed=7 + i) for i in range(2)]
-    spec = {**_spec(clover_heads), "draft_sample_method": draft_sampling}
+    spec = {**fixed_budget_spec(clover_heads), "draft_sample_method": draft_sampling}
     runs = []
     for _ in range(2):
         with in_process_llm(reference_target, speculative_config=spec, max_num_seqs=8) as llm:
@@ -195,7 +189,7 @@ def test_drawn_drafts_leave_greedy_requests_of_the_batch_equal_to_vanilla(
     greedy_prompts, (greedy,) = features["logprobs"]
     sampled_prompts = features["penalties"][0]  # other questions, here sampled at T = 1
     params = [greedy] * len(greedy_prompts) + [SamplingParams(temperature=1.0, max_tokens=32)] * 4
-    spec = _spec(clover_heads)  # draft_sample_method not given: drawn
+    spec = fixed_budget_spec(clover_heads)  # draft_sample_method not given: drawn
     with in_process_llm(
         reference_target, speculative_config=spec, max_num_seqs=8, max_model_len=MAX_MODEL_LEN
     ) as llm:
@@ -274,7 +268,7 @@ def test_stop_token_inside_an_accepted_draft(reference_target, tokenizer):
     from vllm_clover.bundled import REFERENCE_HEADS
 
     with in_process_llm(
-        reference_target, speculative_config=_spec(REFERENCE_HEADS), max_num_seqs=1
+        reference_target, speculative_config=fixed_budget_spec(REFERENCE_HEADS), max_num_seqs=1
     ) as llm:
         free = SamplingParams(temperature=0.0, max_tokens=96)
         prompt, answer, stop = _stop_candidate(llm, tokenizer, free)
@@ -312,7 +306,7 @@ def test_async_scheduling_is_off_on_cpu_for_every_engine(
     assert vanilla_kept is False
     with in_process_llm(
         reference_target,
-        speculative_config=_spec(shipped_heads),
+        speculative_config=fixed_budget_spec(shipped_heads),
         max_num_seqs=8,
         async_scheduling=True,
     ) as llm:
@@ -336,7 +330,7 @@ def test_min_p_and_logit_bias_are_refused_with_vllms_message(
     from vllm.exceptions import VLLMValidationError
 
     with in_process_llm(
-        reference_target, speculative_config=_spec(clover_heads), max_num_seqs=1
+        reference_target, speculative_config=fixed_budget_spec(clover_heads), max_num_seqs=1
     ) as llm:
         with pytest.raises(VLLMValidationError, match=REFUSED):
             llm.generate(["Hello"], params, use_tqdm=False)

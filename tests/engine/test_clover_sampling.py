@@ -19,7 +19,6 @@ default for chains), which vLLM verifies with those distributions instead of as 
 drafts; the shipped configurations are tested with argmax drafts ("greedy").
 """
 
-import json
 from collections import Counter
 
 import pytest
@@ -39,6 +38,7 @@ from spec_checks import (
 
 from helpers import in_process_llm
 from vllm_clover.bundled import REFERENCE_HEADS
+from vllm_clover.modeling.checkpoint import read_config_json
 
 pytestmark = pytest.mark.engine
 
@@ -126,7 +126,7 @@ def vanilla_samples(reference_target) -> dict[str, tuple[list, list]]:
 def clover_samples(reference_target, shipped_heads) -> tuple[dict[str, list], object]:
     """sampler -> Clover's samples at T = 1 (seeds disjoint from vanilla's) with argmax
     drafts, verified as one-hot ones, and the engine's speculation."""
-    k = min(SAMPLED_DRAFTS, json.loads((shipped_heads / "config.json").read_text())["num_heads"])
+    k = min(SAMPLED_DRAFTS, read_config_json(shipped_heads)["num_heads"])
     spec = {"method": "clover", "model": str(shipped_heads), "num_speculative_tokens": k}
     spec["draft_budget"] = "fixed"  # drafts at every step, at batch 64 too: the test's power
     spec["draft_sample_method"] = "greedy"  # drawn drafts (the default): drawn_samples

@@ -10,7 +10,6 @@ batch invariant in float32 (test_reference_generation.py checks that). How much 
 drafts, chosen per step and per request, is tested in test_clover_budget.py.
 """
 
-import json
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from spec_checks import assert_clover_speculated, speculation, target_compilatio
 from helpers import in_process_llm, run_with_aborts
 from vllm_clover.bench.measure import metric_total
 from vllm_clover.bundled import CLOVER2_HEADS
+from vllm_clover.modeling.checkpoint import read_config_json
 
 pytestmark = pytest.mark.engine
 
@@ -36,7 +36,7 @@ def test_prefix_caching_with_shared_prefixes(reference_target, clover_spec, sche
     drafts stay as good on cached blocks."""
     prompts, params, expected = scheduling_cases["shared_prefix"]
     diverging, diverging_params, diverging_expected = scheduling_cases["diverging"]
-    config = json.loads((Path(clover_spec["model"]) / "config.json").read_text())
+    config = read_config_json(clover_spec["model"])
     with in_process_llm(
         reference_target,
         speculative_config=clover_spec,
