@@ -140,6 +140,22 @@ def _overheads(run: Run, vanilla: Run) -> dict[str, float | None]:
     }
 
 
+def round_key(job: Any, temperature: float) -> tuple:
+    """What pairs a run with its vanilla: (round, engine mode, batch size, temperature)."""
+    return (job.repeat, job.engine_mode, job.batch_size, temperature)
+
+
+def round_vanillas(results: list[tuple[Any, dict[float, Run], Any]]) -> dict[tuple, Run]:
+    """The vanilla runs among (EngineJob, runs by temperature, settings) `results`, by
+    `round_key`."""
+    return {
+        round_key(job, temperature): run
+        for job, runs, _ in results
+        if job.method.kind == "vanilla"
+        for temperature, run in runs.items()
+    }
+
+
 def build_rows(
     results: list[tuple[Any, dict[float, Run], dict[str, Any]]], reruns: dict | None = None
 ) -> list[dict[str, Any]]:
@@ -148,28 +164,19 @@ def build_rows(
     the round that ran. A run whose vanilla has not run yet (a report written mid-round)
     gets no row until it has. `reruns`: the tie check's, by (engine mode, batch size), once
     it has run (a group that parted nowhere has none)."""
-
-    def key(job: Any, temperature: float) -> tuple:
-        return (job.repeat, job.engine_mode, job.batch_size, temperature)
-
-    vanilla = {
-        key(job, temperature): run
-        for job, runs, _ in results
-        if job.method.kind == "vanilla"
-        for temperature, run in runs.items()
-    }
+    vanilla = round_vanillas(results)
     return [
         run_row(
             job,
             temperature,
             run,
-            vanilla[key(job, temperature)],
+            vanilla[round_key(job, temperature)],
             engine,
             None if reruns is None else reruns.get((job.engine_mode, job.batch_size), {}),
         )
         for job, runs, engine in results
         for temperature, run in runs.items()
-        if key(job, temperature) in vanilla
+        if round_key(job, temperature) in vanilla
     ]
 
 

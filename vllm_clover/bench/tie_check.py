@@ -21,6 +21,7 @@ from typing import Any
 from vllm_clover.bench.config import BenchConfig, ignores_eos
 from vllm_clover.bench.measure import Run, engine, set_engine_mode
 from vllm_clover.bench.prompts import Chat
+from vllm_clover.bench.report import round_key, round_vanillas
 from vllm_clover.bench.ties import VanillaRerun, first_difference, rerun_vanilla
 
 GroupKey = tuple[str, int]  # (engine mode, batch size)
@@ -49,14 +50,10 @@ def parted_lengths(results: list[tuple[Any, dict[float, Run], Any]]) -> dict[Gro
     """Per (engine mode, batch size), each chat that some T = 0 run parted at, with the
     tokens its rerun needs (the latest first difference + 1). Runs are compared with the
     vanilla run of their round, engine mode and batch size."""
-    vanilla = {
-        (job.repeat, job.engine_mode, job.batch_size): runs[0.0]
-        for job, runs, _ in results
-        if job.method.kind == "vanilla" and 0.0 in runs
-    }
+    vanilla = round_vanillas(results)
     groups: dict[GroupKey, dict[int, int]] = {}
     for job, runs, _ in results:
-        reference = vanilla.get((job.repeat, job.engine_mode, job.batch_size))
+        reference = vanilla.get(round_key(job, 0.0))
         if job.method.kind == "vanilla" or 0.0 not in runs or reference is None:
             continue
         for i, (a, b) in enumerate(zip(reference.tokens, runs[0.0].tokens, strict=True)):
