@@ -16,7 +16,7 @@ from pathlib import Path
 from vllm_clover.assets.data import fetch_mtbench, mtbench_questions
 from vllm_clover.assets.target import fetch_reference_target
 from vllm_clover.bench.measure import Run, engine, identical_outputs, timed_chat
-from vllm_clover.bench.ties import NEAR_TIE, Parting, vanilla_partings
+from vllm_clover.bench.ties import NEAR_TIE, Parting, rounding_bug, vanilla_partings
 from vllm_clover.bundled import CLOVER2_HEADS
 
 TIE_NOTE = (
@@ -70,13 +70,8 @@ def report(vanilla: Run, clover: Run, num_heads: int, dtype: str, partings: list
     )
     bugs = [p for p in partings if p.is_bug(dtype)]
     if bugs:
-        raise SystemExit(
-            "vllm-clover demo: "
-            + "; ".join(f"prompt {p.prompt} parts from vanilla at token {p.token}" for p in bugs)
-            + f", where vanilla's best token led by more than {dtype} rounding "
-            f"({NEAR_TIE[dtype]}). Clover must not change greedy outputs: please report this "
-            "with the command you ran."
-        )
+        where = "; ".join(f"prompt {p.prompt} parts from vanilla at token {p.token}" for p in bugs)
+        raise SystemExit(f"vllm-clover demo: {rounding_bug(dtype, where)}")
 
 
 def _print_partings(partings: list[Parting], dtype: str) -> None:

@@ -220,7 +220,7 @@ def bench_command(args: Any, argv: Sequence[str]) -> None:
     """`vllm-clover bench ...`: validate everything, run, print where the results are."""
     from vllm_clover.bench.arguments import config_from_args
     from vllm_clover.bench.report import beyond_rounding, busy_warning, markdown_table
-    from vllm_clover.bench.ties import NEAR_TIE
+    from vllm_clover.bench.ties import rounding_bug
 
     config = config_from_args(args)
     report = run_bench(config, shlex.join(["vllm-clover", *argv]))
@@ -232,8 +232,4 @@ def bench_command(args: Any, argv: Sequence[str]) -> None:
         f"{', plots' if config.plots else ''})"
     )
     if bugs := beyond_rounding(report):
-        raise BenchError(
-            "greedy output parted from vanilla's where vanilla's best token led by more than "
-            f"{config.dtype} rounding ({NEAR_TIE[config.dtype]}): {bugs}. Speculative decoding "
-            "must not change greedy outputs: please report this with the command you ran."
-        )
+        raise BenchError(rounding_bug(config.dtype, bugs))

@@ -42,6 +42,16 @@ class Parting:
         return self.gap is not None and not self.is_tie(dtype)
 
 
+def rounding_bug(dtype: str, where: str) -> str:
+    """The error for partings beyond `dtype`'s rounding, `where` they were (in words), as
+    the demo and the bench report it."""
+    return (
+        "greedy output parted from vanilla's where vanilla's best token led by more than "
+        f"{dtype} rounding ({NEAR_TIE[dtype]}): {where}. Speculative decoding "
+        "must not change greedy outputs: please report this with the command you ran."
+    )
+
+
 def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
     """The index of the first token where `a` and `b` differ (the shorter one's length where
     one is a prefix of the other), None where they are equal. [5, 9, 2], [5, 9, 4] -> 2."""
