@@ -195,9 +195,10 @@ def check_ties(config: BenchConfig, target: str, results: list) -> dict:
 
     reruns = {}
     for job in tie_jobs(config, target, results):
+        which = "them" if job.batch_size == 1 else f"all {len(job.chats)}, as the batches ran"
         print(
-            f"tie check: rerunning {len(job.lengths)} parted prompt(s) in a vanilla engine "
-            f"(batch {job.batch_size}, {job.engine_mode})"
+            f"tie check: {len(job.lengths)} prompt(s) parted at batch {job.batch_size} "
+            f"({job.engine_mode}); rerunning {which} in a vanilla engine"
         )
         reruns[job.key] = run_isolated(run_tie_job, job)
     return reruns
