@@ -65,11 +65,10 @@ def run_deferring(
     (`last` [num_reqs], indices into the step's rows) of each request in `drafting` (runner
     rows, increasing; None: every request), or None when `defer`.
 
-    The rows of requests that do not draft (all of them when `defer`) wait, but those in KV
-    blocks (of `block_size` positions) that the step's accepted tokens fill, which are
-    parked. Each drafting request's parked and waiting rows run before its own, in passes of
-    at most `limit` rows. Example, drafting (1, 3) of 4 requests: requests 0 and 2 keep
-    their rows as at K = 0, requests 1 and 3 catch up and run theirs; h0 has 2 rows.
+    Rows of requests that do not draft (all when `defer`) wait, or are parked once accepted
+    tokens fill their KV blocks. Each drafting request's parked and waiting rows run before
+    its own, in passes of at most `limit` rows. Example, drafting (1, 3) of 4 requests:
+    0 and 2 keep their rows as at K = 0, 1 and 3 catch up and run theirs; h0 has 2 rows.
     """
     spans = cad.query_start_loc_cpu.tolist()
     first = positions[cad.query_start_loc[:-1]].tolist()
@@ -78,10 +77,9 @@ def run_deferring(
     waiting = [i for i in range(cad.num_reqs) if i not in drafts]
     deferral.release(step.slots)
     if waiting:
-        ids = [req_ids[i] for i in waiting]
-        deferral.defer(ids, [first[i] for i in waiting], [spans[i : i + 2] for i in waiting], step)
-        filled = [(p + 1) // block_size * block_size for p in positions[last[waiting]].tolist()]
-        deferral.park(deferral.take_before(ids, filled), block_input)
+        held = [req_ids[i] for i in waiting]
+        deferral.defer(held, [first[i] for i in waiting], [spans[i : i + 2] for i in waiting], step)
+        _park_filled(deferral, block_input, held, positions[last[waiting]], block_size)
     if defer:
         return None
     firsts = [first[i] for i in requests]
@@ -99,6 +97,21 @@ def run_deferring(
     x = block_input(combined.rows)
     h0 = run_block(x, combined.rows.slots, combined.positions, pass_metadata(cad, combined))
     return h0[last[requests] + shifts]
+
+
+def _park_filled(
+    deferral: BlockDeferral,
+    block_input: BlockInputOf,
+    held: list[str],
+    last_positions: torch.Tensor,
+    block_size: int,
+) -> None:
+    """Parks the deferred rows of the requests ``held`` that lie in KV blocks the step's
+    accepted tokens fill. Example, block_size 16: a request whose last accepted token sits
+    at position 37 has filled blocks [0, 16) and [16, 32), so its deferred rows at
+    positions below 32 are parked and those at 32-37 keep waiting."""
+    filled = [(p + 1) // block_size * block_size for p in last_positions.tolist()]  # 37 -> 32
+    deferral.park(deferral.take_before(held, filled), block_input)
 
 
 def _run_alone(

@@ -174,11 +174,23 @@ def distill_loss(
         hl = F.smooth_l1_loss(z.float(), h, reduction="none").mean(-1).sum()
         loss = loss + weights[i] * (ce + hidden_loss_weight * hl) / normaliser[i].clamp(min=1)
         with torch.no_grad():
-            best = tables.draft_to_target(top_rows)  # (M, 5)
-            confidence[b, t, i] = top_log_q[:, 0].exp()
             want = batch.target_top1[b, t + 1 + i]  # (M,) target argmax for x_{t+2+i}
-            preds[b, t, i] = best[:, 0]
-            stats.ce[i], stats.hidden[i], stats.count[i] = ce.detach(), hl.detach(), b.numel()
-            stats.top1[i] = (best[:, 0] == want).sum()
-            stats.top5[i] = (best == want[:, None]).any(-1).sum()
+            best = tables.draft_to_target(top_rows)  # (M, 5)
+            _grade_head(stats, i, best, want, ce, hl)
+            preds[b, t, i], confidence[b, t, i] = best[:, 0], top_log_q[:, 0].exp()
     return loss, stats, preds, confidence
+
+
+def _grade_head(
+    stats: HeadStats,
+    i: int,
+    best: torch.Tensor,
+    want: torch.Tensor,
+    ce: torch.Tensor,
+    hidden: torch.Tensor,
+) -> None:
+    """Records head i's losses and how often its top-1 and top-5 (``best`` (M, 5), target
+    ids) hold the target's argmax ``want`` (M,) on its M graded positions."""
+    stats.ce[i], stats.hidden[i], stats.count[i] = ce.detach(), hidden.detach(), want.numel()
+    stats.top1[i] = (best[:, 0] == want).sum()
+    stats.top5[i] = (best == want[:, None]).any(-1).sum()
