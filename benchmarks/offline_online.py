@@ -12,7 +12,9 @@ float32), which reports two views of the same predictions:
   the steps vLLM counts).
 
 Where the walk matches vLLM, the offline/online difference is which positions count, not the
-heads or the engine.
+heads or the engine. ``--medusa`` adds vLLM-native Medusa heads (``export-medusa``), run by
+vLLM's own Medusa proposer with the same K = 4 chain: online only, since ``eval-heads``
+reads Clover checkpoints.
 
     python benchmarks/offline_online.py --heads checkpoints/smollm2-135m-instruct-clover2 \
         checkpoints/smollm2-135m-instruct-clover --prompts 40 --max-tokens 64 \
@@ -34,18 +36,29 @@ from vllm_clover.training.evaluate import eval_heads
 NUM_DRAFTS = 4
 
 
-def online(target: Path, heads: Path, chats: list[Chat], max_tokens: int) -> tuple[dict, list]:
-    """vLLM's chain acceptance with every draft verified, and the answers it wrote."""
-    from vllm import SamplingParams
-
-    spec = {
+def clover_spec(heads: Path) -> dict:
+    """Clover heads drafting a full chain at every step: no budget, no confidence stop."""
+    return {
         "method": "clover",
         "model": str(heads),
         "num_speculative_tokens": NUM_DRAFTS,
         "draft_budget": "fixed",
         "draft_confidence": 0.0,
     }
-    with engine(target, spec, 4) as llm:
+
+
+def medusa_spec(heads: Path) -> dict:
+    """vLLM-native Medusa heads: vLLM's proposer drafts a full chain at every step."""
+    return {"method": "medusa", "model": str(heads), "num_speculative_tokens": NUM_DRAFTS}
+
+
+def online(
+    target: Path, spec: dict, chats: list[Chat], max_tokens: int, batch_size: int
+) -> tuple[dict, list]:
+    """vLLM's chain acceptance with every draft verified, and the answers it wrote."""
+    from vllm import SamplingParams
+
+    with engine(target, spec, batch_size) as llm:
         run = timed_chat(llm, chats, SamplingParams(temperature=0, max_tokens=max_tokens))
     metrics = {
         "steps": run.counters.drafts,
@@ -85,31 +98,43 @@ def offline(target: Path, heads: Path, chats: list[Chat], answers: list[str]) ->
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--heads", type=Path, nargs="+", required=True)
+    parser.add_argument("--heads", type=Path, nargs="*", default=[], help="Clover heads")
+    parser.add_argument("--medusa", type=Path, nargs="*", default=[], help="vLLM Medusa heads")
     parser.add_argument("--prompts", type=int, default=40)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=4, help="the engine's max_num_seqs")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     from vllm_clover.assets.target import fetch_reference_target
 
     target = fetch_reference_target()
     chats = take_prompts(load_prompts(), args.prompts)
+    run = (chats, args.max_tokens, args.batch_size)
     report = {"args": {"prompts": args.prompts, "max_tokens": args.max_tokens}, "heads": {}}
+    report["args"]["batch_size"] = args.batch_size
     for heads in args.heads:
-        vllm_side, answers = online(target, heads, chats, args.max_tokens)
+        vllm_side, answers = online(target, clover_spec(heads), *run)
         report["heads"][str(heads)] = {
             "vllm": vllm_side,
             "offline": offline(target, heads, chats, answers),
         }
+    for heads in args.medusa:
+        report["heads"][str(heads)] = {"vllm": online(target, medusa_spec(heads), *run)[0]}
     for heads, r in report["heads"].items():
-        v, o = r["vllm"], r["offline"]
-        print(f"{Path(heads).name}")
-        print(f"  vLLM  tau {v['tau']:.3f}  steps {v['steps']}  by position {fmt(v['acceptance'])}")
+        print_heads(heads, r)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1) + "\n")
+
+
+def print_heads(heads: str, r: dict) -> None:
+    v = r["vllm"]
+    print(f"{Path(heads).name}")
+    print(f"  vLLM  tau {v['tau']:.3f}  steps {v['steps']}  by position {fmt(v['acceptance'])}")
+    if "offline" in r:
+        o = r["offline"]
         walk = fmt(o["step_acceptance"])
         print(f"  walk  tau {o['step_tau']:.3f}  steps {o['steps']}  by position {walk}")
         print(f"  all starts tau {o['tau']:.3f}  top-1 per head {fmt(o['top1'])}")
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=1) + "\n")
 
 
 def fmt(values: list[float]) -> str:
