@@ -49,17 +49,37 @@ def fit(points: dict[int, float]) -> tuple[float, float, float]:
 def online_ratios(report: dict) -> dict[str, float]:
     """Mean over the heads of offline_online.json of vLLM / every-start, for E[accepted]
     (tau - 1) and for the first position (vLLM's acceptance against h0's top-1)."""
-    heads = list(report["heads"].values())
+    heads = [h for h in report["heads"].values() if "offline" in h]  # --medusa: online only
     accepted = [(h["vllm"]["tau"] - 1) / (h["offline"]["tau"] - 1) for h in heads]
     first = [h["vllm"]["acceptance"][0] / h["offline"]["top1"][0] for h in heads]
     return {"accepted": sum(accepted) / len(heads), "first": sum(first) / len(heads)}
 
 
-def online_budgets(by_tokens: dict, a: float, b: float, ratios: dict, goals: tuple) -> dict:
-    """Tokens at which vLLM's tau and first-position acceptance reach ``goals`` (tau, h0)."""
+def accepted(m: dict) -> float:
+    return m["expected_accepted"]
+
+
+def first_top1(m: dict) -> float:
+    return m["top1"][0]
+
+
+def line(by_tokens: dict, value, base: tuple | None = None) -> tuple[float, float, float]:
+    """(a, b, largest |residual|) of value(entry) = a + b ln N over the entries of
+    ``by_tokens``: fitted, or with ``base``'s slope and the points' mean offset from it."""
+    points = {int(n): value(m) for n, m in by_tokens.items()}
+    if base is None:
+        return fit(points)
+    a, b = base[0], base[1]
+    residuals = [y - a - b * math.log(n) for n, y in points.items()]
+    shift = sum(residuals) / len(residuals)
+    return a + shift, b, max(abs(r - shift) for r in residuals)
+
+
+def online_budgets(h0: tuple, a: float, b: float, ratios: dict, goals: tuple) -> dict:
+    """Tokens at which vLLM's tau and first-position acceptance reach ``goals`` (tau, h0),
+    given the lines of E[accepted] (a, b) and of h0's top-1 (``h0``)."""
     tau_goal, first_goal = goals
-    h0 = {int(n): m["top1"][0] for n, m in by_tokens.items()}
-    a0, b0, _ = fit(h0)
+    a0, b0 = h0[0], h0[1]
     every_start = 1 + (tau_goal - 1) / ratios["accepted"]
     return {
         "ratios": ratios,
@@ -73,18 +93,37 @@ def online_budgets(by_tokens: dict, a: float, b: float, ratios: dict, goals: tup
 
 
 def summarise(
-    runs: dict, predict_at: list[int], target_tau: float, ratios: dict | None = None
+    runs: dict,
+    predict_at: list[int],
+    target_tau: float,
+    ratios: dict | None = None,
+    shifted: dict | None = None,
 ) -> dict:
-    """Per configuration: the points, the fit and what it predicts (module docstring)."""
-    out = {}
+    """Per configuration: the points, the fit and what it predicts (module docstring).
+    ``shifted[name] = {"base": config, "runs": {tokens: entry}}``: points on a line parallel
+    to ``config``'s (a feature worth a constant at equal tokens), too close together to
+    fit a slope of their own."""
+    lines = {}
     for name, by_tokens in runs.items():
-        points = {int(n): m["expected_accepted"] for n, m in by_tokens.items()}
-        a, b, worst = fit(points)
+        lines[name] = (by_tokens, line(by_tokens, accepted), line(by_tokens, first_top1))
+    for name, spec in (shifted or {}).items():
+        _, base, base_h0 = lines[spec["base"]]
+        by_tokens = spec["runs"]
+        lines[name] = (
+            by_tokens,
+            line(by_tokens, accepted, base),
+            line(by_tokens, first_top1, base_h0),
+        )
+    out = {}
+    for name, (by_tokens, (a, b, worst), h0) in lines.items():
         online = None
         if ratios is not None:
-            online = online_budgets(by_tokens, a, b, ratios, (target_tau, FIRST_POSITION_GOAL))
+            online = online_budgets(h0, a, b, ratios, (target_tau, FIRST_POSITION_GOAL))
         out[name] = {
-            "points": {n: 1 + e for n, e in sorted(points.items())},
+            "points": {
+                int(n): 1 + accepted(m)
+                for n, m in sorted(by_tokens.items(), key=lambda kv: int(kv[0]))
+            },
             "a": a,
             "b": b,
             "tau_per_10x_tokens": b * math.log(10),
@@ -96,7 +135,7 @@ def summarise(
     return out
 
 
-def plot(summary: dict, path: str) -> None:
+def plot(summary: dict, path: str, until: float = 3e8) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -106,7 +145,7 @@ def plot(summary: dict, path: str) -> None:
     for name, s in summary.items():
         ns = sorted(s["points"])
         line = ax.plot(ns, [s["points"][n] for n in ns], "o", label=name)[0]
-        grid = [ns[0] * (3e8 / ns[0]) ** (i / 40) for i in range(41)]
+        grid = [ns[0] * (until / ns[0]) ** (i / 40) for i in range(41)]
         ax.plot(
             grid, [1 + s["a"] + s["b"] * math.log(n) for n in grid], "--", color=line.get_color()
         )
@@ -127,15 +166,16 @@ def main() -> None:
     parser.add_argument("--predict-at", type=int, nargs="+", default=[29_000_000, 300_000_000])
     parser.add_argument("--target-tau", type=float, default=2.2)
     parser.add_argument("--plot", help="write the figure here")
+    parser.add_argument("--plot-until", type=float, default=3e8, help="the lines' last token")
     parser.add_argument("--online", help="offline_online.json: also give vLLM's budgets")
     args = parser.parse_args()
     with open(args.json) as f:
-        runs = json.load(f)["runs"]
+        data = json.load(f)
     ratios = None
     if args.online:
         with open(args.online) as f:
             ratios = online_ratios(json.load(f))
-    summary = summarise(runs, args.predict_at, args.target_tau, ratios)
+    summary = summarise(data["runs"], args.predict_at, args.target_tau, ratios, data.get("shifted"))
     for name, s in summary.items():
         predicted = ", ".join(f"{n:.0e}: {t:.2f}" for n, t in s["predicted_tau"].items())
         print(
@@ -155,7 +195,7 @@ def main() -> None:
             )
     print(json.dumps(summary, indent=1))
     if args.plot:
-        plot(summary, args.plot)
+        plot(summary, args.plot, args.plot_until)
 
 
 if __name__ == "__main__":
