@@ -135,6 +135,23 @@ def test_clover2_step_formulas() -> None:
         torch.testing.assert_close(z, torch.cat([h, e], -1) @ w.T + b)
 
 
+def test_clover2_without_the_attention_decoder_projects_the_token() -> None:
+    """Clover-2's order without the head loop's Attention Decoder: the later heads read
+    their token through W_R alone, h_i = h0 + W_R e; step 0 keeps the fused h0."""
+    h_prev, h0, prev = torch.randn(4, D), torch.randn(4, D), torch.randint(0, V, (4,))
+    cfg = tiny_config(fuse_next_token=True, head_projection="linear", use_attention_decoder=False)
+    with torch.no_grad():
+        model, _ = random_clover(cfg)
+        heads, tables = model.heads, model.tables
+        assert heads.decoder is None and heads.regressive_proj is not None
+        e = tables.embed(prev, heads.dtype)
+        assert torch.equal(heads.step(0, h0, h0, prev, tables)[0], h0)
+        h, _ = heads.step(1, h_prev, h0, prev, tables)
+        torch.testing.assert_close(h, h0 + heads.regressive_proj(e))
+        drafts = model.propose(h0, prev, num_steps=K)
+    assert drafts.shape == (4, K)
+
+
 def test_fresh_linear_head_is_the_identity() -> None:
     torch.manual_seed(0)
     heads = CloverModel(tiny_config(head_projection="linear")).heads

@@ -99,6 +99,8 @@ def test_clover2_preset_and_its_defaults() -> None:
         0.8,
         0.0,
     )
+    ablated = TrainConfig(target="t", out="o", clover2=True, attention_decoder=False)
+    assert not ablated.attention_decoder and ablated.fuse_next_token  # the ablation is kept
     with pytest.raises(TrainingError, match="exclude each other"):
         TrainConfig(target="t", out="o", clover2=True, medusa=True)
     with pytest.raises(TrainingError, match="need the Augmenting Block"):

@@ -60,7 +60,8 @@ class TrainConfig:
         False,
         "Clover-2 (arXiv 2408.00264): next token fused before a 2-layer Augmenting Block "
         "(unless --num-augmenting-layers says otherwise), plain projection per head, "
-        "hidden-state term 10, head weights 0.7**i (unless given)",
+        "hidden-state term 10, head weights 0.7**i (unless given); with "
+        "--no-attention-decoder the later heads read their token by projection alone",
     )
     fuse_next_token: bool = opt(
         False, "fuse H_t with the next token's embedding before the Augmenting Block"
@@ -172,8 +173,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.medusa:
             self.attention_decoder = self.regressive_connection = self.augmenting_block = False
-        if self.clover2:
-            self.attention_decoder = self.regressive_connection = self.augmenting_block = True
+        if self.clover2:  # the Attention Decoder stays the user's choice: an ablation
+            self.regressive_connection = self.augmenting_block = True
             self.fuse_next_token, self.head_projection = True, "linear"
         defaults = (2, 0.7, 10.0) if self.clover2 else (1, 0.8, 0.0)
         if self.num_augmenting_layers is None:
