@@ -16,6 +16,11 @@ heads on the same answers) the budgets are also given for vLLM's tau and first-p
 acceptance, scaling E[accepted] and h0's top-1 by the measured ratios vLLM / every start
 (about 0.93 at tau 1.36-1.51: an extrapolation past that).
 
+``shifted[name] = {"base": config, "runs": {tokens: entry}}`` in the JSON adds points too close
+together for a slope of their own (a feature added late in a run's history) on a line parallel
+to ``config``'s, offset by their mean residual (``benchmarks/scaling_trajectory.py`` writes
+such a file from the shipped heads' stages).
+
 Worked example: points (1e5, 0.2) and (1e6, 0.4) give b = 0.2 / ln 10 = 0.0869 and
 a = 0.2 - b ln 1e5 = -0.800; at 1e7 tokens the fit says 0.6 (tau 1.6), and tau 2.2 needs
 E = 1.2, i.e. N = exp((1.2 - a) / b) = 1e10 tokens.
