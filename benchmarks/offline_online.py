@@ -110,8 +110,12 @@ def main() -> None:
     target = fetch_reference_target()
     chats = take_prompts(load_prompts(), args.prompts)
     run = (chats, args.max_tokens, args.batch_size)
-    report = {"args": {"prompts": args.prompts, "max_tokens": args.max_tokens}, "heads": {}}
-    report["args"]["batch_size"] = args.batch_size
+    settings = {
+        "prompts": args.prompts,
+        "max_tokens": args.max_tokens,
+        "batch_size": args.batch_size,
+    }
+    report = {"args": settings, "heads": {}}
     for heads in args.heads:
         vllm_side, answers = online(target, clover_spec(heads), *run)
         report["heads"][str(heads)] = {

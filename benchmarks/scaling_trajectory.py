@@ -16,8 +16,9 @@ eval-heads entry), so that the law can be refitted on the budgets the goal is ab
 
     python benchmarks/scaling_trajectory.py --out docs/bench/heads/scaling_trajectory.json
     python benchmarks/scaling_law.py --json docs/bench/heads/scaling_trajectory.json \\
-        --online docs/bench/heads/offline_online_65m.json \\
-        --plot docs/bench/heads/scaling_trajectory.png
+        --online docs/bench/heads/offline_online_b1.json \\
+        --predict-at 29000000 300000000 1000000000 \\
+        --plot docs/bench/heads/scaling_trajectory.png --plot-until 1e10
 """
 
 from __future__ import annotations
@@ -57,11 +58,16 @@ CLOVER2_LAYERS = [
 ]
 
 
-def entries(points: list[tuple[int, str, tuple[str, ...]]]) -> dict[str, dict]:
-    """{tokens: eval-heads entry} read from the raw files, each with its source noted."""
+def entries(
+    points: list[tuple[int, str, tuple[str, ...]]], files: dict[str, dict]
+) -> dict[str, dict]:
+    """{tokens: eval-heads entry} from the raw files, each with its source noted; ``files``
+    holds each file parsed once, by name, across calls."""
     out = {}
     for tokens, name, keys in points:
-        entry = json.loads((HEADS / name).read_text())
+        if name not in files:
+            files[name] = json.loads((HEADS / name).read_text())
+        entry = files[name]
         for key in keys:
             entry = entry[key]
         out[str(tokens)] = {**entry, "source": f"{name}: {' / '.join(keys)}"}
@@ -69,12 +75,16 @@ def entries(points: list[tuple[int, str, tuple[str, ...]]]) -> dict[str, dict]:
 
 
 def trajectory() -> dict:
+    files: dict[str, dict] = {}
     return {
-        "runs": {"-clover2, H alone": entries(CLOVER2_H), "-medusa": entries(MEDUSA)},
+        "runs": {
+            "-clover2, H alone": entries(CLOVER2_H, files),
+            "-medusa": entries(MEDUSA, files),
+        },
         "shifted": {
             "-clover2, layers 2 15 27": {
                 "base": "-clover2, H alone",
-                "runs": entries(CLOVER2_LAYERS),
+                "runs": entries(CLOVER2_LAYERS, files),
             }
         },
     }

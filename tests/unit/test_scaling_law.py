@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from tests.helpers import REPO
+from helpers import REPO
 
 pytestmark = pytest.mark.unit
 
