@@ -11,6 +11,11 @@ often K = 1 was a close call to K = 0, priced with and without the switch's catc
 
     python benchmarks/budget_trace.py --batch-size 64 \
         --heads checkpoints/smollm2-135m-instruct-clover2 > trace.txt
+
+``--passes N`` runs the workload N times on the same engine (prefix cache emptied before
+each, as `draft_dtype_ab.py --passes` does) and reports the last pass only (the controller's
+own counters cover every pass): what a budget that has already learnt does, as on a
+long-running server.
 """
 
 from __future__ import annotations
@@ -148,6 +153,7 @@ def main() -> None:
     parser.add_argument("--heads", default=str(REFERENCE_HEADS))
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--dtype", default="bfloat16", help="float32 where the CPU lacks AVX-512")
+    parser.add_argument("--passes", type=int, default=1, help="report the last of N passes")
     args = parser.parse_args()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import SamplingParams
@@ -164,10 +170,15 @@ def main() -> None:
         llm.collective_rpc(trace_drafter)
         budget = llm.llm_engine.engine_core.engine_core.scheduler.clover_budget
         trace_steps(budget)
-        run = timed_chat(llm, chats, SamplingParams(temperature=0.0, max_tokens=args.max_tokens))
+        sampling = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
+        for _ in range(args.passes):
+            for trace in (CALLS, STEPS, CHOICES):
+                trace.clear()
+            llm.reset_prefix_cache()
+            run = timed_chat(llm, chats, sampling)
         tokens = sum(len(t) for t in run.tokens)
-        print(f"{tokens / run.seconds:.1f} tokens/s, {run.counters.steps} steps, tau", end=" ")
-        print(f"{run.counters.tau:.3f}")
+        tau = "-" if run.counters.tau is None else f"{run.counters.tau:.3f}"  # None: no drafts
+        print(f"{tokens / run.seconds:.1f} tokens/s, {run.counters.steps} steps, tau {tau}")
         report_controller(budget)
         report_choices(budget.config.explore_margin)
         (deferral,) = llm.collective_rpc(deferral_stats)
