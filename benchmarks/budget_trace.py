@@ -23,7 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 from vllm_clover.bundled import REFERENCE_HEADS
 
@@ -129,6 +129,23 @@ def report_controller(budget) -> None:
         print(f"batch {batch}: predicted tokens/s by K", budget.predicted_goodput(batch).round(1))
 
 
+def log_counts(log) -> dict:
+    """The budget log's counters, copied: to subtract one pass's from the next."""
+    drafted = Counter({key: n for key, n in log.chosen.items() if key[1] > 0})
+    return {
+        "chosen K > 0 {(batch, K): steps}": drafted,
+        "explored {K: steps}": Counter(log.explored),
+        "warm-up {K: steps}": Counter(log.warmup),
+        "subset trials": Counter(steps=log.subset_steps),
+    }
+
+
+def report_last_pass(before: dict, after: dict) -> None:
+    """Which of the budget's rules chose the last pass's steps with K > 0."""
+    for name, counts in after.items():
+        print(f"last pass, {name}:", dict(counts - before[name]))
+
+
 def report_calls() -> None:
     kinds: dict[tuple[bool, bool], list[float]] = defaultdict(lambda: [0, 0.0, 0, 0.0])
     for k, _, prompt_chunk, seconds, passes in CALLS:
@@ -174,12 +191,14 @@ def main() -> None:
         for _ in range(args.passes):
             for trace in (CALLS, STEPS, CHOICES):
                 trace.clear()
+            before = log_counts(budget.log)
             llm.reset_prefix_cache()
             run = timed_chat(llm, chats, sampling)
         tokens = sum(len(t) for t in run.tokens)
         tau = "-" if run.counters.tau is None else f"{run.counters.tau:.3f}"  # None: no drafts
         print(f"{tokens / run.seconds:.1f} tokens/s, {run.counters.steps} steps, tau {tau}")
         report_controller(budget)
+        report_last_pass(before, log_counts(budget.log))
         report_choices(budget.config.explore_margin)
         (deferral,) = llm.collective_rpc(deferral_stats)
         print("deferral:", deferral)
