@@ -1,0 +1,64 @@
+"""What this CPU multiplies in hardware, read once from /proc/cpuinfo (no vLLM, no torch ops).
+
+The families vLLM-CPU users serve on, by the flags that decide how drafting multiplies:
+
+    AVX2 only (Zen 2/3 EPYC, older Xeons)    no bf16 units: oneDNN has no bf16 matmul
+    AVX-512 (Skylake-X, Ice Lake)            oneDNN emulates bf16; int8 units with VNNI
+    AVX512-BF16 (Zen 4/5, Cooper Lake)       bf16 dot products in hardware
+    AMX (Sapphire / Granite Rapids)          bf16 and int8 tiles
+
+``ONEDNN_MAX_CPU_ISA`` and ``ATEN_CPU_CAPABILITY`` make oneDNN and PyTorch behave as a lesser
+CPU; ``CLOVER_CPU_FLAGS`` (a space-separated flag list) does the same for the choices made
+here, so a forced family can be tested on any machine.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+FLAGS_ENV = "CLOVER_CPU_FLAGS"
+# CPU flags of int8 dot-product units, where int8 draft scoring beats float in PyTorch
+INT8_DOT_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
+# CPU flags of bfloat16 dot-product units, where packed bfloat16 rows are the fastest format
+BF16_DOT_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
+    """This CPU's feature flags ($CLOVER_CPU_FLAGS, else the "flags" line of /proc/cpuinfo);
+    empty where unknown."""
+    forced = os.environ.get(FLAGS_ENV)
+    if forced is not None:
+        return frozenset(forced.split())
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    line = next((x for x in text.splitlines() if x.startswith("flags")), "")
+    return frozenset(line.partition(":")[2].split())
+
+
+def cpu_model() -> str:
+    """The "model name" of /proc/cpuinfo (e.g. "AMD EPYC"), or "unknown CPU"."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "unknown CPU"
+    line = next((x for x in text.splitlines() if x.startswith("model name")), "")
+    return line.partition(":")[2].strip() or "unknown CPU"
+
+
+def isa_family(flags: frozenset[str]) -> str:
+    """The family of the table above: "AMX", "AVX512-BF16", "AVX-512", "AVX2" or "pre-AVX2".
+
+    Examples: {"avx2", "fma"} -> "AVX2"; {"avx512f", "avx512_bf16"} -> "AVX512-BF16".
+    """
+    if "amx_bf16" in flags:
+        return "AMX"
+    if "avx512_bf16" in flags:
+        return "AVX512-BF16"
+    if "avx512f" in flags:
+        return "AVX-512"
+    return "AVX2" if "avx2" in flags else "pre-AVX2"
