@@ -73,7 +73,7 @@ def head_loop_seconds(
     from safetensors.torch import load_file
 
     from vllm_clover.assets.target import fetch_reference_target
-    from vllm_clover.integration.cpu_gemm import onednn_row_packer
+    from vllm_clover.cpu.gemm import onednn_row_packer
     from vllm_clover.modeling import HeadLoop, TargetTables, load_clover_config
 
     config = load_clover_config(heads_dir)
@@ -132,11 +132,11 @@ def main() -> None:
 
     target = str(fetch_reference_target())
     num_heads = load_clover_config(args.heads).num_heads
-    from vllm_clover.integration.cpu_gemm import onednn_row_packer
+    from vllm_clover.cpu.gemm import packed_dtypes
 
-    packed = onednn_row_packer() is not None
+    packed = packed_dtypes()
     dtype = scoring_dtype_for(args.draft_dtype, torch.float32, "cpu", packed)
-    how = " (packed, oneDNN)" if packed and dtype == torch.float32 else ""
+    how = " (packed)" if dtype in packed else ""
     print(f"draft rows scored in {dtype}{how} (--draft-dtype {args.draft_dtype})")
     print(
         "| batch | K | target step t_v | drafting t_d (in engine) | t_d / t_v | head loop "

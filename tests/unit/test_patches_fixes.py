@@ -143,3 +143,25 @@ def test_cpu_recovered_tokens_follow_vllms_own_distribution():
             assert p_value > 1e-3, (sample, draft_probs is None, p_value)
             _, _, p_control = chi_square_fit(tokens.long(), p[0])
             assert p_control < 1e-6, p_control  # the test tells the residual from p itself
+
+
+def test_bf16_linear_layers_oneDNN_refuses_run_on_the_avx2_gemm(monkeypatch):
+    """cpu_bf16_gemm: vLLM's dispatch gives a bf16 layer the plugin's GEMM where oneDNN
+    has no bf16 matmul, keeps the weight, and computes what PyTorch's fallback does."""
+    from vllm.model_executor.layers import utils
+
+    from vllm_clover.cpu import gemm
+    from vllm_clover.cpu.bf16_gemm import cpu_linear
+
+    patches.apply_patches()
+    assert getattr(utils.dispatch_cpu_unquantized_gemm, MARKER) == "cpu_bf16_gemm"
+    monkeypatch.setattr(gemm, "onednn_takes_bf16", lambda: False)
+    layer = torch.nn.Linear(64, 32).to(torch.bfloat16)
+    utils.dispatch_cpu_unquantized_gemm(layer, remove_weight=True)
+    assert layer.cpu_linear is cpu_linear and layer.weight.numel() == 64 * 32
+    x = torch.randn(5, 64).bfloat16()
+    y = layer.cpu_linear(x, layer.weight, layer.bias)
+    torch.testing.assert_close(y, torch.nn.functional.linear(x, layer.weight, layer.bias))
+    fp32 = torch.nn.Linear(64, 32)  # other dtypes: vLLM's own dispatch (oneDNN, float32)
+    utils.dispatch_cpu_unquantized_gemm(fp32, remove_weight=False)
+    assert fp32.cpu_linear is not cpu_linear

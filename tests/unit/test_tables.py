@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from helpers import D, K, V, random_clover, tiny_config
 from vllm_clover.modeling import CloverModel, TargetTables, shift_tokens_for_heads
+from vllm_clover.modeling.scoring import PACKED_DTYPES
 from vllm_clover.modeling.tables import (
     DRAFT_DTYPE_ENV,
     check_draft_vocab,
@@ -127,22 +128,27 @@ def test_drafting_scores_its_own_copy_of_the_rows(scoring: torch.dtype) -> None:
 
 
 def test_auto_scoring_follows_the_cpus_dot_product_units_and_the_target_dtype_elsewhere():
-    from vllm_clover.modeling.tables import cpu_flags, cpu_scoring_dtype
+    from vllm_clover.cpu.isa import cpu_flags
+    from vllm_clover.modeling.tables import cpu_scoring_dtype
 
     zen4 = frozenset({"avx2", "avx512f", "avx512_vnni", "avx512_bf16"})
     assert cpu_scoring_dtype(frozenset({"avx2", "avx512f", "avx512_vnni"})) == torch.int8
     assert cpu_scoring_dtype(frozenset({"avx2", "amx_int8"})) == torch.int8
     assert cpu_scoring_dtype(frozenset({"avx2", "f16c"})) == torch.float16
-    assert cpu_scoring_dtype(frozenset({"avx2", "f16c"}), packed=True) == torch.float32
-    assert cpu_scoring_dtype(frozenset({"avx512_vnni"}), packed=True) == torch.int8
+    fp32 = (torch.float32,)
+    assert cpu_scoring_dtype(frozenset({"avx2", "f16c"}), fp32) == torch.float32
+    # the AVX2 GEMM packs bfloat16 rows on a CPU without bf16 units: half float32's bytes
+    assert cpu_scoring_dtype(frozenset({"avx2", "f16c"}), PACKED_DTYPES) == torch.bfloat16
+    assert cpu_scoring_dtype(frozenset({"avx512_vnni"}), PACKED_DTYPES) == torch.int8
     assert cpu_scoring_dtype(zen4) == torch.int8  # bfloat16 only where the GEMM packs it
-    assert cpu_scoring_dtype(zen4, packed=True) == torch.bfloat16
-    assert cpu_scoring_dtype(frozenset({"amx_bf16", "amx_int8"}), packed=True) == torch.bfloat16
+    assert cpu_scoring_dtype(zen4, fp32) == torch.int8
+    assert cpu_scoring_dtype(zen4, PACKED_DTYPES) == torch.bfloat16
+    assert cpu_scoring_dtype(frozenset({"amx_bf16", "amx_int8"}), PACKED_DTYPES) == torch.bfloat16
     assert cpu_scoring_dtype(frozenset()) == torch.int8  # flags unknown: as before
     here = cpu_scoring_dtype(cpu_flags())
     for target in (torch.float32, torch.bfloat16):
         assert scoring_dtype_for("auto", target, "cpu") == here
-    assert scoring_dtype_for("auto", torch.float16, "cuda", packed=True) == torch.float16
+    assert scoring_dtype_for("auto", torch.float16, "cuda", PACKED_DTYPES) == torch.float16
     assert scoring_dtype_for("auto", torch.float16, "cuda") == torch.float16
     assert scoring_dtype_for("auto", torch.float32, "cuda") == torch.float32
     assert scoring_dtype_for("float32", torch.float32, "cpu") == torch.float32

@@ -13,7 +13,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from helpers import D, K, tiny_config
-from vllm_clover.integration.cpu_gemm import onednn_row_packer
+from vllm_clover.cpu.gemm import onednn_row_packer
 from vllm_clover.modeling import CloverConfig, HeadLoop, TargetTables
 from vllm_clover.modeling.vocab_parallel import VocabParallelTables
 

@@ -27,7 +27,7 @@ from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.model_executor.models.llama import LlamaDecoderLayer
 from vllm.model_executor.models.utils import maybe_prefix
 
-from vllm_clover.integration.cpu_gemm import pack_linears
+from vllm_clover.cpu.gemm import pack_linears
 from vllm_clover.modeling.block_adapter import BlockAdapter
 from vllm_clover.modeling.clover import load_fusion, split_checkpoint_state
 from vllm_clover.modeling.config import CloverConfig

@@ -14,10 +14,10 @@ from torch import nn
 from vllm.distributed import tensor_model_parallel_all_gather
 from vllm.logger import init_logger
 
+from vllm_clover.cpu.gemm import bf16_products, onednn_row_packer, packed_dtypes
+from vllm_clover.cpu.isa import cpu_flags, cpu_model, isa_family
 from vllm_clover.integration.checks import target_lm_head_layers
-from vllm_clover.integration.cpu_gemm import onednn_row_packer
 from vllm_clover.modeling.checkpoint import CloverCheckpointError, check_target_fits
-from vllm_clover.modeling.scoring import PACKED_DTYPES
 from vllm_clover.modeling.tables import DRAFT_DTYPE_ENV, draft_dtype_setting
 from vllm_clover.modeling.vocab_parallel import VocabParallelTables
 
@@ -58,15 +58,32 @@ def attach_target_tables(model, target_language_model: nn.Module, heads_path: st
         _check_fits(config, heads_path, target, head_rows, embedding_rows)
         tables.attach(head_rows, embedding_rows)
     setting = draft_dtype_setting()
-    packer = onednn_row_packer() if lm_head.weight.device.type == "cpu" else None
-    scoring = tables.choose_scoring(setting, packer)
-    logger.info(
-        "Clover: draft rows scored in %s%s, head network and target in %s (%s=%s)",
-        scoring,
-        " (oneDNN, packed)" if packer and scoring in PACKED_DTYPES else "",
-        lm_head.weight.dtype,
-        DRAFT_DTYPE_ENV,
-        setting,
+    on_cpu = lm_head.weight.device.type == "cpu"
+    packer = onednn_row_packer() if on_cpu else None
+    scoring = tables.choose_scoring(setting, packer, packed_dtypes() if on_cpu else ())
+    logger.info("%s", drafting_line(scoring, packer is not None, lm_head.weight, setting))
+
+
+def drafting_line(scoring: torch.dtype, packed: bool, lm_head: torch.Tensor, setting: str) -> str:
+    """The one start-up line that says how this engine drafts: the draft rows' format and,
+    on a CPU, the CPU, its family and what multiplies the bf16 products. Example: "Clover
+    drafts on AMD EPYC (AVX2): draft rows in bfloat16 (the plugin's AVX2 GEMM); head network
+    and target in bfloat16, multiplied by the plugin's AVX2 GEMM (CLOVER_DRAFT_DTYPE=auto)".
+    """
+    dtype = str(lm_head.dtype).removeprefix("torch.")
+    rows = str(scoring).removeprefix("torch.")
+    where, products = "", ""
+    if lm_head.device.type == "cpu":
+        where = f" on {cpu_model()} ({isa_family(cpu_flags())})"
+        if packed and scoring == torch.float32:
+            rows += " (oneDNN, packed)"
+        elif packed and scoring == torch.bfloat16:
+            rows += f" ({bf16_products()})"
+        if lm_head.dtype == torch.bfloat16:
+            products = f", multiplied by {bf16_products()}"
+    return (
+        f"Clover drafts{where}: draft rows in {rows}; head network and target in "
+        f"{dtype}{products} ({DRAFT_DTYPE_ENV}={setting})"
     )
 
 

@@ -81,7 +81,7 @@ class LinearHead(nn.Module):
 
     def project(self, x: torch.Tensor) -> torch.Tensor:
         """x (..., 2D) -> W x + b (..., D): the affine map, which a serving layer may hand to
-        a faster kernel with the same weights (integration/cpu_gemm.py)."""
+        a faster kernel with the same weights (cpu/gemm.py)."""
         return F.linear(x, self.weight, self.bias)
 
 
@@ -119,7 +119,7 @@ class AttentionDecoder(nn.Module):
         Two products, not one with [W_K; W_V]: concatenating the weights would copy 2 D^2
         floats on every call, which on a CPU costs more than the rows it serves (the
         next-token fusion of Clover-2 runs this on every verified token). A serving layer
-        may hand it to a kernel that holds ``projection_weight`` once (integration/cpu_gemm.py).
+        may hand it to a kernel that holds ``projection_weight`` once (cpu/gemm.py).
         """
         return torch.cat((self.k_proj(e), self.v_proj(e)), dim=-1)  # (..., 2D)
 

@@ -77,7 +77,7 @@ class LayerFusion(nn.Module):
     def project(self, normed: torch.Tensor) -> torch.Tensor:
         """sum_j W_j n_j for normed = [n_a | n_b ...] (..., A * D) -> (..., D): one product
         with [W_a | W_b ...] (D, A * D), which a serving layer may hand to a faster kernel
-        with those weights (integration/cpu_gemm.py)."""
+        with those weights (cpu/gemm.py)."""
         parts = normed.chunk(len(self.projs), dim=-1)  # A x (..., D)
         return sum(proj(part) for proj, part in zip(self.projs, parts, strict=True))
 

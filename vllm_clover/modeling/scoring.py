@@ -10,7 +10,7 @@ scoring format changes how often drafts are accepted, never the output.
 
 float32 and bfloat16 rows may also be handed to a ``RowPacker``: a serving layer's GEMM that
 prepacks the rows once and then multiplies few rows of z fast (vLLM-CPU's oneDNN kernel,
-integration/cpu_gemm.py). The scores are the same products; only the kernel differs.
+cpu/gemm.py). The scores are the same products; only the kernel differs.
 """
 
 from __future__ import annotations

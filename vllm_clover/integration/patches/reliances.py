@@ -176,7 +176,7 @@ RELIANCES = (
         "packs the (K, N) float32 or bfloat16 weight view once (its CPUDNNLGEMMHandler "
         "frees the primitive when dropped), onednn_mm(handler, x, bias) returns x @ W + "
         "bias in x's dtype; the build has it where _supports_onednn is true",
-        "integration/cpu_gemm.py",
+        "cpu/gemm.py",
         {
             "vllm._custom_ops:create_onednn_mm": "a84bc6b8f2fa",
             "vllm._custom_ops:onednn_mm": "e7a98daed3c1",

@@ -1,4 +1,4 @@
-"""The packed GEMM drafting borrows from vLLM-CPU (integration/cpu_gemm.py)."""
+"""The packed GEMM drafting borrows from vLLM-CPU (cpu/gemm.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,12 @@ import torch
 import torch.nn.functional as F
 
 from helpers import D, K, random_clover, tiny_config
-from vllm_clover.integration.cpu_gemm import linear_slots, onednn_row_packer, pack_linears
+from vllm_clover.cpu.gemm import (
+    linear_slots,
+    onednn_row_packer,
+    onednn_takes_bf16,
+    pack_linears,
+)
 from vllm_clover.modeling.layer_fusion import LayerFusion
 from vllm_clover.modeling.scoring import DraftRows
 
@@ -39,9 +44,9 @@ def test_draft_rows_use_the_kernel_for_float32_and_bfloat16_only():
     assert torch.equal(packed.scores(z).argmax(-1), F.linear(z, rows).argmax(-1))
     half = DraftRows.of(rows, torch.bfloat16, pack)  # z is cast to the rows' dtype
     # oneDNN builds a bfloat16 matmul where the CPU has AVX-512 (a Zen 4, not a Zen 3's
-    # AVX2) and refuses it elsewhere, which is not fatal: torch scores the rows instead.
-    bf16_cpu = torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    assert (half.kernel is not None) == bf16_cpu and half.dtype == torch.bfloat16
+    # AVX2); where it refuses, the plugin's AVX2 GEMM takes the rows
+    assert onednn_takes_bf16() == torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    assert half.kernel is not None and half.dtype == torch.bfloat16
     expected = F.linear(z.bfloat16(), rows.bfloat16()).float()
     assert half.logits(z).dtype == torch.float32 and half.logits(z).is_contiguous()
     torch.testing.assert_close(half.logits(z), expected, rtol=2e-2, atol=5e-2)
@@ -88,3 +93,18 @@ def test_pack_linears_runs_the_head_network_on_the_gemm_with_the_same_drafts():
     h0 = model.adapter.block_input(model.fusion(signal), torch.arange(6), model.tables)
     torch.testing.assert_close(h0, before[0], rtol=1e-5, atol=1e-5)
     assert torch.equal(model.heads.propose(h0, t0, K, model.tables), before[1])
+
+
+def test_bf16_weights_oneDNN_refuses_run_on_the_avx2_gemm(monkeypatch):
+    """Where oneDNN makes no bf16 matmul (an AVX2-only CPU), a bf16 head layer is packed on
+    the plugin's AVX2 GEMM instead of left to PyTorch, with PyTorch's results."""
+    from vllm_clover.cpu import gemm
+
+    monkeypatch.setattr(gemm, "onednn_takes_bf16", lambda: False)
+    layer = torch.nn.Linear(D, 24).to(torch.bfloat16)
+    x = torch.randn(3, D).bfloat16()
+    expected = layer(x)
+    assert pack_linears(layer) == 1 and "forward" in vars(layer)
+    assert torch.equal(layer(x), expected)
+    assert gemm.bf16_products() == "the plugin's AVX2 GEMM"
+    assert gemm.packed_dtypes() == {torch.float32, torch.bfloat16}

