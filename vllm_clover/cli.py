@@ -65,17 +65,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="Clover vs vanilla on MT-Bench with the reference "
         "target: output equality, acceptance, speedup",
     )
-    demo.add_argument("--num-prompts", type=int, default=8)
-    demo.add_argument("--max-tokens", type=int, default=128)
-    demo.add_argument("--batch-size", type=int, default=1, help="vLLM max_num_seqs")
+    demo.add_argument("--num-prompts", type=int, default=8, help="MT-Bench first turns (8)")
+    demo.add_argument("--max-tokens", type=int, default=128, help="new tokens per prompt (128)")
+    demo.add_argument("--batch-size", type=int, default=1, help="vLLM max_num_seqs (1)")
     demo.add_argument("--heads", help="Clover checkpoint (default: the bundled Clover-2 heads)")
-    demo.add_argument("--cache-dir")
-    demo.add_argument("--verbose", action="store_true", help="show vLLM's own log lines")
+    demo.add_argument("--cache-dir", help="asset cache (default: $CLOVER_CACHE_DIR or ~/.cache)")
+    demo.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show vLLM's own output here (default: in <cache>/logs/demo.log)",
+    )
     demo.add_argument(
         "--dtype",
         default="auto",
         choices=("auto", "float32", "bfloat16"),
-        help="target dtype (auto: the target's own, bfloat16; float32: token-exact equality)",
+        help="target dtype (default auto: the target's own, bfloat16; float32: token-exact)",
     )
     bench = commands.add_parser(
         "bench",

@@ -9,20 +9,22 @@ many tokens each verification step yields (tau), and the speedup.
 
 from __future__ import annotations
 
-import os
-import warnings
+import sys
 from pathlib import Path
+from typing import TextIO
 
+from vllm_clover.assets.cache import cache_root
 from vllm_clover.assets.data import fetch_mtbench, mtbench_questions
 from vllm_clover.assets.target import fetch_reference_target
 from vllm_clover.bench.measure import Run, engine, identical_outputs, timed_chat
 from vllm_clover.bench.ties import NEAR_TIE, Parting, rounding_bug, vanilla_partings
 from vllm_clover.bundled import CLOVER2_HEADS
+from vllm_clover.console import quiet_output
+from vllm_clover.cpu.isa import cpu_flags, cpu_model, isa_family
 
 TIE_NOTE = (
-    "  a verification step scores several tokens per request, matmul shapes that decoding one\n"
-    "  token never runs, so where two tokens are within rounding the other may win\n"
-    "  (docs/equivalence.md); --dtype float32 is token-exact"
+    "verification scores several tokens at once, where rounding may swap two near-equal "
+    "tokens, docs/equivalence.md; --dtype float32 is token-exact"
 )
 # The bare "What is the capital of France?" is a rounding tie in bfloat16 for this target (its
 # first tokens "L" and "The" are one bf16 step apart); asking for one sentence is not.
@@ -48,51 +50,60 @@ def generate(
     return run
 
 
-def report(vanilla: Run, clover: Run, num_heads: int, dtype: str, partings: list[Parting]) -> None:
-    """Print output equality (with where and why outputs part), tau, per-position acceptance
-    and the speedup; then SystemExit if an output parted from vanilla's anywhere but at a
+def report(
+    vanilla: Run,
+    clover: Run,
+    num_heads: int,
+    dtype: str,
+    partings: list[Parting],
+    out: TextIO | None = None,
+) -> None:
+    """Print the speeds, tau, per-position acceptance and output equality (where and why
+    outputs part); then SystemExit if an output parted from vanilla's anywhere but at a
     rounding tie."""
+    out = out or sys.stdout
+    speedup = clover.tokens_per_second / vanilla.tokens_per_second
+    print(f"  vanilla {vanilla.tokens_per_second:6.1f} tokens/s", file=out)
+    print(f"  clover  {clover.tokens_per_second:6.1f} tokens/s  {speedup:.2f}x vanilla", file=out)
     counters = clover.counters
-    same = identical_outputs(vanilla.tokens, clover.tokens)
-    print(f"\ngreedy outputs identical to vanilla: {same}/{len(vanilla.tokens)} prompts")
-    _print_partings(partings, dtype)
     if counters.drafts:
+        per_step = counters.draft_tokens / counters.drafts
+        rates = " ".join(f"{rate:.2f}" for rate in counters.acceptance_rates)
         print(
-            f"mean acceptance length tau = 1 + accepted/drafts = {counters.tau:.2f} "
-            f"tokens per step (K = {num_heads} drafts)"
+            f"  tau {counters.tau:.2f} tokens per verification step (1 + accepted/drafts); "
+            f"{per_step:.1f} drafts per step of at most {num_heads}, accepted per position: "
+            f"{rates}",
+            file=out,
         )
-        rates = ", ".join(f"{rate:.2f}" for rate in counters.acceptance_rates)
-        print(f"acceptance rate per draft position: {rates}")
-    print(
-        f"vanilla: {vanilla.tokens_per_second:6.1f} tokens/s\n"
-        f"clover : {clover.tokens_per_second:6.1f} tokens/s  "
-        f"(speedup {clover.tokens_per_second / vanilla.tokens_per_second:.2f}x, same run)"
-    )
+    else:
+        print("  the draft budget chose not to draft in this run (tau: none)", file=out)
+    same = identical_outputs(vanilla.tokens, clover.tokens)
+    print(f"  outputs: {_equality(same, len(vanilla.tokens), partings, dtype)}", file=out)
+    for p in partings:
+        where = f"    prompt {p.prompt} parts at token {p.token}"
+        if p.gap is None:
+            print(f"{where}: vanilla's gap there is unknown (its rerun differed)", file=out)
+        elif p.is_bug(dtype):
+            print(f"{where}, top-2 gap {p.gap:.3g}: NOT a tie", file=out)
     bugs = [p for p in partings if p.is_bug(dtype)]
     if bugs:
         where = "; ".join(f"prompt {p.prompt} parts from vanilla at token {p.token}" for p in bugs)
         raise SystemExit(f"vllm-clover demo: {rounding_bug(dtype, where)}")
 
 
-def _print_partings(partings: list[Parting], dtype: str) -> None:
-    """One line for the ties (their top-2 gaps), one per other parting."""
+def _equality(same: int, total: int, partings: list[Parting], dtype: str) -> str:
+    """How many outputs are token-identical, and where the others part: at a rounding tie
+    (with vanilla's top-2 logit gaps there) or not."""
+    line = f"{same}/{total} token-identical to vanilla"
     ties = [p for p in partings if p.is_tie(dtype)]
     if ties:
         gaps = ", ".join(f"{p.gap:.3g}" for p in ties)
-        which = f"all {len(ties)}" if len(ties) == len(partings) else f"{len(ties)} of the"
-        print(
-            f"  {which} others part where vanilla's two best tokens were a {dtype} rounding tie\n"
-            f"  (top-2 logit gap at the first differing token: {gaps}; a tie is <= "
-            f"{NEAR_TIE[dtype]}):\n{TIE_NOTE}"
+        line += (
+            f"; {len(ties)} part where vanilla's two best tokens were a {dtype} rounding tie "
+            f"(top-2 logit gap {gaps}; a tie is <= {NEAR_TIE[dtype]}: {TIE_NOTE})"
         )
-    for p in partings:
-        if p.gap is None:
-            print(
-                f"  prompt {p.prompt} parts at token {p.token}; vanilla's gap there is unknown "
-                "(its rerun did not reproduce its own tokens)"
-            )
-        elif p.is_bug(dtype):
-            print(f"  prompt {p.prompt} parts at token {p.token}, top-2 gap {p.gap:.3g}: NOT a tie")
+    others = len(partings) - len(ties)
+    return line + (f"; {others} part elsewhere (below)" if others else "")
 
 
 def run_demo(
@@ -104,41 +115,71 @@ def run_demo(
     verbose: bool = False,
     dtype: str = "auto",
 ) -> None:
-    """The main job, in the target's own dtype unless `dtype` says otherwise. vLLM's own log
-    lines are shown only with `verbose`; a --heads folder that is not a Clover checkpoint is
-    an error before any engine starts."""
-    if not verbose:  # read by vLLM when it is first imported, below
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-        warnings.filterwarnings("ignore", category=FutureWarning)  # deprecations in vLLM's code
+    """The main job, in the target's own dtype unless `dtype` says otherwise, with Clover's
+    defaults (what `vllm-clover serve` and `LLM(...)` do without flags). Only the result
+    reaches the terminal: vLLM's own output goes to a log file unless `verbose`; a --heads
+    folder that is not a Clover checkpoint is an error before any engine starts."""
     heads_dir = Path(heads) if heads else CLOVER2_HEADS  # the best bundled heads
     num_heads = _num_heads(heads_dir) if heads or (heads_dir / "config.json").is_file() else 0
+    log = None if verbose else cache_root(cache_dir) / "logs" / "demo.log"
+    with quiet_output(log) as out:
+        _demo(out, num_prompts, max_tokens, cache_dir, heads_dir, num_heads, batch_size, dtype)
+        if log is not None:
+            print(f"vLLM's own output: {log} (--verbose shows it here)", file=out)
+
+
+def _demo(
+    out: TextIO,
+    num_prompts: int,
+    max_tokens: int,
+    cache_dir: str | None,
+    heads_dir: Path,
+    num_heads: int,
+    batch_size: int,
+    dtype: str,
+) -> None:
     target = fetch_reference_target(cache_dir)
     questions = mtbench_questions(fetch_mtbench(cache_dir))[:num_prompts]
     chats = [[{"role": "user", "content": q.turns[0]}] for q in questions]
-    shown = "the target's own (bfloat16)" if dtype == "auto" else dtype
+    shown = "bfloat16, the target's own" if dtype == "auto" else dtype
     print(
-        f"reference target: {target}\n{len(chats)} MT-Bench prompts, {max_tokens} new tokens "
-        f"each, batch size {batch_size}, greedy, dtype {shown}"
+        f"Clover demo: SmolLM2-135M-Instruct ({shown}) on {cpu_model()} "
+        f"({isa_family(cpu_flags())}), {len(chats)} MT-Bench prompts x {max_tokens} tokens, "
+        f"batch size {batch_size}, greedy",
+        file=out,
     )
     vanilla = generate(target, chats, max_tokens, batch_size, dtype=dtype)
-    print(f"sanity: {SANITY_QUESTION!r} -> contains {SANITY_ANSWER!r} [ok]")
     if not num_heads:
         print(
-            f"\nno Clover heads at {heads_dir} (not a source checkout? pass --heads DIR): "
-            f"vanilla only, {vanilla.tokens_per_second:.1f} tokens/s"
+            f"  no Clover heads at {heads_dir} (not a source checkout? pass --heads DIR): "
+            f"vanilla only, {vanilla.tokens_per_second:.1f} tokens/s",
+            file=out,
         )
         return
     spec = {"method": "clover", "model": str(heads_dir), "num_speculative_tokens": num_heads}
-    # The demo shows the heads at work on every step, whatever a short run's timings would
-    # make the goodput budget (the serving default) choose; `vllm-clover bench` measures both.
-    spec["draft_budget"] = "fixed"
     clover = generate(target, chats, max_tokens, batch_size, spec, dtype)
     partings = []
     if clover.tokens != vanilla.tokens:  # where and why: one more, untimed vanilla engine
         with engine(target, None, batch_size, dtype=dtype) as llm:
             rerun_all = max_tokens if batch_size > 1 else None  # as the batches ran: see ties
             partings = vanilla_partings(llm, chats, vanilla.tokens, clover.tokens, rerun_all)
-    report(vanilla, clover, num_heads, "float32" if dtype == "float32" else "bfloat16", partings)
+    precision = "float32" if dtype == "float32" else "bfloat16"
+    report(vanilla, clover, num_heads, precision, partings, out)
+    print(f"  {_drafting(dtype)}", file=out)
+    print(f"  sanity: {SANITY_QUESTION!r} -> contains {SANITY_ANSWER!r} (both engines)", file=out)
+
+
+def _drafting(dtype: str) -> str:
+    """What multiplies on this CPU, as the engine chose it (its start-up line, in the log)."""
+    import torch
+
+    from vllm_clover.cpu.gemm import bf16_products, packed_dtypes
+    from vllm_clover.modeling.tables import draft_dtype_setting, scoring_dtype_for
+
+    target = torch.float32 if dtype == "float32" else torch.bfloat16
+    rows = scoring_dtype_for(draft_dtype_setting(), target, "cpu", packed_dtypes())
+    products = f"; bf16 products on {bf16_products()}" if target == torch.bfloat16 else ""
+    return f"drafting: draft rows in {str(rows).removeprefix('torch.')}{products}"
 
 
 def _num_heads(heads_dir: Path) -> int:

@@ -3,6 +3,7 @@
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -42,20 +43,27 @@ def test_batched_greedy_equals_one_at_a_time(llm, mtbench_path):
 
 
 def test_demo_command_compares_clover_with_vanilla(reference_target):
-    """The README's main job, small, with its default heads (the bundled Clover-2 ones):
-    both runs, identical greedy outputs in float32, figures printed, vLLM's own logs kept
-    out."""
+    """The README's main job, small, with its default heads (the bundled Clover-2 ones) and
+    Clover's default settings: both runs, identical greedy outputs in float32, the figures,
+    and nothing else on the terminal: vLLM's own output (its log lines, its progress bars,
+    PyTorch's C++ warnings) goes to the log file the last line names."""
     code = (
         "from vllm_clover.cli import main; import sys; sys.exit(main(['demo', "
-        "'--num-prompts', '2', '--max-tokens', '16', '--dtype', 'float32']))"
+        "'--num-prompts', '2', '--max-tokens', '32', '--dtype', 'float32']))"
     )
     output = run_python(f"if __name__ == '__main__':\n    {code}")
-    assert "contains 'Paris' [ok]" in output
-    assert "greedy outputs identical to vanilla: 2/2 prompts" in output
-    assert "speedup" in output
-    tau = re.search(r"mean acceptance length tau = 1 \+ accepted/drafts = ([0-9.]+)", output)
+    lines = output.strip().splitlines()
+    assert lines[0].startswith("Clover demo: SmolLM2-135M-Instruct (float32) on "), output
+    assert "contains 'Paris' (both engines)" in output
+    assert "outputs: 2/2 token-identical to vanilla" in output
+    assert "x vanilla" in output
+    tau = re.search(r"tau ([0-9.]+) tokens per verification step", output)
     assert tau and float(tau.group(1)) > 1, output[-3000:]  # Clover drafted, drafts accepted
-    assert " INFO " not in output and "WARNING" not in output, output[-3000:]
+    assert len(lines) <= 8 and all(not line.startswith("(") for line in lines), output
+    assert " INFO " not in output and "WARNING" not in output and "Loading" not in output
+    log = re.fullmatch(r"vLLM's own output: (.+) \(--verbose shows it here\)", lines[-1])
+    assert log, lines[-1]
+    assert "Initializing a V1 LLM engine" in Path(log.group(1)).read_text()
 
 
 def test_demo_refuses_a_heads_folder_that_is_no_checkpoint(tmp_path):

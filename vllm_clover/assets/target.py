@@ -66,7 +66,9 @@ def convert_gguf_to_hf(gguf: Path, out: Path) -> None:
     """Dequantize a Llama GGUF into a plain bf16 Hugging Face folder at `out`."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # a few seconds of bars that would fill the first run
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     loaded = AutoModelForCausalLM.from_pretrained(
         gguf.parent, gguf_file=gguf.name, dtype=torch.float32
