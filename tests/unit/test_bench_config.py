@@ -119,6 +119,28 @@ def test_each_tree_is_a_method_next_to_the_chain():
         )
 
 
+def test_a_variant_runs_the_heads_with_more_speculative_config_keys():
+    """--clover-variant NAME={json}: an engine A/B on the --clover-heads checkpoint."""
+    variant = 'k2={"draft_budget": "fixed", "num_speculative_tokens": 2, "draft_confidence": [0.3]}'
+    methods = resolve_methods(["clover"], str(REFERENCE_HEADS), "", 4, [], variants=(variant,))
+    k2 = methods[-1]
+    assert (k2.name, k2.num_speculative_tokens) == ("k2", 2)
+    assert k2.speculative_config() == {
+        "method": "clover",
+        "num_speculative_tokens": 2,
+        "model": str(REFERENCE_HEADS.resolve()),
+        "draft_budget": "fixed",
+        "draft_confidence": (0.3,),
+    }
+    for bad, message in (
+        ("k2=nope", "not JSON"),
+        ("k2=[1]", "expects NAME="),
+        ('clover={"draft_budget": "fixed"}', "two methods are named clover"),
+    ):
+        with pytest.raises(BenchError, match=message):
+            resolve_methods(["clover"], str(REFERENCE_HEADS), "", 4, [], variants=(bad,))
+
+
 def test_bad_methods_and_checkpoints(tmp_path):
     with pytest.raises(BenchError, match="unknown method.*'eagle'"):
         resolve_methods(["eagle"], "", "", 4, [])

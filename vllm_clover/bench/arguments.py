@@ -62,6 +62,15 @@ def _add_method_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME=DIR",
         help="an extra Clover checkpoint to compare (e.g. an ablation); repeatable",
     )
+    parser.add_argument(
+        "--clover-variant",
+        action="append",
+        default=[],
+        metavar="NAME=JSON",
+        help="the --clover-heads checkpoint with more speculative_config keys, run as NAME "
+        '(an engine A/B, e.g. k2=\'{"draft_budget": "fixed", "num_speculative_tokens": 2}\'); '
+        "repeatable",
+    )
     parser.add_argument("--clover-heads", default=str(REFERENCE_HEADS))
     parser.add_argument("--medusa-heads", default=str(REFERENCE_MEDUSA))
     parser.add_argument("--ngram-tokens", type=int, default=4, help="ngram K")
@@ -189,6 +198,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         tuple(args.tree),
         tuple(args.tree_confidence),
         tuple(args.draft_sampling),
+        tuple(args.clover_variant),
     )
     return BenchConfig(
         methods=methods,

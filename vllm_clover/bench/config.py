@@ -6,6 +6,7 @@ batch size) is a `BenchError` naming it, raised here, so no engine start is wast
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -181,6 +182,7 @@ def resolve_methods(
     trees: tuple[str, ...] = (),
     tree_confidences: tuple[float | str, ...] = (0.0,),
     draft_samplings: tuple[str, ...] = DRAFT_SAMPLINGS[:1],
+    variants: tuple[str, ...] = (),
 ) -> tuple[Method, ...]:
     """Methods to run, vanilla first; checkpoints are checked here, not at engine start.
 
@@ -190,6 +192,8 @@ def resolve_methods(
     confidence: "clover-tree<nodes>" (0: the whole tree), "clover-tree<nodes>-c<C>"
     (``draft_confidence`` C: each request drafts the nodes of path probability >= C) and
     "clover-tree<nodes>-goodput" (``draft_budget`` "goodput": the threshold chosen per step).
+    A variant "NAME={json}" runs the --clover-heads checkpoint with those speculative_config
+    keys (an engine A/B: '{"draft_budget": "fixed", "num_speculative_tokens": 2}').
     """
     unknown = [n for n in names if n not in STANDARD_METHODS]
     if unknown:
@@ -217,7 +221,31 @@ def resolve_methods(
         raise BenchError(f"--tree-confidence {bad}: path probabilities in [0, 1], or goodput")
     for text in trees:
         methods += [_tree_method(text, clover_heads, c) for c in dict.fromkeys(tree_confidences)]
+    methods += [_variant_method(text, clover_heads) for text in variants]
+    names = [m.name for m in methods]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise BenchError(f"two methods are named {', '.join(repeated)}: name them apart")
     return tuple(methods)
+
+
+def _variant_method(text: str, folder: str) -> Method:
+    """--clover-variant NAME={json}: the Clover checkpoint with more speculative_config keys."""
+    name, _, options = text.partition("=")
+    try:
+        keys = json.loads(options)
+    except json.JSONDecodeError as err:
+        raise BenchError(f"--clover-variant {name}: not JSON ({err}): {options!r}") from None
+    if not name.strip() or not isinstance(keys, dict):
+        raise BenchError(f'--clover-variant expects NAME={{"key": value, ...}}, got {text!r}')
+    k = keys.pop("num_speculative_tokens", None) or checkpoint_heads(folder, "clover", name)
+    options = tuple((key, _frozen(value)) for key, value in keys.items())
+    return Method(name.strip(), "clover", str(Path(folder).resolve()), k, options)
+
+
+def _frozen(value: Any) -> Any:
+    """JSON lists as tuples, nested ones too (a Method's options are hashable)."""
+    return tuple(map(_frozen, value)) if isinstance(value, list) else value
 
 
 def _tree_method(text: str, folder: str, confidence: float | str) -> Method:
