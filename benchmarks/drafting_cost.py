@@ -7,7 +7,7 @@ Clover's drafting per decoding step = Augmenting Block over the new tokens + K h
                         one batch, fixed length: ignore_eos, after a warm-up)
     drafting     t_d  : Clover with K heads on the same requests: wall seconds inside the
                         model runner's `propose_draft_token_ids` per call (one call per step;
-                        the timer of `vllm-clover bench`, integration/patches/hooks.py)
+                        the timer of `vllm-clover bench`, patches/hooks.py)
     head loop    t_h  : `HeadLoop.propose(h0, t0, K, tables)`, the very module vLLM runs,
                         timed alone on (batch, hidden) inputs, with the draft vocabulary and
                         without, draft rows scored in the dtype the vLLM layer picks

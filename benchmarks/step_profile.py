@@ -119,7 +119,7 @@ def measure(target: str, spec: dict | None, batch: int, args, temperature: float
     from vllm import SamplingParams
 
     from vllm_clover.bench.measure import engine, metric_total, read_counters
-    from vllm_clover.integration.patches.hooks import STEP_PHASES, method_times, time_methods
+    from vllm_clover.patches.hooks import STEP_PHASES, method_times, time_methods
 
     run, params = workload(args.workload, batch, args.max_tokens, temperature)
     with engine(target, spec, batch, dtype=args.dtype) as llm:
