@@ -320,29 +320,3 @@ def run_with_aborts(llm, prompts, params, aborted: list[str], at_step: int):
         if not engine.has_unfinished_requests():
             break
     return finished, running_when_aborted
-
-
-# Deferred Augmenting Block rows (tests of integration/deferred_block.py, deferred_passes.py)
-def step_rows(positions: list[int]):
-    """A step's rows whose signal's first column, next id and slot all name the position
-    they stand for (signal p, next id p + 1, slot p + 100), so that layouts are easy to
-    read back."""
-    from vllm_clover.integration.deferred_block import StepRows
-
-    p = torch.tensor(positions)
-    signal = torch.stack([p.float(), torch.full_like(p, 7).float()], dim=-1)  # [n, 2]
-    return StepRows(signal, p + 1, p + 100)
-
-
-def deferred_rows(start: int, count: int):
-    from vllm_clover.integration.deferred_block import DeferredRows
-
-    rows = DeferredRows(start)
-    rows.append(step_rows(list(range(start, start + count))), 0, count)
-    return rows
-
-
-def positions_of(rows) -> list[int]:
-    assert (rows.next_ids - 1).tolist() == (rows.slots - 100).tolist()
-    assert rows.signal[:, 0].long().tolist() == (rows.slots - 100).tolist()
-    return (rows.slots - 100).tolist()

@@ -112,36 +112,15 @@ def drawn_drafts(llm) -> int:
 
 def goodput_budget(llm):
     """The scheduler's GoodputController of an `in_process_llm` (None where K is fixed)."""
-    return llm.llm_engine.engine_core.engine_core.scheduler.clover_budget
+    from vllm_clover.patches.channel import SchedulerChannel, channel_of
 
-
-def script_budget(llm, script) -> None:
-    """Replace the goodput controller's choice in an `in_process_llm` by
-    `script(step, batch) -> (K, trial size or None)`, steps counted from 1; a trial size
-    makes the step a subset trial (the scheduler picks the requests least behind)."""
-    budget = goodput_budget(llm)
-
-    def choose(batch: int, backlog: float = 0.0) -> int:
-        budget.steps += 1
-        k, budget.trial_size = script(budget.steps, batch)
-        return k
-
-    budget.choose = choose
-
-
-def _subset_steps(worker) -> int:
-    return worker.model_runner.drafter.draft_log.subset_steps
-
-
-def subset_steps(llm) -> int:
-    """Steps the proposer of an `in_process_llm` drafted for a subset of their requests."""
-    (steps,) = llm.collective_rpc(_subset_steps)
-    return steps
+    channel = channel_of(llm.llm_engine.engine_core.engine_core.scheduler, SchedulerChannel)
+    return None if channel is None else channel.budget
 
 
 def cut_short(llm) -> int:
     """Chains the proposer of an `in_process_llm` drafted that the confidence stop ended
-    after 1 to K - 1 drafts (a trial's other requests, all -1, are not among them)."""
+    after 1 to K - 1 drafts."""
     (chains,) = llm.collective_rpc(_cut_short)
     return chains
 
@@ -188,7 +167,10 @@ class TreeStats:
 
 
 def _tree_report(worker) -> tuple:
-    trees = getattr(worker.model_runner, "clover_trees", None)
+    from vllm_clover.patches.channel import RunnerChannel, channel_of
+
+    channel = channel_of(worker.model_runner, RunnerChannel)
+    trees = None if channel is None else channel.trees
     if trees is None:
         return 0, 0, (), 0, (), 0, None
     by_depth, by_node = tuple(trees.accepted_by_depth), tuple(trees.drafted_by_node)

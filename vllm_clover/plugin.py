@@ -30,15 +30,13 @@ def register() -> None:
     from transformers import AutoConfig
     from vllm import ModelRegistry
 
-    from vllm_clover.integration.patches import apply_patches
     from vllm_clover.modeling.config import CLOVER_ARCHITECTURE, CloverConfig
+    from vllm_clover.patches import apply_patches
 
     apply_patches()
     AutoConfig.register("clover", CloverConfig, exist_ok=True)
     if CLOVER_ARCHITECTURE not in ModelRegistry.get_supported_archs():
-        ModelRegistry.register_model(
-            CLOVER_ARCHITECTURE, "vllm_clover.integration.model:CloverDraftModel"
-        )
+        ModelRegistry.register_model(CLOVER_ARCHITECTURE, "vllm_clover.core.model:CloverDraftModel")
     logger.info(
         "vllm-clover %s active (vLLM %s, process %s, pid %d)",
         __version__,

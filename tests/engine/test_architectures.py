@@ -14,15 +14,15 @@ from __future__ import annotations
 import pytest
 from spec_checks import assert_clover_speculated, greedy_with_and_without_clover
 
-from vllm_clover.cli import main
-from vllm_clover.modeling.checkpoint import read_config_json
-from vllm_clover.training import TrainConfig, TrainingError, train
-from vllm_clover.training.tiny import (
+from tiny_targets import (
     build_tiny_target,
     synthetic_conversations,
     torch_threads,
     write_jsonl,
 )
+from vllm_clover.cli import main
+from vllm_clover.modeling.checkpoint import read_config_json
+from vllm_clover.training import TrainConfig, TrainingError, train
 
 pytestmark = pytest.mark.engine
 

@@ -28,10 +28,7 @@ from spec_checks import (
     assert_clover_speculated,
     assert_trees_verified,
     drawn_drafts,
-    goodput_budget,
-    script_budget,
     speculation,
-    subset_steps,
     tree_paths,
     tree_stats,
 )
@@ -161,31 +158,21 @@ def _verified_with_probs(worker) -> int:
     return worker.model_runner.rejection_sampler.calls_with_probs
 
 
-def _every_other_step_a_subset(step: int, batch: int) -> tuple[int, int | None]:
-    """K = SAMPLED_DRAFTS at every step (the test's power); every other step at a batch
-    above 4 a subset trial, drafting for 4 requests."""
-    return SAMPLED_DRAFTS, 4 if step % 2 and batch > 4 else None
-
-
 @pytest.fixture(scope="module")
-def drawn_samples(reference_target) -> tuple[dict[str, list], object, int, int, tuple]:
+def drawn_samples(reference_target) -> tuple[dict[str, list], object, int, int]:
     """The same with the reference heads' drafts drawn from their distributions, which a
     chain does when draft_sample_method is not given (seeded requests draw with their own
-    generators), every other step drafting for 4 requests only (the goodput budget's
-    subset trials, scripted); the requests drawn for, the verification steps that got those
-    distributions, and the subset steps (the proposer's, the controller's, and the drafts
-    of subset steps accepted). (Drawn drafts verified as one-hot ones would follow the
-    target's distribution too, accepted less often: only the count shows the rule.)"""
+    generators), K = SAMPLED_DRAFTS at every step (the test's power); the requests drawn
+    for, and the verification steps that got those distributions. (Drawn drafts verified
+    as one-hot ones would follow the target's distribution too, accepted less often: only
+    the count shows the rule.)"""
     spec = {"method": "clover", "model": str(REFERENCE_HEADS)}
-    spec.update(num_speculative_tokens=SAMPLED_DRAFTS, draft_budget="goodput")
+    spec.update(num_speculative_tokens=SAMPLED_DRAFTS, draft_budget="fixed")
     with in_process_llm(reference_target, speculative_config=spec, **ENGINE) as llm:
         llm.collective_rpc(_count_verified_with_probs)
-        script_budget(llm, _every_other_step_a_subset)
         samples = {name: _sample(llm, 3 * NUM_SAMPLES, 1.0, **s) for name, s in SAMPLERS.items()}
         (with_probs,) = llm.collective_rpc(_verified_with_probs)
-        log = goodput_budget(llm).log
-        subsets = (subset_steps(llm), log.subset_steps, log.subset_accepted)
-        return samples, speculation(llm), drawn_drafts(llm), with_probs, subsets
+        return samples, speculation(llm), drawn_drafts(llm), with_probs
 
 
 def _p_values(a, b):
@@ -223,10 +210,9 @@ def test_drawn_drafts_leave_the_target_distribution(vanilla_samples, drawn_sampl
     """T = 1 (and with top-k, top-p) with drafts drawn from the heads' distributions (the
     default): vLLM verifies them against those distributions (min(1, p/q), then
     max(p - q, 0)), and the samples are distributed as vanilla's; drafts were drawn and
-    accepted, those of subset trials (the others' distributions zero) included."""
-    samples, stats, drawn, with_probs, (subsets, scheduled, accepted) = drawn_samples
+    accepted."""
+    samples, stats, drawn, with_probs = drawn_samples
     assert drawn > 0 and with_probs > 0, (drawn, with_probs)  # drawn, verified with q
-    assert subsets == scheduled > 0 and accepted > 0, (subsets, scheduled, accepted)
     assert_clover_speculated(stats, k=SAMPLED_DRAFTS)
     p_values = _p_values(vanilla_samples[sampler][0], samples[sampler])
     assert min(p_values) > ALPHA / 2, p_values

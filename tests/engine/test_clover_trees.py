@@ -173,8 +173,8 @@ def test_goodput_budget_prunes_trees_alone_and_equals_vanilla(reference_target, 
     """draft_budget "goodput" with a tree: the runner prices a verification row from the
     steps it times, and each request drafts the nodes whose path probability is worth that
     price. Alone (batch 1) a row is cheap, so trees are drafted, pruned per request."""
+    from vllm_clover.budget.tree import TreeBudgetConfig
     from vllm_clover.bundled import REFERENCE_HEADS
-    from vllm_clover.integration.tree_budget import TreeBudgetConfig
 
     spec = {"method": "clover", "model": str(REFERENCE_HEADS), "draft_budget": "goodput"}
     spec["speculative_token_tree"] = TEST_TREE

@@ -1,11 +1,11 @@
-"""The fitting math under the step-cost model (integration/piecewise_fit.py)."""
+"""The fitting math under the step-cost model (budget/piecewise_fit.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from vllm_clover.integration.piecewise_fit import hats, nonnegative_least_squares
+from vllm_clover.budget.piecewise_fit import hats, nonnegative_least_squares
 
 pytestmark = pytest.mark.unit
 

@@ -8,8 +8,8 @@ import random
 import numpy as np
 import pytest
 
-from vllm_clover.integration.goodput import GoodputConfig
-from vllm_clover.integration.step_cost import StepCostModel, cost_knots
+from vllm_clover.budget.goodput import GoodputConfig
+from vllm_clover.budget.step_cost import StepCostModel, cost_knots
 
 pytestmark = pytest.mark.unit
 
@@ -28,7 +28,7 @@ def test_cost_model_recovers_a_known_linear_cost():
         model.observe(
             0.01 + 0.001 * tokens + 0.002 * (k > 0) + k * (0.003 + 0.0002 * batch), tokens, k, batch
         )
-    *_, g, c, e, _ = model.knot_values()
+    *_, g, c, e = model.knot_values()
     assert (g, c, e) == pytest.approx((0.002, 0.003, 0.0002), rel=0.05)
     assert model.predict(100, 0, 16) == pytest.approx(0.11, rel=0.02)
 

@@ -5,7 +5,7 @@ decoding steps only."""
 import pytest
 import torch
 
-from vllm_clover.integration.tree_budget import TreeBudget, TreeBudgetConfig
+from vllm_clover.budget.tree import TreeBudget, TreeBudgetConfig
 from vllm_clover.tree import TokenTree, TreeVerdict
 
 pytestmark = pytest.mark.unit
@@ -50,7 +50,7 @@ def test_warmup_and_the_verifier_feeds_decoding_steps_only():
     """Until warmup_steps decoding steps are measured the threshold is `start`. The
     verifier times each step from its start to the next one's, counts its requests plus
     the nodes accepted, and skips steps with a prefill chunk."""
-    from vllm_clover.integration.tree_step import TreeVerifier
+    from vllm_clover.tree.step import TreeVerifier
 
     tree = TokenTree.parse("[(0,), (1,), (0, 0)]")
     trees = TreeVerifier(tree, budget=TreeBudget(TreeBudgetConfig(warmup_steps=2)))

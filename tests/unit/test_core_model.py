@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from helpers import tiny_config
-from vllm_clover.integration.model import augmenting_layer_config, build_tables
+from vllm_clover.core.model import augmenting_layer_config, build_tables
 from vllm_clover.modeling import TargetTables
 
 pytestmark = pytest.mark.unit

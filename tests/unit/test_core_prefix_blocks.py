@@ -1,4 +1,4 @@
-"""BlockFollowers (integration/prefix_blocks.py): which token followed each cached block,
+"""BlockFollowers (core/prefix_blocks.py): which token followed each cached block,
 and which prefix-cache hits keep their last block."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from vllm_clover.integration.prefix_blocks import BlockFollowers
+from vllm_clover.core.prefix_blocks import BlockFollowers
 
 pytestmark = pytest.mark.unit
 

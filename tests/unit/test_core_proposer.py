@@ -1,5 +1,5 @@
 """CloverProposer's pieces that need no engine: the draft log, the index of each request's
-last accepted token, and the drafting subset of a trial."""
+last accepted token, and chains drafted with and without drawn drafts."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from vllm_clover.integration.proposer import CloverProposer, DraftLog, _last_accepted
+from vllm_clover.core.proposer import CloverProposer, DraftLog, _last_accepted
 
 pytestmark = pytest.mark.unit
 
@@ -49,10 +49,9 @@ class RecordingHeads:
         return t0[:, None] + torch.arange(1, k + 1)
 
 
-def trial_proposer(drafting, req_ids="abcd", probabilistic=False) -> CloverProposer:
+def chain_proposer(probabilistic=False) -> CloverProposer:
     proposer = CloverProposer.__new__(CloverProposer)  # no engine: only what drafting reads
-    proposer.drafting, proposer.trees, proposer.min_confidence = drafting, None, None
-    proposer.runner = SimpleNamespace(input_batch=SimpleNamespace(req_ids=list(req_ids)))
+    proposer.trees, proposer.min_confidence = None, None
     proposer.model = SimpleNamespace(
         heads=RecordingHeads(), tables=SimpleNamespace(draft_vocab_ids=torch.tensor([0, 2, 4]))
     )
@@ -63,36 +62,27 @@ def trial_proposer(drafting, req_ids="abcd", probabilistic=False) -> CloverPropo
     return proposer
 
 
-def test_a_trial_drafts_for_its_subset_and_the_others_get_minus_ones():
-    """drafting [d, b] of requests (a, b, c, d): rows (1, 3) draft, the others' rows are
-    -1 (the draft_lengths patch cuts them to no drafts); the head loop ran on 2 rows."""
-    proposer = trial_proposer(["d", "b"])
-    rows = proposer._drafting_rows(4, 2, torch.zeros(1))
-    assert rows.tolist() == [1, 3] and proposer.draft_log.subset_steps == 1
-    t0 = torch.tensor([10, 20, 30, 40])
-    h0 = torch.zeros(2, 8)  # the drafting requests' rows only
-    drafts = proposer._draft(h0, t0, 2, SimpleNamespace(all_greedy=True), rows)
-    assert drafts.tolist() == [[-1, -1], [21, 22], [-1, -1], [41, 42]]
-    assert proposer.model.heads.rows == 2
-    assert trial_proposer(None)._drafting_rows(4, 2, t0) is None  # every request drafts
-    assert trial_proposer(["a", "b"], "ab")._drafting_rows(2, 2, t0) is None  # all of them
-    assert trial_proposer(["a"])._drafting_rows(4, 0, t0) is None  # K = 0 drafts nothing
+def test_a_chain_drafts_k_per_request_and_k0_drafts_nothing():
+    proposer = chain_proposer()
+    t0 = torch.tensor([10, 20, 30])
+    drafts = proposer._draft(torch.zeros(3, 8), t0, 2, SimpleNamespace(all_greedy=True))
+    assert drafts.tolist() == [[11, 12], [21, 22], [31, 32]]
+    assert proposer.model.heads.sampler is None  # greedy requests: argmax drafts
+    assert proposer._draft(torch.zeros(3, 8), t0, 0, None).shape == (3, 0)
 
 
-def test_drawn_drafts_of_a_subset_keep_their_rows_and_generators():
-    """T > 0 with drawn drafts: the sampler sees the subset's temperatures and the seeded
-    generator of runner row 3 as its row 1; q is scattered back to (num_reqs, k, V), zero
-    for the requests that did not draft."""
-    proposer = trial_proposer(["b", "d"], probabilistic=True)
+def test_drawn_drafts_keep_each_requests_temperature_and_generator():
+    """T > 0 with drawn drafts: the sampler sees every request's temperature and the seeded
+    generator of runner row 3; q comes back as (num_reqs, k, V) over the target vocabulary."""
+    proposer = chain_proposer(probabilistic=True)
     generator = torch.Generator().manual_seed(0)
     metadata = SimpleNamespace(
         all_greedy=False, temperature=torch.tensor([0.0, 1.0, 0.5, 0.7]), generators={3: generator}
     )
-    rows = proposer._drafting_rows(4, 1, torch.zeros(1))
-    proposer._draft(torch.zeros(2, 8), torch.tensor([1, 2, 3, 4]), 1, metadata, rows)
+    proposer._draft(torch.zeros(4, 8), torch.tensor([1, 2, 3, 4]), 1, metadata)
     sampler = proposer.model.heads.sampler
-    assert sampler.temperature.tolist() == pytest.approx([1.0, 0.7])
-    assert sampler.generators == {1: generator}
+    assert sampler.temperature[1:].tolist() == pytest.approx([1.0, 0.5, 0.7])  # row 0: greedy
+    assert sampler.generators == {3: generator}
     probs = proposer._last_draft_probs
-    assert probs.shape == (4, 1, 5) and probs[[0, 2]].abs().sum() == 0
-    assert probs[[1, 3]].sum(dim=-1).flatten().tolist() == pytest.approx([1.0, 1.0])
+    assert probs.shape == (4, 1, 5)
+    assert probs[[1, 2, 3]].sum(dim=-1).flatten().tolist() == pytest.approx([1.0, 1.0, 1.0])

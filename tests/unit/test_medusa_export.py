@@ -131,7 +131,7 @@ def test_export_medusa_loads_in_vllm_losslessly(
     assert config.truncated_vocab_size == (draft_vocab_size or V)
     stand_in = MedusaStandIn(config, vllm_medusa)
     weights = load_file(out / "model.safetensors").items()
-    from vllm_clover.integration.patches import apply_patches
+    from vllm_clover.patches import apply_patches
 
     apply_patches()  # as in every vLLM process: the medusa_token_map patch reports token_map
     with torch.no_grad():

@@ -11,16 +11,17 @@ from pathlib import Path
 
 import pytest
 
+from vllm_clover import patches
 from vllm_clover.compat import supported_vllm_version
-from vllm_clover.integration import patches, proposer
-from vllm_clover.integration.patches import LEDGER, PATCHES, fingerprint
+from vllm_clover.core import proposer
+from vllm_clover.patches import LEDGER, PATCHES, fingerprint
 
 pytestmark = pytest.mark.unit
 
 
 def test_every_fingerprint_matches_the_installed_vllm():
     """Fails when vLLM changes any code we patch, override or rely on: re-read it, then update
-    the entry (`python -m vllm_clover.integration.patches.fingerprint` lists what changed)."""
+    the entry (`python -m vllm_clover.patches.fingerprint` lists what changed)."""
     stale = fingerprint.stale_targets()
     assert stale == [], "\n".join(
         f"{name}: {target} recorded {old}, installed {new}" for name, target, old, new in stale
@@ -83,13 +84,13 @@ def test_the_proposer_uses_only_what_the_ledger_lists():
     listed = {
         target.rsplit(".", 1)[-1]
         for entry in LEDGER
-        if entry.used_by == "integration/proposer.py"
+        if entry.used_by == "core/proposer.py"
         for target in entry.targets
     }
     listed |= {attribute for entry in LEDGER for attribute in entry.attributes}
     used = _base_members_the_proposer_uses()
     assert {"propose", "set_inputs_first_pass", "kv_cache_gid"} <= used  # the scan works
-    assert used - listed == set(), "add these to the ledger (integration/patches/reliances.py)"
+    assert used - listed == set(), "add these to the ledger (patches/reliances.py)"
 
 
 def test_patches_apply_once_and_admit_clover():
@@ -125,3 +126,31 @@ def test_fixes_for_every_engine_can_be_skipped_by_name(monkeypatch):
     monkeypatch.setenv(patches.SKIP_FIXES_ENV, "own")
     with pytest.raises(ValueError, match="own is not one of the fixes that change every engine"):
         patches.apply_patches()
+
+
+def test_nothing_of_the_plugins_is_hung_on_vllms_objects_but_the_channel():
+    """The plugin's data travels between vLLM's scheduler, runner and attention metadata in
+    the one typed channel (patches/channel.py, ledger entry clover_channel): no attribute
+    named clover_* is set or read anywhere in the package."""
+    import re
+
+    import vllm_clover
+
+    side_channel = re.compile(r"\.clover_\w+\s*=|(?:get|set|has)attr\([^)]*[\"']clover_")
+    found = [
+        f"{path.name}:{number}"
+        for path in Path(vllm_clover.__file__).parent.rglob("*.py")
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if side_channel.search(line)
+    ]
+    assert found == []
+    channel = next(e for e in LEDGER if e.name == "clover_channel")
+    from vllm_clover.patches.channel import CHANNEL
+
+    assert channel.attributes == (CHANNEL,)
+
+
+def test_every_fix_for_every_engine_names_the_vllm_bug_it_works_around():
+    fixes = [e for e in PATCHES if e.every_engine]
+    assert {e.name for e in fixes} >= {"cpu_float_expand", "cpu_malloc", "cpu_bf16_gemm"}
+    assert all(len(e.upstream) > 40 for e in fixes), [e.name for e in fixes if not e.upstream]

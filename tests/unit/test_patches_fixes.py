@@ -1,12 +1,12 @@
-"""vLLM fixes that are not Clover's (integration/patches/fixes.py): float expand on CPU, Medusa's
+"""vLLM fixes that are not Clover's (patches/fixes.py): float expand on CPU, Medusa's
 token_map, a bounded HTTP shutdown, and the plain sampler for a step without drafts."""
 
 import pytest
 import torch
 
-from vllm_clover.integration import patches
-from vllm_clover.integration.patches import fixes
-from vllm_clover.integration.patches.marking import MARKER
+from vllm_clover import patches
+from vllm_clover.patches import fixes
+from vllm_clover.patches.marking import MARKER
 
 pytestmark = pytest.mark.unit
 

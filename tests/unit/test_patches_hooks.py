@@ -1,4 +1,4 @@
-"""The bench's drafting timer (integration/patches/hooks.py) on a stand-in worker."""
+"""The bench's drafting timer (patches/hooks.py) on a stand-in worker."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from vllm_clover.integration.patches.hooks import drafting_time, time_drafting
+from vllm_clover.patches.hooks import drafting_time, time_drafting
 
 pytestmark = pytest.mark.unit
 
@@ -34,7 +34,7 @@ def test_timer_counts_calls_and_passes_everything_through():
 
 
 def test_step_phases_are_timed_per_method():
-    from vllm_clover.integration.patches.hooks import method_times, time_methods
+    from vllm_clover.patches.hooks import method_times, time_methods
 
     class PhasedRunner(Runner):
         def _sample(self):

@@ -1,4 +1,4 @@
-"""The patches that make "clover" a speculative method (integration/patches/method.py)."""
+"""The patches that make "clover" a speculative method (patches/method.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import get_args
 
 import pytest
 
-from vllm_clover.integration import patches
+from vllm_clover import patches
 
 pytestmark = pytest.mark.unit
 
@@ -59,7 +59,7 @@ def test_draft_lengths_cut_each_clover_row_at_its_first_minus_one():
 def test_clover_keys_of_speculative_config_are_clover_only():
     from vllm.config.speculative import SpeculativeConfig
 
-    from vllm_clover.integration.checks import CloverStartupError
+    from vllm_clover.core.checks import CloverStartupError
 
     patches.apply_patches()
     assert SpeculativeConfig(method="ngram", num_speculative_tokens=2).draft_confidence is None
@@ -73,10 +73,10 @@ def test_clover_keys_of_speculative_config_are_clover_only():
 
 def test_draft_sample_method_tells_no_setting_from_greedy():
     """Not given, it is None until post_init resolves it: vLLM's "greedy" for other methods
-    (Clover's chains: "probabilistic", see test_integration_checks); given, it is kept."""
+    (Clover's chains: "probabilistic", see test_checks); given, it is kept."""
     from vllm.config.speculative import SpeculativeConfig
 
-    from vllm_clover.integration.patches.method import vllm_draft_sample_default
+    from vllm_clover.patches.method import vllm_draft_sample_default
 
     patches.apply_patches()
     patches.apply_patches()

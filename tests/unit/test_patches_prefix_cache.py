@@ -1,4 +1,4 @@
-"""The prefix_block_drop patch (integration/patches/prefix_cache.py): which engines follow
+"""The prefix_block_drop patch (patches/prefix_cache.py): which engines follow
 their blocks, and what a real vLLM KV-cache manager then keeps of a prefix-cache hit."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from vllm.v1.request import Request
 
-from vllm_clover.integration.checks import CloverStartupError
-from vllm_clover.integration.patches.prefix_cache import block_followers, follow_blocks
-from vllm_clover.integration.prefix_blocks import BlockFollowers
+from vllm_clover.core.checks import CloverStartupError
+from vllm_clover.core.prefix_blocks import BlockFollowers
+from vllm_clover.patches.prefix_cache import block_followers, follow_blocks
 
 pytestmark = pytest.mark.unit
 

@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from vllm_clover.integration import patches
+from vllm_clover import patches
 
 pytestmark = pytest.mark.unit
 

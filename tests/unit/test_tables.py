@@ -186,7 +186,7 @@ def test_draft_vocab_from_counts_and_its_check():
 def test_a_packer_packs_the_float32_draft_rows_once() -> None:
     """choose_scoring with a packer (the serving layer's GEMM): float32 rows go through it,
     packed when the rows are first gathered and reused after (bfloat16 rows alike,
-    tests/unit/test_integration_cpu_gemm.py)."""
+    tests/unit/test_cpu_gemm.py)."""
     model, _ = random_clover(tiny_config(draft_vocab_size=16))
     model.tables.set_draft_vocab(IDS)
     packed = []

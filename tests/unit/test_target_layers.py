@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tiny_targets import tiny_target_config
 from vllm_clover.modeling import AugmentingBlock, CloverConfig
 from vllm_clover.modeling.target_layers import (
     bias_fields,
@@ -17,7 +18,6 @@ from vllm_clover.modeling.target_layers import (
     select_last_layers,
     strip_layer_prefix,
 )
-from vllm_clover.training.tiny import tiny_target_config
 
 pytestmark = pytest.mark.unit
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tiny_targets import build_tiny_tokenizer, synthetic_conversations
 from vllm_clover.assets.data import Conversation, Message
 from vllm_clover.training.config import TrainingError
 from vllm_clover.training.data import (
@@ -20,7 +21,6 @@ from vllm_clover.training.data import (
     tokenize_all,
     tokenize_conversation,
 )
-from vllm_clover.training.tiny import build_tiny_tokenizer, synthetic_conversations
 
 pytestmark = pytest.mark.unit
 

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from helpers import hf_replies
+from tiny_targets import tiny_workspace, torch_threads
 from vllm_clover.assets.data import Conversation, Message
 from vllm_clover.cli import main
 from vllm_clover.training.data import load_conversations
 from vllm_clover.training.generate_data import length_batches, regenerate
-from vllm_clover.training.tiny import tiny_workspace, torch_threads
 
 pytestmark = pytest.mark.unit
 

@@ -9,6 +9,12 @@ import pytest
 import torch
 
 from helpers import chi_square_fit, hf_replies
+from tiny_targets import (
+    build_tiny_target,
+    synthetic_conversations,
+    tiny_workspace,
+    torch_threads,
+)
 from vllm_clover.training.config import TrainingError
 from vllm_clover.training.data import load_conversations
 from vllm_clover.training.generate_data import prompt_ids
@@ -19,12 +25,6 @@ from vllm_clover.training.static_decode import (
     grouped_attention_in,
 )
 from vllm_clover.training.teacher import load_teacher
-from vllm_clover.training.tiny import (
-    build_tiny_target,
-    synthetic_conversations,
-    tiny_workspace,
-    torch_threads,
-)
 
 pytestmark = pytest.mark.unit
 

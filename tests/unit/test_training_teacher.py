@@ -12,6 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
+from tiny_targets import synthetic_conversations, tiny_workspace, torch_threads
 from vllm_clover.training import cache as cache_module
 from vllm_clover.training.cache import HiddenStateCache, padded_batch
 from vllm_clover.training.config import TrainingError
@@ -25,7 +26,6 @@ from vllm_clover.training.teacher import (
     resolve_target,
     teacher_forward,
 )
-from vllm_clover.training.tiny import synthetic_conversations, tiny_workspace, torch_threads
 
 pytestmark = pytest.mark.unit
 
@@ -296,8 +296,8 @@ def test_teacher_forward_over_some_rows_returns_target_ids(teacher) -> None:
 
 def test_a_soft_capped_target_is_refused_naming_why() -> None:
     """Gemma 2 soft-caps its logits: on small logits a probe cannot see it, the config can."""
+    from tiny_targets import tiny_target_config
     from vllm_clover.training.teacher import check_architecture
-    from vllm_clover.training.tiny import tiny_target_config
 
     special = {"pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2}
     config, model_class = tiny_target_config("gemma2", 97, hidden_size=32, **special)

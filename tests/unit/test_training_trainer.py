@@ -13,6 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from tiny_targets import tiny_workspace, torch_threads
 from vllm_clover.cli import main
 from vllm_clover.modeling import draft_vocab_from_counts, load_clover
 from vllm_clover.modeling.checkpoint import load_clover_config
@@ -27,7 +28,6 @@ from vllm_clover.training.pipeline import DataSpec, prepare
 from vllm_clover.training.runtime import Runtime
 from vllm_clover.training.schedule import PROBE_STEPS
 from vllm_clover.training.teacher import load_teacher
-from vllm_clover.training.tiny import tiny_workspace, torch_threads
 from vllm_clover.training.trainer import TrainLoop, parameter_groups
 
 pytestmark = pytest.mark.unit

@@ -37,7 +37,7 @@ def _write(isa, key_cache, value_cache, keys, values, table, block_size):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("block_size", "head_size"), [(32, 64), (128, 64), (64, 128)])
 def test_the_probed_layout_reads_back_what_vllm_wrote(dtype, block_size, head_size):
-    from vllm_clover.integration.tree_attention import CacheLayout, TreePlan
+    from vllm_clover.tree.cpu_attention import CacheLayout, TreePlan
 
     isa, kv_cache, key_cache, value_cache = _cache(dtype, block_size, head_size)
     table = torch.tensor([[4, 1, 5], [2, 3, 0]])
@@ -62,7 +62,7 @@ def test_batched_rows_equal_the_reference_tree_attention(read):
     the keys and values put in order by their strided views, or gathered entry by entry."""
     import dataclasses
 
-    from vllm_clover.integration.tree_attention import CacheLayout, TreePlan, tree_attention_rows
+    from vllm_clover.tree.cpu_attention import CacheLayout, TreePlan, tree_attention_rows
 
     gen = torch.Generator().manual_seed(0)
     block_size, hs, nh, nkv, t = 32, 64, 4, 2, TREE.num_nodes + 1
@@ -101,7 +101,7 @@ def test_blockwise_rows_equal_the_gathered_read(dtype, block_size, head_size):
     """For every block size, head size and cache dtype: where the probed layout is plain
     (every vLLM-CPU ISA this machine picks), reading the blocks as stored gives the rows
     that the ordered read does; bfloat16 caches are read in float32 both ways."""
-    from vllm_clover.integration.tree_attention import (
+    from vllm_clover.tree.cpu_attention import (
         CacheLayout,
         TreePlan,
         blockwise_rows,
@@ -131,7 +131,7 @@ def test_blockwise_rows_equal_the_gathered_read(dtype, block_size, head_size):
 def test_entry_index_moves_a_slot_in_the_kernel_layout():
     """Compaction copies a slot's key and value through entry_index: reading the cache back
     shows the destination slot holding the source's entries, the others untouched."""
-    from vllm_clover.integration.tree_attention import CacheLayout, TreePlan, entry_index
+    from vllm_clover.tree.cpu_attention import CacheLayout, TreePlan, entry_index
 
     block_size, hs, nkv = 32, 64, 2
     isa, kv_cache, key_cache, value_cache = _cache(torch.float32, block_size, hs, 4, nkv)
@@ -156,7 +156,7 @@ def test_a_layout_that_is_not_strided_is_read_entry_by_entry():
     and reads the same keys and values as the strided read."""
     import dataclasses
 
-    from vllm_clover.integration.tree_attention import CacheLayout, TreePlan
+    from vllm_clover.tree.cpu_attention import CacheLayout, TreePlan
 
     block_size, hs = 32, 64
     isa, kv_cache, key_cache, value_cache = _cache(torch.float32, block_size, hs)
@@ -177,7 +177,7 @@ def test_a_layout_that_is_not_strided_is_read_entry_by_entry():
 def test_strided_half_finds_tiles_and_refuses_a_shuffle():
     """A tiled layout (tokens in tiles of 4, channels in pairs) is found as its strided view;
     a shuffled block has none."""
-    from vllm_clover.integration.tree_attention import StridedHalf
+    from vllm_clover.tree.cpu_attention import StridedHalf
 
     j, d = torch.arange(8)[:, None], torch.arange(6)[None, :]
     tiled = (j // 4) * 24 + (d // 2) * 8 + (j % 4) * 2 + d % 2  # (8, 6)
@@ -189,7 +189,7 @@ def test_strided_half_finds_tiles_and_refuses_a_shuffle():
 
 def test_plain_names_how_a_block_half_is_stored():
     """Rows (block, head) row-major and their transpose are plain; tiles and an offset not."""
-    from vllm_clover.integration.tree_attention import StridedHalf
+    from vllm_clover.tree.cpu_attention import StridedHalf
 
     j, d = torch.arange(8)[:, None], torch.arange(6)[None, :]
     assert StridedHalf.find(j * 6 + d).plain == "rows"

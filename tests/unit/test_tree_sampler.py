@@ -32,7 +32,7 @@ def _one_hot_logits(argmax_rows):
 
 
 def test_padded_layout_docstring_example():
-    from vllm_clover.integration.tree_sampler import _padded
+    from vllm_clover.tree.sampler import _padded
 
     tree = TokenTree.parse("[(0,), (1,), (0, 0)]")
     drafts, rows = _padded(tree, [2, 0], torch.tensor([7, 8]))
@@ -47,7 +47,7 @@ def test_padded_layout_docstring_example():
 def test_greedy_verdict_on_subsets_reads_each_nodes_own_row():
     """Request 0 drafted n0 = 2 and n2 = 5 (not n1): the target's 2 after the root, then 5
     after n0, accepts n0 -> n2; request 1 drafted n1 = 4 alone and the target agrees."""
-    from vllm_clover.integration.tree_sampler import verify_trees
+    from vllm_clover.tree.sampler import verify_trees
 
     nodes = torch.tensor([[0, 2], [1, -1]])
     argmax = [2, 5, 0, 4, 1]  # rows: r0 root, n0, n2; r1 root, n1
@@ -59,7 +59,7 @@ def test_greedy_verdict_on_subsets_reads_each_nodes_own_row():
 
 
 def test_greedy_batch_with_a_request_without_drafts():
-    from vllm_clover.integration.tree_sampler import verify_trees
+    from vllm_clover.tree.sampler import verify_trees
 
     # request 0: nodes n0=2, n1=4, n2=5; request 1: no drafts (one row); request 2: n0=1, n1=3
     drafts = torch.tensor([2, 4, 5, 1, 3])
@@ -71,7 +71,7 @@ def test_greedy_batch_with_a_request_without_drafts():
 
 
 def test_allowed_token_ids_mask_every_row():
-    from vllm_clover.integration.tree_sampler import verify_trees
+    from vllm_clover.tree.sampler import verify_trees
 
     allowed = torch.ones(1, V, dtype=torch.bool)  # True = masked out, as vLLM keeps it
     allowed[0, [2, 3]] = False
@@ -86,8 +86,8 @@ def test_allowed_token_ids_mask_every_row():
 def test_seeded_requests_reproduce_their_samples():
     from vllm.platforms import current_platform
 
-    from vllm_clover.integration import patches
-    from vllm_clover.integration.tree_sampler import verify_trees
+    from vllm_clover import patches
+    from vllm_clover.tree.sampler import verify_trees
 
     patches.apply_patches()  # cpu_float_expand: temperature per row
     current_platform.register_triton_kernel_overrides()  # as a worker does at start-up

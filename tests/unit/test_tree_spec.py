@@ -41,7 +41,7 @@ def test_ancestor_mask_and_positions_of_the_example():
         dtype=torch.bool,
     )
     assert torch.equal(tree.ancestor_mask, expected)
-    assert tree.position_offsets().tolist() == [0, 1, 1, 2, 2, 2, 3]
+    assert tree.depths == (1, 1, 2, 2, 2, 3)
     assert torch.equal(TokenTree.chain(3).ancestor_mask, torch.ones(4, 4).tril().bool())
 
 

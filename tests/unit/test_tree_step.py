@@ -13,7 +13,7 @@ TREE = TokenTree.parse("[(0,), (1,), (0, 0)]")
 
 
 def _step():
-    from vllm_clover.integration.tree_step import TreeStep
+    from vllm_clover.tree.step import TreeStep
 
     # Three requests: a 5-token prefill chunk (no drafts), 3 nodes, 2 nodes (a BFS prefix).
     return TreeStep.of(TREE, [0, 3, 2], np.array([0, 5, 9, 12]))
@@ -33,7 +33,7 @@ def test_rows_of_the_tree_requests():
 def test_the_kernel_runs_only_when_other_rows_share_the_step():
     """The prefill chunk's 5 rows need vLLM's causal kernel; a step of tree rows alone does
     not."""
-    from vllm_clover.integration.tree_step import TreeStep
+    from vllm_clover.tree.step import TreeStep
 
     assert not _step().covers(12)
     assert TreeStep.of(TREE, [3, 2], np.array([0, 4, 7])).covers(7)
@@ -42,7 +42,7 @@ def test_the_kernel_runs_only_when_other_rows_share_the_step():
 
 
 def test_no_drafts_no_step():
-    from vllm_clover.integration.tree_step import TreeStep
+    from vllm_clover.tree.step import TreeStep
 
     assert TreeStep.of(TREE, [0, 0], np.array([0, 3, 4])) is None
 
@@ -66,7 +66,7 @@ def test_chain_order_moves_accepted_paths_after_their_roots():
 
 
 def test_verifier_counts_paths_off_the_chain_and_by_depth():
-    from vllm_clover.integration.tree_step import TreeVerifier
+    from vllm_clover.tree.step import TreeVerifier
 
     trees = TreeVerifier(TREE)
     nodes = torch.tensor([[0, 1, 2], [0, 2, -1], [1, -1, -1]])  # the second skips n1
@@ -82,7 +82,7 @@ WIDE = TokenTree.parse("[(0,), (1,), (0, 0), (0, 1), (1, 0)]")
 def _subset_step():
     """One request drafting n1, n4 (row 1: (1,), row 2: (1, 0)) after a root at row 3, and
     one drafting all five nodes after a root at row 6."""
-    from vllm_clover.integration.tree_step import TreeStep
+    from vllm_clover.tree.step import TreeStep
 
     drafted = [None, ([1, 4], [0.5, 0.25]), ([0, 1, 2, 3, 4], [0.5] * 5)]
     return TreeStep.of(WIDE, [0, 2, 5], np.array([0, 3, 6, 12]), drafted)
@@ -108,7 +108,7 @@ def test_a_subsets_accepted_path_moves_from_its_own_rows():
 
 
 def test_drafted_subsets_follow_requests_from_proposal_to_verification():
-    from vllm_clover.integration.tree_step import DraftedSubsets
+    from vllm_clover.tree.step import DraftedSubsets
 
     subsets = DraftedSubsets()
     nodes = torch.tensor([[0, 2, 3, -1], [1, -1, -1, -1]])

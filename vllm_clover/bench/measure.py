@@ -5,7 +5,7 @@ engine's life, so every figure here is a difference of two snapshots taken aroun
 call (warm-up and earlier runs on the same engine do not leak in).
 
 Drafting time is measured inside the engine by the ledgered hook
-`integration/patches/hooks.py` (the model runner's `propose_draft_token_ids`, timed).
+`patches/hooks.py` (the model runner's `propose_draft_token_ids`, timed).
 """
 
 from __future__ import annotations
@@ -136,14 +136,14 @@ def metric_total(llm: LLM, name: str) -> float:
 
 def install_drafting_timer(llm: LLM) -> None:
     """Make `read_counters` include the time spent drafting (see the module docstring)."""
-    from vllm_clover.integration.patches.hooks import time_drafting
+    from vllm_clover.patches.hooks import time_drafting
 
     llm.collective_rpc(time_drafting)
 
 
 def read_counters(llm: LLM) -> Counters:
     """A snapshot of the engine's cumulative counters (drafting time summed over workers)."""
-    from vllm_clover.integration.patches.hooks import drafting_time
+    from vllm_clover.patches.hooks import drafting_time
 
     timers = llm.collective_rpc(drafting_time)
     drafting = (sum(t[0] for t in timers), sum(t[1] for t in timers))

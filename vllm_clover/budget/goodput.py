@@ -1,8 +1,8 @@
 """Goodput-driven draft budget: how many tokens a speculative step may draft, chosen per step.
 
-Speculation trades compute for steps. Whether the trade pays depends on the batch: at batch 1
-a step on this CPU is mostly fixed cost and four more tokens are nearly free; at batch 64 the
-target is compute-bound and every drafted token costs as much as a decoded one. A hand-written
+Speculation trades compute for steps. Whether the trade pays depends on the batch and the
+machine: where verifying a few more rows is nearly free, K = 4 pays at batch 1; where the
+target is compute-bound, every drafted token costs as much as a decoded one. A hand-written
 batch-size -> K table (vLLM's `num_speculative_tokens_per_batch_size`) encodes one machine,
 one model and one acceptance rate; `GoodputController` measures all three while serving.
 
@@ -12,39 +12,19 @@ For a step of B requests it predicts, for every K in 0..K_max,
                                                 position i per request offered >= i+1 drafts
     time(K)   = f(B * (1 + D(K)))        D(K) = sum_{i<K} d_i, d_i: drafted at position i
                 + g * [K > 0] + K * (c + e * B)          (the confidence stop makes d_i < 1)
-                + b * R / H * [K > 0]    R: block rows waiting (deferred_block.py), H steps
 
 and drafts with the K of the highest tokens(K) / time(K); K = 0 when no K beats not drafting.
 f (the target's forward, sampling and bookkeeping for N scheduled tokens) is a piecewise-
-linear function of N on knots 1, 2, 4, ...; g, c, e price the head loop, b a row of the
-Augmenting Block that a drafting step catches up (R of them wait after K = 0 steps; a switch
-to K > 0 runs them once, repaid over `switch_horizon` steps H). `StepCostModel` fits them
-to the measured step times by exponentially weighted least squares on relative errors,
-`AcceptanceModel` keeps a_i and d_i from the verified drafts; the choice reads a_i at an upper
-confidence bound (`optimism`), so that a few unlucky early requests cannot hold K at 0. A share
-of steps (`explore`) tries a K next to the best one when the model predicts it within
-`explore_margin` of the best, so that the model keeps being measured where its choice is a
-close call (but not right after a step that drafted nothing: see below), or when fewer than
-`min_measured` decode steps of batch sizes like this one (the same power-of-two bucket: 33-64
-is one) have run it (such a neighbour is drawn first): until then its price rests on the
-warm-up cycle, which drafts on long prefill steps, and a K priced too high there would
-otherwise never be tried again. Under load
-the batch size wanders (64, 61, 58, ...), and a K tried after a stretch of K = 0 runs the
-Augmenting Block's deferred rows too (``deferred_block.py``), one and a half steps' time at
-batch 64: counted per exact batch size, those trials never end. For the same reason an
-unmeasured K is tried in one burst of consecutive steps, not one step at a time: the first step
-of the burst catches the deferred rows up, the others find nothing waiting (eight trials
-scattered over a stretch of K = 0 paid eight catch-ups), and they measure what K costs once it
-runs, not what switching to it costs. Other Ks predicted clearly worse are not tried (their
-price comes from the model, whose terms are linear in K). A close call is tried only from a
-step that drafted: a single step of K = 1 after a stretch of K = 0 first runs the block over
-every row the stretch kept (at batch 64, the prompts of a whole wave of requests: 7,000 rows
-and four steps' time in a traced run, docs/benchmarks.md), which one step's measurement does
-not repay; from K = 0 the model's own choice, and the trials of unmeasured Ks, still switch.
-At a batch larger than `trial_requests` every trial (warm-up, burst, close call, and the
-model's own choice of a K not yet measured in this batch bucket) drafts for that many
-requests only, the ones least behind (``trial_subset.py``): its catch-up is theirs alone, so
-close calls are tried from K = 0 too.
+linear function of N on knots 1, 2, 4, ...; g, c, e price the drafting. `StepCostModel`
+fits them to the measured step times (``step_cost.py``), `AcceptanceModel` keeps a_i and d_i
+from the verified drafts; the choice reads a_i at an upper confidence bound (`optimism`), so
+that a few unlucky early requests cannot hold K at 0.
+
+Exploration keeps the model measured where it chooses: a share of steps (`explore`) tries a
+K next to the best one, when the model predicts it within `explore_margin` of the best, or
+when fewer than `min_measured` decode steps of batch sizes like this one (the same power-of-
+two bucket: 33-64 is one) have run it; an unmeasured K is tried in a burst of consecutive
+steps, so that it is measured as it runs, not from one step among others.
 
 Worked example (illustrative figures, not measurements): f(1) = 30 ms, f(2) = 31.5 ms,
 f(5) = 36 ms, f(16) = 60 ms, f(32) = 96 ms, each head step 3 ms (g = e = 0), a = (0.3, 0.1,
@@ -63,7 +43,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from vllm_clover.integration.step_cost import StepCostModel
+from vllm_clover.budget.step_cost import StepCostModel
 
 
 @dataclass(frozen=True)
@@ -75,15 +55,12 @@ class GoodputConfig:
     explore: float = 1 / 16  # share of steps that try (or start a burst on) the best K -+ 1 ...
     explore_margin: float = 0.2  # ... if predicted within this fraction of the best goodput
     min_measured: int = 8  # ... or if fewer decode steps of this batch bucket measured that K
-    explore_from_zero: bool = False  # close calls tried after a K = 0 step too (pays a catch-up)
-    trial_requests: int = 4  # a trial at a larger batch drafts for this many (0: for all)
-    switch_horizon: int = 16  # steps over which a switch to K > 0 repays its catch-up
     optimism: float = 1.0  # z of the acceptance's upper confidence bound the choice reads
     warmup_steps: int = 0  # first steps cycle K = max_k, 0, max_k - 1, ... (0: max_k + 1)
     cost_memory: float = 0.998  # per-step forgetting of the cost fit (about 500 steps)
     acceptance_memory: float = 0.995  # forgetting per step that verifies drafts
     smoothness: float = 1e-3  # weight of the prior that f is linear between knots
-    refit_every: int = 4  # steps between refits of the cost model (a fit takes ~0.2 ms)
+    refit_every: int = 4  # steps between refits of the cost model
     seed: int = 0  # exploration is pseudo-random, reproducible per engine
 
     def __post_init__(self) -> None:
@@ -91,8 +68,6 @@ class GoodputConfig:
             raise ValueError(f"goodput draft budget needs max_k >= 1, got {self.max_k}")
         if not 0 <= self.explore < 1:
             raise ValueError(f"explore must be in [0, 1), got {self.explore}")
-        if self.trial_requests < 0:
-            raise ValueError(f"trial_requests must be >= 0, got {self.trial_requests}")
 
     @property
     def warmup(self) -> int:
@@ -182,8 +157,6 @@ class BudgetLog:
     chosen: Counter[tuple[int, int]] = field(default_factory=Counter)  # (batch, K) -> steps
     explored: Counter[int] = field(default_factory=Counter)  # K -> steps tried next to best
     warmup: Counter[int] = field(default_factory=Counter)  # K -> steps of the warm-up cycle
-    subset_steps: int = 0  # trials that drafted for `trial_requests` of their batch only
-    subset_accepted: int = 0  # drafts of those trials that the target accepted
 
     def k_by_batch(self) -> dict[int, dict[int, int]]:
         """{batch: {K: steps}} of the decisions the model made (warm-up and exploration
@@ -209,48 +182,30 @@ class GoodputController:
         self._random = random.Random(config.seed)
         self._trial: tuple[int, int] | None = None  # (bucket, K) of the burst under way
         self._trial_steps_left = 0  # ... ends after this many steps even if still unmeasured
-        self.trial_size: int | None = None  # requests the step chosen last drafts for
-        self._last_subset = False  # whether the step observed last drafted for a subset
 
-    def choose(self, batch: int, backlog: float = 0.0) -> int:
-        """The K for a step of `batch` requests; `trial_size` then says how many of them
-        draft (None: all of them). A trial of K > 0 at a batch larger than `trial_requests`
-        drafts for that many (``trial_subset.py``): a step of the warm-up cycle, an
-        exploration, or the model's own choice of a K that fewer than `min_measured` decode
-        steps of this batch bucket have run (its price there is still a guess). `backlog`:
-        the block rows a step drafting for the whole batch would catch up first."""
+    def choose(self, batch: int) -> int:
+        """The K for a step of `batch` requests: a step of the warm-up cycle, an exploration
+        (``_explore``), or the K of the highest predicted goodput."""
         self.steps += 1
         if self.steps <= self.config.warmup:
-            k, trial = _warmup_k(self.steps - 1, self.config.max_k), True
+            k = _warmup_k(self.steps - 1, self.config.max_k)
             self.log.warmup[k] += 1
-        else:
-            goodput = self.predicted_goodput(batch, backlog)
-            best = int(np.argmax(goodput))
-            tried = self._explore(batch, best, goodput)
-            if tried is None:
-                k, trial = (
-                    best,
-                    self.measured[(batch_bucket(batch), best)] < self.config.min_measured,
-                )
-                self.log.chosen[(batch, k)] += 1
-            else:
-                k, trial = tried, True
-                self.log.explored[k] += 1
-        subset = trial and k > 0 and self._subset(batch)
-        self.trial_size = self.config.trial_requests if subset else None
-        return k
-
-    def _subset(self, batch: int) -> bool:
-        """Whether a trial at `batch` drafts for a subset of the batch."""
-        return 0 < self.config.trial_requests < batch
+            return k
+        goodput = self.predicted_goodput(batch)
+        best = int(np.argmax(goodput))
+        tried = self._explore(batch, best, goodput)
+        if tried is None:
+            self.log.chosen[(batch, best)] += 1
+            return best
+        self.log.explored[tried] += 1
+        return tried
 
     def _explore(self, batch: int, best: int, goodput: np.ndarray) -> int | None:
         """The K to try instead of `best` this step, if any: the next step of a burst on an
         unmeasured K, or (one step in 1 / explore) a neighbour that is unmeasured, which
-        starts a burst, or a close call if the last step drafted or the trial is a subset's.
-        Example, min_measured 8, trial_requests 0: K = 1 unmeasured at batch 64 is tried on 8
-        consecutive decode steps of batch sizes 33-64, then only as a close call, and only
-        while K > 0 steps run; a step of batch 16 (another bucket) ends the burst."""
+        starts a burst, or a close call. Example, min_measured 8: K = 1 unmeasured at batch
+        64 is tried on 8 consecutive decode steps of batch sizes 33-64, then only as a close
+        call; a step of batch 16 (another bucket) ends the burst."""
         bucket = batch_bucket(batch)
         if self._trial is not None:
             trial_bucket, trial_k = self._trial
@@ -266,9 +221,7 @@ class GoodputController:
             # a prefill step does not measure, so the burst gets twice its length in steps
             self._trial, self._trial_steps_left = (bucket, near), 2 * self.config.min_measured
             return near
-        # no rows wait, or the trial catches up only the few requests that draft
-        in_sync = self.last_k > 0 or self.config.explore_from_zero or self._subset(batch)
-        if in_sync and goodput[near] >= (1 - self.config.explore_margin) * goodput[best]:
+        if goodput[near] >= (1 - self.config.explore_margin) * goodput[best]:
             return near
         return None
 
@@ -287,44 +240,26 @@ class GoodputController:
         goodput = self.predicted_goodput(batch)
         return int(np.argmax(goodput))
 
-    def predicted_goodput(self, batch: int, backlog: float = 0.0) -> np.ndarray:
-        """[K_max + 1] predicted tokens per second of a step with K = 0..K_max, a K > 0 paying
-        a `switch_horizon`-th of the catch-up of `backlog` waiting block rows."""
+    def predicted_goodput(self, batch: int) -> np.ndarray:
+        """[K_max + 1] predicted tokens per second of a step with K = 0..K_max."""
         rates = self.acceptance.optimistic_rates(self.config.optimism)
         accepted, drafted = (np.concatenate(([0.0], np.cumsum(r))) for r in rates)
         goodput = np.zeros(self.config.max_k + 1)
         for k in range(self.config.max_k + 1):
-            caught_up = backlog / self.config.switch_horizon if k else 0.0
-            seconds = self.cost.predict(batch * (1 + drafted[k]), k, batch, caught_up)
+            seconds = self.cost.predict(batch * (1 + drafted[k]), k, batch)
             goodput[k] = batch * (1 + accepted[k]) / max(seconds, 1e-6)
         return goodput
 
     def observe_step(
-        self,
-        seconds: float,
-        tokens: int,
-        k: int,
-        batch: int,
-        verified: list[tuple[int, int]],
-        drafting: int | None = None,
-        offered: list[int] | None = None,
-        caught_up: float = 0.0,
+        self, seconds: float, tokens: int, k: int, batch: int, verified: list[tuple[int, int]]
     ) -> None:
         """One executed step: its wall time, scheduled tokens, its K and batch, and for each
-        request that decoded, its drafts made in the previous step as (drafted, accepted),
-        (0, 0) without drafts; prefill chunks are not listed. `drafting`: the requests the
-        step drafted for where that was a subset; `offered`: the K each of `verified` was
-        asked to draft (default: the previous step's K for all; 0 outside a subset trial's);
-        `caught_up`: the block rows it ran before its own (the scheduler's estimate)."""
-        self.cost.observe(seconds, tokens, k, batch if drafting is None else drafting, caught_up)
+        request that decoded, its drafts made in the previous step (under that step's K) as
+        (drafted, accepted), (0, 0) without drafts; prefill chunks are not listed."""
+        self.cost.observe(seconds, tokens, k, batch)
         if len(verified) == batch:  # every request decoded: no prefill in the step
             self.measured[(batch_bucket(batch), k)] += 1
-        offered = [self.last_k] * len(verified) if offered is None else offered
-        self.acceptance.observe([(o, n, m) for o, (n, m) in zip(offered, verified, strict=True)])
-        if self._last_subset:
-            self.log.subset_accepted += sum(accepted for _, accepted in verified)
-        self._last_subset = drafting is not None
-        self.log.subset_steps += self._last_subset
+        self.acceptance.observe([(self.last_k, n, m) for n, m in verified])
         self.last_k = k
 
     def summary(self) -> str:

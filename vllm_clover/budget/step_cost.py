@@ -8,16 +8,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from vllm_clover.integration.piecewise_fit import (
+from vllm_clover.budget.piecewise_fit import (
     curvature_penalty,
     hats,
     nonnegative_least_squares,
 )
 
 if TYPE_CHECKING:  # goodput.py imports this module; the config is only annotated here
-    from vllm_clover.integration.goodput import GoodputConfig
+    from vllm_clover.budget.goodput import GoodputConfig
 
-DRAFT_TERMS = 4  # g, c, e, b: the prices after the knots' values
+DRAFT_TERMS = 3  # g, c, e: the prices after the knots' values
 
 
 def cost_knots(max_tokens: int) -> np.ndarray:
@@ -27,12 +27,11 @@ def cost_knots(max_tokens: int) -> np.ndarray:
 
 
 class StepCostModel:
-    """Step time as f(tokens) + g [K > 0] + c K + e K B + b R, fitted online (seconds); R:
-    the block rows the step caught up before its own (the scheduler's estimate).
+    """Step time as f(tokens) + g [K > 0] + c K + e K B, fitted online (seconds).
 
     f is given by its values at the knots (linear interpolation between them, linear
     extrapolation past the last one), written f_j = f_0 + delta_1 + ... + delta_j so that
-    the fit can keep f non-decreasing: every coefficient (f_0, the deltas, g, c, e, b) is held
+    the fit can keep f non-decreasing: every coefficient (f_0, the deltas, g, c, e) is held
     >= 0. Example, knots 1, 2, 4, 8: N = 3 -> hats (0, 0.5, 0.5, 0), f(3) = (f(2) + f(4)) / 2
     = f_0 + delta_1 + delta_2 / 2.
 
@@ -50,7 +49,7 @@ class StepCostModel:
         size = len(self.knots) + DRAFT_TERMS
         self.xtx = np.zeros((size, size))
         self.xty = np.zeros(size)
-        # [size, size]: knot values and drafting prices from (f_0, deltas, g, c, e, b)
+        # [size, size]: knot values and drafting prices from (f_0, deltas, g, c, e)
         self.to_values = np.eye(size)
         self.to_values[: len(self.knots), : len(self.knots)] = np.tril(
             np.ones((len(self.knots),) * 2)
@@ -63,16 +62,14 @@ class StepCostModel:
         self._fitted_at = 0  # observations when last fitted
         self._coef: np.ndarray | None = None
 
-    def features(self, tokens: float, k: int, batch: int, caught_up: float = 0.0) -> np.ndarray:
+    def features(self, tokens: float, k: int, batch: int) -> np.ndarray:
         x = np.zeros(len(self.knots) + DRAFT_TERMS)
         x[: len(self.knots)] = hats(self.knots, tokens)
-        x[-DRAFT_TERMS:] = (1.0 if k > 0 else 0.0, k, k * batch, caught_up)
+        x[-DRAFT_TERMS:] = (1.0 if k > 0 else 0.0, k, k * batch)
         return x @ self.to_values
 
-    def observe(
-        self, seconds: float, tokens: int, k: int, batch: int, caught_up: float = 0.0
-    ) -> None:
-        x = self.features(tokens, k, batch, caught_up)
+    def observe(self, seconds: float, tokens: int, k: int, batch: int) -> None:
+        x = self.features(tokens, k, batch)
         weight = 1.0 / max(seconds, 1e-6) ** 2
         memory = self.config.cost_memory
         self.xtx = memory * self.xtx + weight * np.outer(x, x)
@@ -82,7 +79,7 @@ class StepCostModel:
         self.observations += 1
 
     def coefficients(self) -> np.ndarray:
-        """[f_0, delta_1, ..., g, c, e, b], all >= 0 (refitted every `refit_every` steps)."""
+        """[f_0, delta_1, ..., g, c, e], all >= 0 (refitted every `refit_every` steps)."""
         if self._coef is None or self.observations - self._fitted_at >= self.config.refit_every:
             scale = self.weight_sum / self.count if self.count else 1.0
             self._coef = nonnegative_least_squares(self.xtx + scale * self.penalty, self.xty)
@@ -90,8 +87,8 @@ class StepCostModel:
         return self._coef
 
     def knot_values(self) -> np.ndarray:
-        """[f at each knot, g, c, e, b] in seconds."""
+        """[f at each knot, g, c, e] in seconds."""
         return self.to_values @ self.coefficients()
 
-    def predict(self, tokens: float, k: int, batch: int, caught_up: float = 0.0) -> float:
-        return float(self.features(tokens, k, batch, caught_up) @ self.coefficients())
+    def predict(self, tokens: float, k: int, batch: int) -> float:
+        return float(self.features(tokens, k, batch) @ self.coefficients())

@@ -29,8 +29,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vllm_clover.integration.goodput import GoodputConfig
-from vllm_clover.integration.step_cost import StepCostModel
+from vllm_clover.budget.goodput import GoodputConfig
+from vllm_clover.budget.step_cost import StepCostModel
 
 
 @dataclass(frozen=True)

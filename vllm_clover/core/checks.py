@@ -258,7 +258,7 @@ def resolve_token_tree(spec_config, config: CloverConfig) -> None:
 def resolve_tree_budget(spec_config, config: CloverConfig) -> None:
     """How much of its tree each request drafts, in place: ``draft_budget`` "goodput" (a
     path-probability threshold chosen per step from measured step cost, throughput and
-    calibration: ``integration/tree_budget.py``), a fixed threshold (``draft_confidence``),
+    calibration: ``budget/tree.py``), a fixed threshold (``draft_confidence``),
     or the whole tree ("fixed" without a threshold, the default). A per-batch-size table
     chooses chain lengths and is refused. ValueError naming the problem."""
     budget, confidence = spec_config.draft_budget, spec_config.draft_confidence

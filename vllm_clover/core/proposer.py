@@ -13,7 +13,7 @@ handling, so prefix caching, chunked prefill and preemption apply), so `CloverPr
 `EagleProposer` that runs that pass with the base class's own helpers and then the head loop
 where EAGLE would run K - 1 more draft-model forwards. Every base-class method it overrides or
 calls, and every attribute it reads, is listed in the patches ledger
-(`integration/patches/reliances.py`, entries "proposer_*").
+(`patches/reliances.py`, entries "proposer_*").
 """
 
 from __future__ import annotations
@@ -28,16 +28,10 @@ from vllm.forward_context import set_forward_context
 from vllm.logger import init_logger
 from vllm.v1.spec_decode.eagle import EagleProposer
 
-from vllm_clover.integration.checks import confidence_thresholds
-from vllm_clover.integration.deferred_block import (
-    StepRows,
-    block_deferral,
-    next_token_ids_after,
-)
-from vllm_clover.integration.deferred_passes import run_deferring
-from vllm_clover.integration.parked_blocks import ParkedBlocks
-from vllm_clover.integration.target_tables import attach_target_tables
+from vllm_clover.core.checks import confidence_thresholds
+from vllm_clover.core.target_tables import attach_target_tables
 from vllm_clover.modeling.draft_sampling import DraftSampler
+from vllm_clover.patches.channel import RunnerChannel, channel_of
 from vllm_clover.tree.draft import propose_confident_tree, propose_tree
 from vllm_clover.tree.subset import pack
 
@@ -57,7 +51,6 @@ class DraftLog:
     max_requests: int = 0  # the largest number of requests drafted for in one step
     max_step_tokens: int = 0  # the most tokens the target's forward of a step scheduled
     drawn: int = 0  # requests whose drafts were drawn at random (draft_sample_method)
-    subset_steps: int = 0  # steps that drafted for a subset of their requests (a trial)
     cut_short: int = 0  # chains the confidence stop ended after 1 to K - 1 drafts
     keep_drafts: bool = False
     drafts: list[list[list[int]]] = field(default_factory=list)
@@ -83,7 +76,8 @@ class CloverProposer(EagleProposer):
     def __init__(self, vllm_config, device: torch.device, runner=None) -> None:
         super().__init__(vllm_config, device, runner)
         self.draft_log = DraftLog()
-        self.trees = getattr(runner, "clover_trees", None)  # a TreeVerifier, or None: chains
+        runner_channel = channel_of(runner, RunnerChannel)
+        self.trees = None if runner_channel is None else runner_channel.trees  # None: chains
         self.min_confidence = confidence_thresholds(vllm_config, device)  # (K_max,) or None
         draft_config = vllm_config.speculative_config.draft_model_config.hf_config
         # Read by the target_signal patch: these heads want [H | L_a ...], not H.
@@ -91,15 +85,8 @@ class CloverProposer(EagleProposer):
         if self.trees is not None and self.min_confidence is None and self.trees.budget is None:
             self.trees.subsets = None  # whole trees (async scheduling turns the threshold off)
         pruned = self.trees is not None and self.trees.subsets is not None
-        # The goodput budget's trials draft for a subset of a step's requests (trial_subset.py):
-        # the scheduler names them here (patch goodput_budget); None: every request.
-        self.drafting: list[str] | None = None
-        trials = self.trees is None and vllm_config.speculative_config.draft_budget == "goodput"
-        # Read by the draft_lengths patch: rows may end in -1 (a chain stopped, a tree pruned,
-        # a request outside a trial's subset).
-        self.stops_early = self.min_confidence is not None or pruned or trials
-        self.deferral = block_deferral(vllm_config, self.trees is not None)
-        self.runner = runner  # its request ids and live requests, read with deferral
+        # Read by the draft_lengths patch: rows may end in -1 (a chain stopped, a tree pruned).
+        self.stops_early = self.min_confidence is not None or pruned
 
     def propose(
         self,
@@ -123,9 +110,7 @@ class CloverProposer(EagleProposer):
         """Draft a chain of K = `num_speculative_tokens` per request: [num_reqs, K] int64.
 
         K may change from step to step (dynamic speculation) and may be 0; a step at K = 0
-        defers the Augmenting Block where it can (``deferred_block.py``), else runs it so
-        that its KV cache stays in sync. A trial drafts for the requests the scheduler
-        named (`drafting`) only, -1s for the others (``trial_subset.py``).
+        still runs the Augmenting Block, so that its KV cache stays in sync.
         """
         self.num_speculative_tokens = k = num_speculative_tokens
         self._last_draft_probs = None  # vLLM treats drafts as one-hot unless _propose_chain sets it
@@ -135,95 +120,55 @@ class CloverProposer(EagleProposer):
             target_token_ids, target_positions, target_hidden_states = self._chain_order(
                 target_token_ids, target_positions, target_hidden_states
             )
-        inputs = (target_token_ids, target_positions, target_hidden_states, next_token_ids)
-        last = _last_accepted(token_indices_to_sample, common_attn_metadata)
-        rows = self._drafting_rows(common_attn_metadata.num_reqs, k, last)  # None: all
         if not self.model.layers:  # no Augmenting Block: h0 = x at the last accepted token
-            h0 = self.model.fuse(target_hidden_states[last if rows is None else last[rows]])
-        elif self.deferral is not None:
-            h0 = self._deferring_pass(*inputs, last, common_attn_metadata, k, rows)
+            last = _last_accepted(token_indices_to_sample, common_attn_metadata)
+            h0 = self.model.fuse(target_hidden_states[last])
         else:
             h0 = self._augmenting_pass(
-                *inputs, token_indices_to_sample, common_attn_metadata, num_rejected_tokens_gpu
+                target_token_ids,
+                target_positions,
+                target_hidden_states,
+                next_token_ids,
+                token_indices_to_sample,
+                common_attn_metadata,
+                num_rejected_tokens_gpu,
             )
-            h0 = h0 if rows is None else h0[rows]
-        drafts = self._draft(h0, next_token_ids.long(), k, sampling_metadata, rows)
+        drafts = self._draft(h0, next_token_ids.long(), k, sampling_metadata)
         self.draft_log.record(k, drafts, target_token_ids.shape[0], self.stops_early)
         return drafts
 
-    def _draft(
-        self,
-        h0: torch.Tensor,
-        t0: torch.Tensor,
-        k: int,
-        sampling_metadata,
-        rows: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """[num_reqs, k] drafts from h0 (one row per drafting request, D) and t0 (num_reqs,):
-        none, a tree's first k nodes, or a chain; -1s for requests outside `rows`."""
+    def _draft(self, h0: torch.Tensor, t0: torch.Tensor, k: int, sampling_metadata) -> torch.Tensor:
+        """[num_reqs, k] drafts from h0 [num_reqs, D] and t0 (num_reqs,): none, a tree's
+        first k nodes, or a chain."""
         if k == 0:
             return t0.new_empty((t0.shape[0], 0))
         if self.trees is not None:
             return self._propose_tree(h0, t0, k)
-        return self._propose_chain(h0, t0, k, sampling_metadata, rows)
-
-    def _drafting_rows(self, num_reqs: int, k: int, like: torch.Tensor) -> torch.Tensor | None:
-        """[n] runner rows (int64, on `like`'s device) of the requests a trial drafts for, or
-        None: every request. Example: req_ids (a, b, c, d), drafting [d, b] -> (1, 3)."""
-        if self.drafting is None or k == 0 or self.trees is not None:
-            return None
-        chosen = set(self.drafting)
-        req_ids = self.runner.input_batch.req_ids[:num_reqs]
-        rows = [i for i, req_id in enumerate(req_ids) if req_id in chosen]
-        if not rows or len(rows) == num_reqs:  # (none: the scheduler picks from the step's)
-            return None
-        self.draft_log.subset_steps += 1
-        return torch.tensor(rows, device=like.device)
+        return self._propose_chain(h0, t0, k, sampling_metadata)
 
     def _propose_chain(
-        self,
-        h0: torch.Tensor,
-        t0: torch.Tensor,
-        k: int,
-        sampling_metadata,
-        rows: torch.Tensor | None = None,
+        self, h0: torch.Tensor, t0: torch.Tensor, k: int, sampling_metadata
     ) -> torch.Tensor:
-        """[num_reqs, k] drafts, each head step fed the previous draft, for the requests of
-        `rows` (all if None; -1s for the others); with draft_sample_method "probabilistic",
-        requests sampled at T > 0 draw theirs from the heads' distributions, kept for the
-        rejection sampler (``take_last_draft_probs``)."""
-        heads, tables, num_reqs = self.model.heads, self.model.tables, t0.shape[0]
-        sampler = self._draft_sampler(sampling_metadata, num_reqs, rows)
-        drafted = heads.propose(
-            h0, t0 if rows is None else t0[rows], k, tables, self.min_confidence, sampler
-        )
-        drafts = (
-            drafted if rows is None else t0.new_full((num_reqs, k), -1).index_copy(0, rows, drafted)
-        )
+        """[num_reqs, k] drafts, each head step fed the previous draft; with
+        draft_sample_method "probabilistic", requests sampled at T > 0 draw theirs from the
+        heads' distributions, kept for the rejection sampler (``take_last_draft_probs``)."""
+        heads, tables = self.model.heads, self.model.tables
+        sampler = self._draft_sampler(sampling_metadata, t0.shape[0])
+        drafts = heads.propose(h0, t0, k, tables, self.min_confidence, sampler)
         if sampler is not None:
             vocab_size = self.vllm_config.model_config.get_vocab_size()
-            probs = sampler.target_probs(k, tables.draft_vocab_ids, vocab_size)  # (n, k, V)
-            if rows is not None:
-                probs = probs.new_zeros((num_reqs, *probs.shape[1:])).index_copy(0, rows, probs)
-            self._last_draft_probs = probs
+            self._last_draft_probs = sampler.target_probs(k, tables.draft_vocab_ids, vocab_size)
             self.draft_log.drawn += sampler.num_drawn
         return drafts
 
-    def _draft_sampler(
-        self, sampling_metadata, num_reqs: int, rows: torch.Tensor | None = None
-    ) -> DraftSampler | None:
+    def _draft_sampler(self, sampling_metadata, num_reqs: int) -> DraftSampler | None:
         """Where drafts are drawn at random: vLLM's own switch (draft_sample_method
         "probabilistic" with the standard rejection sampler) and a request sampled at T > 0
-        (seeded ones with their own generator), for the requests of `rows` (all if None).
-        None: every draft greedy."""
+        (seeded ones with their own generator). None: every draft greedy."""
         if not self._enable_probabilistic_draft_probs or sampling_metadata.all_greedy:
             return None
         temperature = sampling_metadata.temperature[:num_reqs]  # (num_reqs,), 0: greedy
-        generators = sampling_metadata.generators  # {runner row: generator}
-        if rows is not None:
-            temperature, place = temperature[rows], {r: j for j, r in enumerate(rows.tolist())}
-            generators = {place[r]: g for r, g in generators.items() if r in place}
-        return DraftSampler(temperature, generators)
+        return DraftSampler(temperature, sampling_metadata.generators)
 
     def _propose_tree(self, h0: torch.Tensor, t0: torch.Tensor, k: int) -> torch.Tensor:
         """[num_reqs, k] drafts of the tree's first k nodes (a BFS prefix of a tree is a
@@ -293,60 +238,6 @@ class CloverProposer(EagleProposer):
             h0, _ = self.model(**model_kwargs)
         return h0[rows]
 
-    def _deferring_pass(
-        self,
-        token_ids: torch.Tensor,
-        positions: torch.Tensor,
-        signal: torch.Tensor,
-        next_token_ids: torch.Tensor,
-        last: torch.Tensor,
-        cad,
-        k: int,
-        rows: torch.Tensor | None,
-    ) -> torch.Tensor | None:
-        """The block pass with deferral (``deferred_block.py``): h0 at the last accepted
-        token `last` [num_reqs] of each request of `rows` (all if None), its deferred rows run
-        before its own, the others' rows kept; or, at K = `k` = 0, None, every row kept.
-        Clover's drafter adds no slots to a request's query, so `last` indexes the step's own
-        rows."""
-        num_tokens = token_ids.shape[0]
-        next_ids = next_token_ids_after(token_ids, next_token_ids, last)
-        step = StepRows(signal, next_ids, cad.slot_mapping[:num_tokens])
-        self.deferral.forget(self.runner.requests)
-        return run_deferring(
-            self.deferral,
-            self._run_block,
-            self._block_input,
-            step,
-            positions,
-            cad,
-            last,
-            req_ids=self.runner.input_batch.req_ids[: cad.num_reqs],
-            block_size=self.vllm_config.cache_config.block_size,
-            defer=k == 0,
-            limit=self.vllm_config.scheduler_config.max_num_batched_tokens,
-            drafting=None if rows is None else rows.tolist(),
-        )
-
-    def _block_input(self, rows: StepRows) -> torch.Tensor:
-        """x [N, D]: what the block reads at each of `rows`."""
-        return self.model.block_input(self.model.fuse(rows.signal), rows.next_ids)
-
-    def _run_block(
-        self, x: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, cad
-    ) -> torch.Tensor:
-        """h0 [N, D] from x [N, D] at `positions` [N], writing the block's KV at `slots`,
-        laid out as `cad` says (eager, unpadded: the drafter's graph mode is NONE)."""
-        _, per_layer_metadata = self.build_per_group_and_layer_attn_metadata(cad)
-        with set_forward_context(
-            per_layer_metadata,
-            self.vllm_config,
-            num_tokens=x.shape[0],
-            cudagraph_runtime_mode=CUDAGraphMode.NONE,
-            slot_mapping={name: slots for name in self._draft_attn_layer_names},
-        ):
-            return self.model.block(x, positions)
-
     def initialize_attn_backend(self, kv_cache_config, kernel_block_sizes=None) -> None:
         """Attention groups for the Augmenting Block's layers; none without the block.
 
@@ -359,10 +250,6 @@ class CloverProposer(EagleProposer):
             super().initialize_attn_backend(kv_cache_config, kernel_block_sizes)
         else:
             self.kv_cache_gid = 0
-        if self.deferral is not None:  # parked blocks are named by block-table entries
-            sizes = kernel_block_sizes or []
-            gid = self.kv_cache_gid
-            self.deferral.parked = ParkedBlocks(sizes[gid] if gid < len(sizes) else self.block_size)
 
     def initialize_cudagraph_keys(self, cudagraph_mode: CUDAGraphMode) -> None:
         """Run the Augmenting Block eagerly and unpadded, whatever the target's graph mode.

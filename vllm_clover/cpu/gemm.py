@@ -9,8 +9,8 @@ pure-PyTorch head network (as a ``RowPacker`` for the draft rows and as the forw
 linear layers, ``pack_linears``) and to vLLM's own bf16 linear layers:
 
 - vLLM-CPU's oneDNN GEMM with the weight packed once, the kernel of its own Linear layers;
-- where oneDNN has no bfloat16 matmul (a CPU without bf16 units, such as an AVX2-only
-  EPYC), the plugin's AVX2 GEMM for bf16 weights (``bf16_gemm.py``), which reads a weight
+- where oneDNN has no bfloat16 matmul (a CPU without bf16 units, AVX2 only), the plugin's
+  AVX2 GEMM for bf16 weights (``bf16_gemm.py``), which reads a weight
   once for all rows where PyTorch's fallback reads it once per row. vLLM's linear layers
   get it through the `cpu_bf16_gemm` patch, in every engine, so that vanilla and
   speculative steps multiply alike; ``CLOVER_SKIP_FIXES=cpu_bf16_gemm`` turns it off.

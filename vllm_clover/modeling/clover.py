@@ -10,7 +10,7 @@
     heads       HeadLoop          h0, previous tokens -> head features z, drafts
     tables      TargetTables      the target's LM head / embedding, the draft vocabulary
 
-vLLM's draft model (``integration/model.py``) composes vLLM layers for the block with the
+vLLM's draft model (``core/model.py``) composes vLLM layers for the block with the
 same ``HeadLoop`` and a ``TargetTables`` (or its tensor-parallel variant).
 
 The checkpoint stores the parts' tensors under flat names (docs/checkpoint-format.md):

@@ -35,7 +35,7 @@ from vllm_clover.modeling.augmenting import RMSNorm
 from vllm_clover.modeling.config import CloverConfig
 from vllm_clover.modeling.draft_sampling import DraftSampler
 from vllm_clover.modeling.scoring import DraftRows
-from vllm_clover.modeling.tables import TargetTables
+from vllm_clover.modeling.tables import TargetTables, best_of
 
 
 class ResidualBlock(nn.Module):
@@ -306,5 +306,5 @@ def _pick(
         best, prob = tables.best_draft(z, rows)
         return best, prob >= threshold
     logits = rows.logits(z)  # (M, N)
-    confident = None if threshold is None else tables.best_of(logits)[1] >= threshold
+    confident = None if threshold is None else best_of(logits)[1] >= threshold
     return sampler.pick(logits), confident

@@ -74,7 +74,7 @@ class DraftRows(NamedTuple):
     ) -> DraftRows:
         """Rows (N, D) in `dtype`: a cast, or int8 quantization for torch.int8; float32 and
         bfloat16 rows are packed by `packer` when one is given and takes them (the serving
-        layer hands one over on CPU only, integration/proposer.py)."""
+        layer hands one over on CPU only, core/proposer.py)."""
         if dtype == torch.int8:
             return cls(*quantize_int8(rows))
         weight = rows.to(dtype)

@@ -69,14 +69,13 @@ def cpu_scoring_dtype(flags: frozenset[str], packed: Collection[torch.dtype] = (
     vLLM-CPU's oneDNN kernel takes float32, and bfloat16 where the CPU has bf16 units; the
     plugin's AVX2 GEMM takes bfloat16 where it has not, cpu/gemm.py):
 
-    - packed bfloat16 where the CPU multiplies bfloat16 in hardware (AVX512-BF16, AMX):
-      on a Zen 5 1.5-2x faster than int8 from 2 rows of z on, a fifth slower at 1 row;
+    - packed bfloat16 where the CPU multiplies bfloat16 in hardware (AVX512-BF16, AMX);
     - else int8 where it multiplies int8 in hardware (VNNI, AMX-INT8: a quarter of fp32's
-      bytes, the fastest PyTorch format measured on Zen 4 and Sapphire Rapids);
+      bytes);
     - else packed bfloat16 on the AVX2 GEMM (half float32's bytes, read once for all rows);
-    - else packed float32 (on an AVX2-only EPYC 2-4x faster than float16 from 4 rows on);
-    - else float16 (int8 matmuls emulated on AVX2 run 4-9x slower than float16, which
-      halves fp32's bytes). docs/drafting-cost.md has the timings.
+    - else packed float32;
+    - else float16 (int8 matmuls emulated without int8 units are slower still).
+    Each choice is the fastest measured on its CPU family: docs/drafting-cost.md.
 
     Unknown flags keep int8. Examples: {"avx2", "f16c"} -> float16; the same with float32
     packed -> float32, with bfloat16 packed too -> bfloat16; {"avx512_vnni", "avx512_bf16"}
@@ -161,7 +160,7 @@ class TargetTables(nn.Module):
         self.register_buffer("input_embedding", None, persistent=False)  # (V, D), shared
         self.scoring_dtype: torch.dtype | None = None  # None: score in the features' dtype
         self.row_packer: RowPacker | None = None  # packs float32 draft rows (choose_scoring)
-        self._cache: dict[str, tuple[tuple, Any]] = {}
+        self._cache = VersionedCache()
 
     # ------------------------------------------------------------------ attaching
     def attach(
@@ -255,7 +254,11 @@ class TargetTables(nn.Module):
         """
         if self.draft_vocab_ids is None:
             return self.lm_head
-        return self._cached("vocab_weight", (dtype,), lambda: self._gather_rows().to(dtype))
+        return self._cached(
+            "vocab_weight",
+            (dtype,),
+            lambda: gathered_rows(self.lm_head, self.draft_vocab_ids).to(dtype),
+        )
 
     def logits(self, z: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Head features z (..., D) -> logits (..., N) with the rows in ``dtype`` (training)."""
@@ -269,7 +272,9 @@ class TargetTables(nn.Module):
         return self._cached(
             "draft_rows",
             (dtype, self.row_packer),
-            lambda: DraftRows.of(self._gather_rows(), dtype, self.row_packer),
+            lambda: DraftRows.of(
+                gathered_rows(self.lm_head, self.draft_vocab_ids), dtype, self.row_packer
+            ),
         )
 
     def greedy_draft_ids(self, z: torch.Tensor, rows: DraftRows) -> torch.Tensor:
@@ -283,13 +288,7 @@ class TargetTables(nn.Module):
         p = exp(l_best - logsumexp_j l_j). Example: logits [2, 0, 0] -> index 0,
         p = e^2 / (e^2 + 2) = 0.787.
         """
-        return self.best_of(rows.logits(z))
-
-    @staticmethod
-    def best_of(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``best_draft`` from draft logits (M, N) already scored."""
-        best = logits.max(dim=-1)
-        return best.indices, torch.exp(best.values - torch.logsumexp(logits, dim=-1))
+        return best_of(rows.logits(z))
 
     def draft_token_table(
         self,
@@ -312,16 +311,33 @@ class TargetTables(nn.Module):
             lambda: fn(self.embed(self.draft_vocab_ids, dtype)).contiguous(),
         )
 
-    def _gather_rows(self) -> torch.Tensor:
-        """W_lm[draft_vocab_ids] (N, D), or W_lm itself for the full vocabulary."""
-        w, ids = self.lm_head, self.draft_vocab_ids
-        return w if ids is None else w.index_select(0, ids)
-
     def _cached(self, name: str, key: tuple, build: Callable[[], Any]) -> Any:
         """build(), reused while the LM head, the vocabulary and ``key`` stay the same."""
         full_key = (versions_key(self.lm_head, self.draft_vocab_ids), *key)
-        entry = self._cache.get(name)
-        if entry is None or entry[0] != full_key:
-            entry = (full_key, build())
-            self._cache[name] = entry
+        return self._cache.get(name, full_key, build)
+
+
+def gathered_rows(lm_head: torch.Tensor, ids: torch.Tensor | None) -> torch.Tensor:
+    """W_lm[ids] (N, D), or W_lm itself for the full vocabulary (ids None)."""
+    return lm_head if ids is None else lm_head.index_select(0, ids)
+
+
+def best_of(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(index (M,), softmax probability (M,)) of each row's best entry of logits (M, N)."""
+    best = logits.max(dim=-1)
+    return best.indices, torch.exp(best.values - torch.logsumexp(logits, dim=-1))
+
+
+class VersionedCache:
+    """Values derived from tensors, each kept under a name with the key it was built for
+    (``versions_key``) and rebuilt when the key changes."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, tuple[tuple, Any]] = {}
+
+    def get(self, name: str, key: tuple, build: Callable[[], Any]) -> Any:
+        entry = self._entries.get(name)
+        if entry is None or entry[0] != key:
+            entry = (key, build())
+            self._entries[name] = entry
         return entry[1]

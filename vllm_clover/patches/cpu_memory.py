@@ -4,25 +4,22 @@ A speculative step allocates several fresh [tokens, vocab] float32 tensors: the 
 every verified position, and the rejection sampler's copies of them (a batch of 64 requests
 with 4 drafts: 320 x 49,152 x 4 bytes = 63 MB each). glibc's malloc serves an allocation this
 large with a fresh `mmap` and unmaps it on free, so every step page-faults in tens of MB of
-zeroed memory. In the step profile (docs/benchmarks.md, benchmarks/step_profile.py) that
-made the rejection sampler 87 ms of a 467 ms step at batch 64, K = 4, and 33 ms of 183 ms at
-batch 16 (vanilla sampling: under 1 ms). vLLM's CPU guide answers it with tcmalloc, which
-this kind of machine may not have; glibc's own tunables do the same for large blocks:
+zeroed memory, which made the rejection sampler a large share of a step under load (the step
+profile in docs/benchmarks.md). vLLM's CPU guide answers it with tcmalloc, which a pip
+install does not have; glibc's own tunables do the same for large blocks:
 
     M_MMAP_MAX = 0             large blocks come from the heap, not from fresh mappings
     M_TRIM_THRESHOLD = 2 GiB   freed heap memory is kept for the next step, not returned
 
 Every process vLLM starts on CPU gets it (vanilla engines too, so comparisons stay fair).
-CLOVER_CPU_MALLOC=0 leaves malloc as it is; so does a C library without `mallopt`.
+CLOVER_SKIP_FIXES=cpu_malloc leaves malloc as it is; so does a C library without `mallopt`.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import os
 
-ENV = "CLOVER_CPU_MALLOC"
 M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # glibc's <malloc.h> parameter numbers
 TRIM_THRESHOLD = (1 << 31) - 1  # mallopt takes an int: the largest, about 2 GiB
 _applied: list[bool] = []  # once per process
@@ -35,7 +32,7 @@ def malloc_settings() -> dict[int, int]:
 
 def patch_cpu_malloc() -> None:
     """Apply `malloc_settings` on the CPU platform, once per process (see the docstring)."""
-    if _applied or os.environ.get(ENV, "1") == "0":
+    if _applied:
         return
     from vllm.platforms import current_platform
 

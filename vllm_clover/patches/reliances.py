@@ -5,7 +5,7 @@ for the ledger as a whole and its patches).
 
 from __future__ import annotations
 
-from vllm_clover.integration.patches.entry import (
+from vllm_clover.patches.entry import (
     BASE,
     CPU_ATTN,
     LAYERS,
@@ -17,6 +17,21 @@ from vllm_clover.integration.patches.entry import (
 )
 
 RELIANCES = (
+    Entry(
+        "clover_channel",
+        "relies",
+        "a Clover engine keeps its budget beside vLLM's Scheduler, its tree verifier beside "
+        "the model runner and a tree step's layout beside the attention metadata: one "
+        "dataclass each (patches/channel.py) under the attribute CHANNEL, which none of "
+        "these vLLM classes defines; nothing else of the plugin's is set on them",
+        "patches/channel.py",
+        {
+            f"{SCHEDULER}.__init__": "c02680245672",
+            f"{RUNNER}.__init__": "f3466944c1e2",
+            f"{CPU_ATTN}:CPUAttentionMetadata": "f342a75c3ef9",
+        },
+        attributes=("clover",),
+    ),
     Entry(
         "eagle_block_drop",
         "relies",
@@ -36,7 +51,7 @@ RELIANCES = (
         "CloverProposer is an EagleProposer: vLLM builds it with "
         "the base's buffers and loads the draft model with the base's load_model, which "
         "records the draft attention layers and calls the two _maybe_share_* overrides",
-        "integration/proposer.py",
+        "core/proposer.py",
         {
             "vllm.v1.spec_decode.eagle:EagleProposer": "6fd6605eeef4",
             f"{BASE}.__init__": "a55342a69f81",
@@ -52,7 +67,7 @@ RELIANCES = (
         "in the input batch's row order, of which the rejection sampler takes each "
         "request's first num_draft rows; the base's __init__ sets "
         "_enable_probabilistic_draft_probs from draft_sample_method and the rejection method",
-        "integration/proposer.py",
+        "core/proposer.py",
         {
             f"{BASE}.propose": "00017c139f27",
             f"{BASE}.take_last_draft_probs": "ee22f35a3ab6",
@@ -72,7 +87,7 @@ RELIANCES = (
         "first draft pass, run with the base's own helpers; a next-token fusion "
         "(fuse_next_token) reads its input_ids, shifted one left with the sampled t0 at "
         "each request's last accepted token",
-        "integration/proposer.py",
+        "core/proposer.py",
         {
             f"{BASE}.set_inputs_first_pass": "00e470090b7c",
             f"{BASE}.build_per_group_and_layer_attn_metadata": "deea0b95cc98",
@@ -83,50 +98,11 @@ RELIANCES = (
         },
     ),
     Entry(
-        "proposer_block_deferral",
-        "relies",
-        "a step that drafts nothing keeps the block's input rows instead of running it "
-        "(deferred_block.py), but for KV blocks its accepted tokens fill, which prefix "
-        "caching may share: the runner's input batch names each row's request and its "
-        "requests dict drops finished ones (kept across preemption); a later pass runs the "
-        "rows first, from the step's CommonAttentionMetadata rewritten per pass "
-        "(deferred_passes.py: query and sequence lengths, block-table rows, slots), which "
-        "vLLM-CPU's attention builder reads whole",
-        "integration/proposer.py",
-        {
-            "vllm.v1.attention.backend:CommonAttentionMetadata": "b83b991c7a22",
-            f"{CPU_ATTN}:CPUAttentionMetadataBuilder.build": "7ff5ab962cb4",
-            f"{RUNNER}._update_states": "326599f31b27",
-            "vllm.v1.worker.gpu_input_batch:InputBatch.req_ids.fget": "d9c383d3ce4b",
-        },
-        attributes=("input_batch", "requests"),
-    ),
-    Entry(
-        "proposer_parked_blocks",
-        "relies",
-        "a step that drafts nothing parks the block's input rows of KV blocks it fills under "
-        "the block's entry in the drafter's block table (parked_blocks.py), to run when a "
-        "request whose table holds the block drafts: slot = entry * the kernel block size "
-        "that initialize_attn_backend receives + offset; a prefix-cache hit puts the cached "
-        "block's entry at the same index of the new request's table; and a block's KV is "
-        "written only through a step's slot mapping, so a step whose slots fall in a parked "
-        "block means vLLM gave the block to other tokens",
-        "integration/proposer.py",
-        {
-            "vllm.v1.worker.block_table:BlockTable.compute_slot_mapping": "1090515a52c5",
-            "vllm.v1.worker.block_table:ComputeSlotMappingKernel": "14f48c5dcd69",
-            "vllm.v1.worker.utils:prepare_kernel_block_sizes": "c88684888fa9",
-            "vllm.v1.core.kv_cache_manager:KVCacheManager.get_computed_blocks": "77f434d88d57",
-            f"{BASE}.initialize_attn_backend": "3ab396fdfe7b",
-        },
-        attributes=("block_size",),
-    ),
-    Entry(
         "proposer_attention",
         "override",
         "a drafter without attention layers (no Augmenting "
         "Block) fails the base's same-KV-group assertion",
-        "integration/proposer.py",
+        "core/proposer.py",
         {f"{BASE}.initialize_attn_backend": "3ab396fdfe7b"},
         attributes=("kv_cache_gid",),
     ),
@@ -134,7 +110,7 @@ RELIANCES = (
         "proposer_cudagraph",
         "override",
         "the uncompiled draft model runs eagerly and unpadded",
-        "integration/proposer.py",
+        "core/proposer.py",
         {f"{BASE}.initialize_cudagraph_keys": "f35176814eb6"},
     ),
     Entry(
@@ -143,7 +119,7 @@ RELIANCES = (
         "the heads read the target's LM head and "
         "embedding instead of sharing them into an EAGLE model (under TP each rank attaches "
         "its shard), and refuse a target whose logits processor soft-caps or scales",
-        "integration/proposer.py",
+        "core/proposer.py",
         {
             f"{BASE}._maybe_share_embeddings": "7c93570a79fb",
             f"{BASE}._maybe_share_lm_head": "c04915835072",
@@ -158,7 +134,7 @@ RELIANCES = (
         "relies",
         "the Augmenting Block is vLLM's Llama layer (its "
         "config fields, call signature and stacked q/k/v, gate/up weight loaders)",
-        "integration/model.py",
+        "core/model.py",
         {
             f"{LLAMA}:LlamaDecoderLayer.__init__": "2ea68a20c877",
             f"{LLAMA}:LlamaDecoderLayer.forward": "ab84e4013463",

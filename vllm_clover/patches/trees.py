@@ -1,5 +1,5 @@
 """Patches that let vLLM verify token trees (``speculative_token_tree``), on the V1 runner
-and vLLM-CPU's attention backend. What each step does is in ``integration/tree_step.py``;
+and vLLM-CPU's attention backend. What each step does is in ``tree/step.py``;
 here is only where it plugs in. Every patch is a no-op for engines without a tree.
 """
 
@@ -10,7 +10,8 @@ import time
 
 import numpy as np
 
-from vllm_clover.integration.patches.marking import is_patched, mark
+from vllm_clover.patches.channel import MetadataChannel, RunnerChannel, attach, channel_of
+from vllm_clover.patches.marking import is_patched, mark
 
 # Request parameters whose effect depends on the tokens before each logits row: on a tree
 # step a row's history is its own path, which vLLM's samplers cannot be told.
@@ -42,7 +43,7 @@ def patch_tree_steps() -> None:
     @functools.wraps(prepare)
     def _prepare_inputs(self, scheduler_output, num_scheduled_tokens):
         result = prepare(self, scheduler_output, num_scheduled_tokens)
-        trees = getattr(self, "clover_trees", None)
+        trees = _trees(self)
         if trees is not None:
             trees.step = _tree_step(self, trees, result[1], scheduler_output, num_scheduled_tokens)
             if trees.step is not None:
@@ -52,16 +53,16 @@ def patch_tree_steps() -> None:
     @functools.wraps(build)
     def _build_attention_metadata(self, *args, **kwargs):
         attn_metadata, common = build(self, *args, **kwargs)
-        trees = getattr(self, "clover_trees", None)
+        trees = _trees(self)
         if trees is not None:
             groups = attn_metadata if isinstance(attn_metadata, list) else [attn_metadata]
             for metadata in {id(m): m for g in groups for m in g.values()}.values():
-                metadata.clover_tree = trees.step
+                attach(metadata, MetadataChannel(trees.step))
         return attn_metadata, common
 
     @functools.wraps(sample)
     def _sample(self, logits, spec_decode_metadata):
-        trees = getattr(self, "clover_trees", None)
+        trees = _trees(self)
         if trees is None or trees.step is None:
             return sample(self, logits, spec_decode_metadata)
         return _verify_tree_step(self, trees, logits, spec_decode_metadata)
@@ -71,10 +72,16 @@ def patch_tree_steps() -> None:
     GPUModelRunner._sample = mark(_sample, "tree_steps")
 
 
+def _trees(runner):
+    """The runner's TreeVerifier, or None (no Clover engine, or chains)."""
+    channel = channel_of(runner, RunnerChannel)
+    return None if channel is None else channel.trees
+
+
 def _tree_step(runner, trees, spec, scheduler_output, num_scheduled_tokens):
     """The step's TreeStep (None without drafts), after timing the step for the tree budget
     and looking up which tree nodes each request's scheduled drafts are."""
-    from vllm_clover.integration.tree_step import TreeStep
+    from vllm_clover.tree.step import TreeStep
 
     num_reqs = runner.input_batch.num_reqs
     drafts = np.zeros(num_reqs) if spec is None else np.asarray(spec.num_draft_tokens)
@@ -95,7 +102,7 @@ def _tree_step(runner, trees, spec, scheduler_output, num_scheduled_tokens):
 def _verify_tree_step(runner, trees, logits, spec_decode_metadata):
     """The tree sampler's output for the step (vLLM's SamplerOutput), after settling which
     path each request accepted, compacting the accepted nodes' KV and counting them."""
-    from vllm_clover.integration.tree_sampler import verify_trees
+    from vllm_clover.tree.sampler import verify_trees
 
     step = trees.step
     output, verdict = verify_trees(
@@ -124,7 +131,8 @@ def patch_tree_attention() -> None:
 
     @functools.wraps(original)
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kw):
-        step = getattr(attn_metadata, "clover_tree", None)
+        channel = channel_of(attn_metadata, MetadataChannel)
+        step = None if channel is None else channel.tree
         # output_scale / output_block_scale: fused quantization, which vLLM-CPU refuses
         scales = [*args, kw.get("output_scale"), kw.get("output_block_scale")]
         if (

@@ -133,13 +133,12 @@ class TrainConfig:
     compile_teacher: bool = opt(
         False,
         "run the target under torch.compile while caching (lengths padded to multiples of "
-        "128, one compile each; with --dtype bfloat16 ~1.7x faster on CPU, docs/training.md)",
+        "128, one compile each; faster with --dtype bfloat16 on CPU: docs/training.md)",
     )
     compile_heads: bool = opt(
         False,
         "run the head network and each head's cross-entropy (and their backward) under "
-        "torch.compile: one compile per run (~15-45 s), then ~1.3x training tokens/s "
-        "(docs/training.md)",
+        "torch.compile: one compile per run, then more training tokens/s (docs/training.md)",
     )
     teacher_signal: str = opt(
         "auto",

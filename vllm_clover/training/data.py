@@ -196,8 +196,8 @@ def tokenize_many(
     tokenizer: Any, conversations: Sequence[Conversation], max_len: int
 ) -> list[TokenizedSequence | None]:
     """``tokenize_conversation`` over all of them, in order, on up to 8 processes when there
-    are many (rendering the chat template is Python, about 12-17 ms a ShareGPT conversation
-    on one core; the whole bundled set takes minutes on one)."""
+    are many (rendering the chat template is Python: the whole bundled set takes minutes on
+    one core)."""
     workers = min(8, os.cpu_count() or 1)
     if len(conversations) < PARALLEL_MIN_CONVERSATIONS or workers < 2:
         return [tokenize_conversation(tokenizer, c, max_len) for c in conversations]

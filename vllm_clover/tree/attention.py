@@ -32,7 +32,7 @@ def tree_positions(
     the tree, ``tree.subset``), of the root and those rows (M, W + 1), the root's position
     past a request's rows. Example, root 100, tree above, nodes [[0, 2, -1]]: [[100, 101,
     102, 100]]."""
-    offsets = tree.position_offsets()  # (N + 1,): the root, then each node's depth
+    offsets = torch.tensor((0, *tree.depths))  # (N + 1,): the root, then each node's depth
     if nodes is not None:
         offsets = offsets[F.pad(1 + nodes, (1, 0))]  # (M, W + 1); a -1 reads the root's 0
     return root_positions[:, None] + offsets

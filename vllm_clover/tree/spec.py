@@ -164,10 +164,6 @@ class TokenTree:
                 mask[1 + i, 1 + a] = True
         return mask
 
-    def position_offsets(self) -> torch.Tensor:
-        """(N + 1,) RoPE position of the root and each node, relative to the root: depth."""
-        return torch.tensor((0, *self.depths), dtype=torch.long)
-
     def __str__(self) -> str:
         return "[" + ", ".join(str(p) for p in self.paths) + "]"
 

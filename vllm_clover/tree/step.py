@@ -33,10 +33,10 @@ from functools import cached_property
 import numpy as np
 import torch
 
-from vllm_clover.integration.tree_attention import CacheLayout, TreePlan, entry_index
-from vllm_clover.integration.tree_budget import TreeBudget, TreeBudgetConfig
+from vllm_clover.budget.tree import TreeBudget, TreeBudgetConfig
 from vllm_clover.tree.accept import TreeVerdict
 from vllm_clover.tree.attention import tree_positions
+from vllm_clover.tree.cpu_attention import CacheLayout, TreePlan, entry_index
 from vllm_clover.tree.kv import compaction_moves
 from vllm_clover.tree.spec import TokenTree
 from vllm_clover.tree.subset import prefix_nodes, rows_of
