@@ -58,6 +58,20 @@ def test_sums_equal_pytorchs_own_bf16_matmul_bit_for_bit(gemm, n, k):
         assert torch.equal(gemm(x, w, b), F.linear(x, w, b))
 
 
+def test_prefill_sized_inputs_are_multiplied_in_float32_blocks(gemm, monkeypatch):
+    """From LARGE_ROWS rows on, the weight is widened a block at a time (three blocks here):
+    float32 products, rounded once to bf16, bias included."""
+    monkeypatch.setattr(bf16_gemm, "WEIGHT_BLOCK", 16)
+    gen = torch.Generator().manual_seed(3)
+    w = (torch.randn(40, 96, generator=gen) * 0.05).bfloat16()
+    b = torch.randn(40, generator=gen).bfloat16()
+    x = torch.randn(bf16_gemm.LARGE_ROWS + 5, 96, generator=gen).bfloat16()
+    y = gemm(x, w, b)
+    exact = F.linear(x.double(), w.double(), b.double())
+    assert y.dtype == torch.bfloat16 and y.shape == (x.shape[0], 40)
+    torch.testing.assert_close(y.double(), exact, rtol=1 / 128, atol=1e-3)
+
+
 def test_leading_dimensions_and_strided_inputs_are_kept(gemm):
     w = torch.randn(16, 64).bfloat16()
     x = torch.randn(2, 3, 128).bfloat16()[..., ::2]  # (2, 3, 64), not contiguous

@@ -6,6 +6,8 @@ once per row of x: verifying K drafts then costs K + 1 decode steps of matmuls, 
 of M tokens M of them. The C kernel reads each weight once for all rows (float32 sums, one
 order per output element whatever M is), in the order of PyTorch's own AVX2 kernel, so its
 results equal PyTorch's fallback bit for bit (the unit tests check it where that runs).
+From LARGE_ROWS rows (prefill chunks) the weight is widened to float32 a block at a time for
+PyTorch's float32 GEMM instead: more arithmetic per byte than the kernel's passes do.
 
 The library is built with the system C compiler (``$CC``, else ``cc``) into
 ``<cache>/kernels/<source hash>/``, under a temp name and renamed, so concurrent vLLM
@@ -36,6 +38,11 @@ SOURCE = Path(__file__).with_name("bf16_gemm.c")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC")
 NEEDED_FLAGS = frozenset({"avx2", "fma"})  # /proc/cpuinfo flags the kernel's code uses
 SYMBOL = "clover_bf16_linear"
+# From this many rows of x (prefill chunks) the weight is widened to float32 block by block and
+# multiplied by PyTorch's float32 GEMM, which is faster there than the kernel's few-row passes;
+# below it (decode and verification steps) the kernel keeps PyTorch's bf16 sums exactly.
+LARGE_ROWS = 128
+WEIGHT_BLOCK = 4096  # weight rows widened at a time (9.4 MB of float32 at K = 576)
 
 
 class Bf16Gemm:
@@ -51,6 +58,8 @@ class Bf16Gemm:
     ) -> torch.Tensor:
         n, k = weight.shape
         rows = x.reshape(-1, k).contiguous()  # (M, K)
+        if rows.shape[0] >= LARGE_ROWS:
+            return _widened(rows, weight, bias).view(*x.shape[:-1], n)
         out = torch.empty(rows.shape[0], n, dtype=torch.bfloat16)  # (M, N)
         bias32 = None if bias is None else bias.float().contiguous()
         status = self._fn(
@@ -65,6 +74,19 @@ class Bf16Gemm:
         if status != 0:
             raise MemoryError(f"bf16 GEMM: no memory for a float32 copy of x {tuple(rows.shape)}")
         return out.view(*x.shape[:-1], n)
+
+
+def _widened(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """(M, N) bf16 = rows (M, K) @ weight^T (+ bias) in float32, weight widened per block."""
+    x = rows.float()
+    out = torch.empty(rows.shape[0], weight.shape[0], dtype=torch.bfloat16)
+    for start in range(0, weight.shape[0], WEIGHT_BLOCK):
+        block = slice(start, start + WEIGHT_BLOCK)
+        product = x @ weight[block].float().t()  # (M, block)
+        if bias is not None:
+            product += bias[block].float()
+        out[:, block] = product  # rounded to bf16, to nearest even
+    return out
 
 
 class KernelStatus(NamedTuple):

@@ -294,7 +294,8 @@ PATCHES = (
         "where oneDNN has no bfloat16 matmul (CPUs without bf16 units, e.g. AVX2-only), vLLM "
         "runs bf16 linear layers on PyTorch's matmul, which reads the weight once per row: "
         "verifying K drafts costs K + 1 decode steps of matmuls, a prefill of M tokens M; "
-        "the plugin's AVX2 GEMM reads it once for all rows, with PyTorch's sums bit for bit. "
+        "the plugin's AVX2 GEMM reads it once for all rows, with PyTorch's sums bit for bit "
+        "(prefill chunks of 128 rows or more: float32 blocks). "
         "Every engine, so that vanilla and speculative engines multiply alike",
         "patches/fixes.py, cpu/gemm.py",
         {"vllm.model_executor.layers.utils:dispatch_cpu_unquantized_gemm": "2ba18ce61087"},
