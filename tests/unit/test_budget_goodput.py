@@ -99,6 +99,20 @@ def test_never_drafts_when_drafts_are_never_accepted():
     assert controller.best_k(1) == controller.best_k(4) == 0
 
 
+def test_says_once_per_batch_bucket_where_drafting_does_not_pay():
+    """Batch 64 settles on K = 0 and is named once, however long it runs; batch 1, where
+    the heads pay, is never named."""
+    controller = GoodputController(GoodputConfig(max_k=4, max_tokens=2048))
+    simulate(controller, (0.35, 0.25, 0.2, 0.15), cpu_like_step, [1, 64], steps=600)
+    assert controller.notices == [
+        "drafting does not pay at 33-64 requests a step on this machine with these heads "
+        "(K = 0 for 64 steps in a row); the budget drafts there only to re-check now and then"
+    ]
+    controller.notices.clear()
+    simulate(controller, (0.35, 0.25, 0.2, 0.15), cpu_like_step, [1, 64], steps=600, seed=1)
+    assert controller.notices == []
+
+
 def test_exploration_rate_and_reproducibility():
     runs = [
         simulate(

@@ -62,6 +62,7 @@ class GoodputConfig:
     smoothness: float = 1e-3  # weight of the prior that f is linear between knots
     refit_every: int = 4  # steps between refits of the cost model
     seed: int = 0  # exploration is pseudo-random, reproducible per engine
+    quiet_after: int = 64  # K = 0 choices in a row at one batch bucket before saying so
 
     def __post_init__(self) -> None:
         if self.max_k < 1:
@@ -182,6 +183,8 @@ class GoodputController:
         self._random = random.Random(config.seed)
         self._trial: tuple[int, int] | None = None  # (bucket, K) of the burst under way
         self._trial_steps_left = 0  # ... ends after this many steps even if still unmeasured
+        self._idle: Counter[int] = Counter()  # batch bucket -> K = 0 choices in a row
+        self.notices: list[str] = []  # lines to log once, taken by the scheduler's patch
 
     def choose(self, batch: int) -> int:
         """The K for a step of `batch` requests: a step of the warm-up cycle, an exploration
@@ -196,9 +199,25 @@ class GoodputController:
         tried = self._explore(batch, best, goodput)
         if tried is None:
             self.log.chosen[(batch, best)] += 1
+            self._note_idle(batch, best)
             return best
         self.log.explored[tried] += 1
         return tried
+
+    def _note_idle(self, batch: int, best: int) -> None:
+        """Queue one notice the first time a batch bucket has chosen K = 0 `quiet_after`
+        times in a row: there the heads do not pay on this machine, and the user should know
+        why speculation is not speeding anything up (it still explores now and then)."""
+        bucket = batch_bucket(batch)
+        self._idle[bucket] = self._idle[bucket] + 1 if best == 0 else 0
+        if self._idle[bucket] == self.config.quiet_after:
+            low = bucket // 2 + 1 if bucket > 2 else bucket
+            sizes = f"{low}-{bucket}" if low < bucket else f"{bucket}"
+            self.notices.append(
+                f"drafting does not pay at {sizes} requests a step on this machine with "
+                f"these heads (K = 0 for {self.config.quiet_after} steps in a row); the budget "
+                "drafts there only to re-check now and then"
+            )
 
     def _explore(self, batch: int, best: int, goodput: np.ndarray) -> int | None:
         """The K to try instead of `best` this step, if any: the next step of a burst on an

@@ -100,6 +100,8 @@ def observe_step(channel: SchedulerChannel, scheduler_output, model_runner_outpu
         batch=len(scheduler_output.num_scheduled_tokens),
         verified=[(drafted, accepted) for _, drafted, accepted in verified],
     )
+    while budget.notices:
+        logger.info("Clover: %s", budget.notices.pop(0))
     if budget.cost.observations % SUMMARY_EVERY == 0:
         logger.info("Clover goodput budget: %s", budget.summary())
 
