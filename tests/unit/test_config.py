@@ -1,11 +1,15 @@
-"""CloverConfig: validation, the Medusa constructor, serialisation, reading a target config."""
+"""CloverConfig: validation, Medusa and Clover-2 settings, serialisation, reading a target
+config."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import pytest
 
 from helpers import D, V, tiny_config
-from vllm_clover.modeling import CloverConfig
+from vllm_clover.modeling import CloverConfig, load_clover_config
 
 pytestmark = pytest.mark.unit
 
@@ -15,7 +19,11 @@ pytestmark = pytest.mark.unit
     [
         (dict(decoder_num_heads=5), "decoder_num_heads=5"),
         (dict(num_heads=0), "num_heads must be >= 1"),
-        (dict(regressive_embedding="tied"), "regressive_embedding"),
+        (dict(regressive_embedding="tied"), 'regressive_embedding must be "lm_head"'),
+        (
+            dict(regressive_embedding="input_embedding"),
+            "regressive_embedding must be \"lm_head\", got 'input_embedding'",
+        ),
         (dict(draft_vocab_size=V + 1), "draft_vocab_size"),
         (dict(num_key_value_heads=3), "num_key_value_heads=3"),
         (dict(hidden_act="gelu"), "silu"),
@@ -48,7 +56,10 @@ def test_config_validation(overrides: dict, message: str) -> None:
 
 
 def test_config_medusa_and_round_trip() -> None:
-    med = CloverConfig.medusa(hidden_size=D, vocab_size=V, num_heads=4)
+    off = dict(use_augmenting_block=False, use_attention_decoder=False)
+    med = CloverConfig(
+        hidden_size=D, vocab_size=V, num_heads=4, **off, use_regressive_connection=False
+    )
     assert med.is_medusa and med.num_hidden_layers == 0 and med.architectures == ["CloverModel"]
     assert not tiny_config().is_medusa and tiny_config().num_hidden_layers == 1
     with pytest.raises(ValueError, match="num_hidden_layers is derived"):
@@ -59,21 +70,22 @@ def test_config_medusa_and_round_trip() -> None:
 
 
 def test_config_clover2() -> None:
+    """Clover-2's settings (as training/config.py's --clover2 sets them) round-trip."""
     shape = dict(hidden_size=D, vocab_size=V, num_heads=4, num_attention_heads=4)
-    cfg = CloverConfig.clover2(**shape, intermediate_size=48)
-    assert cfg.fuse_next_token and cfg.head_projection == "linear"
+    clover2 = dict(num_augmenting_layers=2, fuse_next_token=True, head_projection="linear")
+    cfg = CloverConfig(**shape, **clover2, intermediate_size=48)
     assert cfg.num_hidden_layers == 2 and cfg.use_attention_decoder and not cfg.augmenting_gate
     again = CloverConfig.from_dict(cfg.to_dict())
     assert again.to_dict() == cfg.to_dict()
-    assert CloverConfig.clover2(**shape, num_augmenting_layers=1).num_hidden_layers == 1
 
 
-def test_needs_input_embedding_only_for_the_input_embedding_regressive_connection() -> None:
-    assert not tiny_config().needs_input_embedding
-    assert tiny_config(regressive_embedding="input_embedding").needs_input_embedding
-    assert not tiny_config(
-        regressive_embedding="input_embedding", use_regressive_connection=False
-    ).needs_input_embedding
+def test_shipped_configs_with_the_regressive_embedding_field_load() -> None:
+    """The shipped config.json files say regressive_embedding "lm_head": they still read."""
+    shipped = sorted((Path(__file__).parents[2] / "checkpoints").glob("*/config.json"))
+    recorded = [p for p in shipped if "regressive_embedding" in json.loads(p.read_text())]
+    assert recorded, "no shipped config.json records regressive_embedding"
+    for path in recorded:
+        assert load_clover_config(path.parent).regressive_embedding == "lm_head"
 
 
 def test_from_target_config_copies_the_layer_shape() -> None:

@@ -12,7 +12,7 @@ from vllm_clover.core.checks import (
     CloverStartupError,
     resolve_draft_budget,
     resolve_draft_confidence,
-    target_lm_head_layers,
+    target_lm_head,
 )
 from vllm_clover.modeling.checkpoint import CloverCheckpointError
 
@@ -213,34 +213,26 @@ def test_heads_reading_layers_the_target_lacks_are_refused(tmp_path):
         check_clover_spec(str(folder), None, smaller)
 
 
-HEADS_ONLY = SimpleNamespace(needs_input_embedding=False)
-WITH_EMBEDDING = SimpleNamespace(needs_input_embedding=True)
-
-
-def target(soft_cap=None, scale=1.0, lm_head=True, embed=True):
-    layer = SimpleNamespace(weight=torch.zeros(4, 2))
+def target(soft_cap=None, scale=1.0, lm_head=True):
     return SimpleNamespace(
-        lm_head=layer if lm_head else None,
+        lm_head=SimpleNamespace(weight=torch.zeros(4, 2)) if lm_head else None,
         logits_processor=SimpleNamespace(soft_cap=soft_cap, scale=scale),
-        model=SimpleNamespace(embed_tokens=layer if embed else None),
     )
 
 
-def test_a_plain_target_gives_its_tables():
+def test_a_plain_target_gives_its_lm_head():
     plain = target()
-    assert target_lm_head_layers(plain, HEADS_ONLY) == (plain.lm_head, None)
-    assert target_lm_head_layers(plain, WITH_EMBEDDING) == (plain.lm_head, plain.model.embed_tokens)
+    assert target_lm_head(plain) is plain.lm_head
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "config", "message"),
+    ("kwargs", "message"),
     [
-        ({"soft_cap": 30.0}, HEADS_ONLY, "its logits are soft-capped at 30.0"),
-        ({"scale": 0.5}, HEADS_ONLY, "its logits are scaled by 0.5"),
-        ({"lm_head": False}, HEADS_ONLY, "it has no LM-head weight"),
-        ({"embed": False}, WITH_EMBEDDING, "its input embedding is not at model.embed_tokens"),
+        ({"soft_cap": 30.0}, "its logits are soft-capped at 30.0"),
+        ({"scale": 0.5}, "its logits are scaled by 0.5"),
+        ({"lm_head": False}, "it has no LM-head weight"),
     ],
 )
-def test_a_target_the_heads_cannot_score_is_refused(kwargs, config, message):
+def test_a_target_the_heads_cannot_score_is_refused(kwargs, message):
     with pytest.raises(CloverStartupError, match=message):
-        target_lm_head_layers(target(**kwargs), config)
+        target_lm_head(target(**kwargs))

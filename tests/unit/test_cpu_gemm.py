@@ -50,8 +50,7 @@ def test_draft_rows_use_the_kernel_for_float32_and_bfloat16_only():
     expected = F.linear(z.bfloat16(), rows.bfloat16()).float()
     assert half.logits(z).dtype == torch.float32 and half.logits(z).is_contiguous()
     torch.testing.assert_close(half.logits(z), expected, rtol=2e-2, atol=5e-2)
-    for dtype in (torch.float16, torch.int8):
-        assert DraftRows.of(rows, dtype, pack).kernel is None
+    assert DraftRows.of(rows, torch.float16, pack).kernel is None  # float16: torch scores it
 
 
 def test_rows_the_kernel_refuses_are_scored_by_torch(monkeypatch):

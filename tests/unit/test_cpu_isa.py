@@ -7,11 +7,8 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 from vllm_clover.cpu import isa
-from vllm_clover.modeling.scoring import PACKED_DTYPES
-from vllm_clover.modeling.tables import cpu_scoring_dtype
 
 pytestmark = pytest.mark.unit
 
@@ -27,20 +24,6 @@ def test_families_by_their_flags():
     assert isa.isa_family(ZEN4) == "AVX512-BF16"
     assert isa.isa_family(SAPPHIRE_RAPIDS) == "AMX"
     assert isa.isa_family(frozenset({"sse4_2"})) == "pre-AVX2"
-
-
-@pytest.mark.parametrize(
-    "flags,rows",
-    [
-        # AVX2: oneDNN packs float32 only, the plugin's GEMM bfloat16 (half the bytes)
-        (ZEN3, torch.bfloat16),
-        (ICE_LAKE, torch.int8),  # int8 units
-        (ZEN4, torch.bfloat16),  # bf16 units
-        (SAPPHIRE_RAPIDS, torch.bfloat16),
-    ],
-)
-def test_draft_rows_per_family(flags, rows):
-    assert cpu_scoring_dtype(flags, PACKED_DTYPES) == rows
 
 
 def test_forced_flags_stand_for_the_cpus(monkeypatch):

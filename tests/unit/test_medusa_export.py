@@ -16,6 +16,14 @@ from vllm_clover.modeling import CloverConfig
 from vllm_clover.training.medusa_export import export_medusa, medusa_model_card
 
 pytestmark = pytest.mark.unit
+# Medusa-1 heads: every Clover component off
+MEDUSA = dict(
+    use_augmenting_block=False, use_attention_decoder=False, use_regressive_connection=False
+)
+
+
+def medusa_config(**overrides) -> CloverConfig:
+    return CloverConfig(hidden_size=D, vocab_size=V, num_heads=K, **MEDUSA, **overrides)
 
 
 def trained_model(cfg: CloverConfig):
@@ -23,11 +31,8 @@ def trained_model(cfg: CloverConfig):
 
 
 def test_export_medusa_refuses_clover_components(tmp_path: Path) -> None:
-    for flag in ("use_augmenting_block", "use_attention_decoder", "use_regressive_connection"):
-        flags = dict(
-            use_augmenting_block=False, use_attention_decoder=False, use_regressive_connection=False
-        )
-        cfg = tiny_config(**{**flags, flag: True})
+    for flag in MEDUSA:
+        cfg = tiny_config(**{**MEDUSA, flag: True})
         model, lm_head = trained_model(cfg)
         with pytest.raises(ValueError, match="Clover component"):
             export_medusa(model, tmp_path / flag, lm_head)
@@ -36,9 +41,7 @@ def test_export_medusa_refuses_clover_components(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("draft_vocab_size", [None, 50])
 def test_export_medusa_names_and_shapes(tmp_path: Path, draft_vocab_size: int | None) -> None:
-    cfg = CloverConfig.medusa(
-        hidden_size=D, vocab_size=V, num_heads=K, draft_vocab_size=draft_vocab_size
-    )
+    cfg = medusa_config(draft_vocab_size=draft_vocab_size)
     model, lm_head = trained_model(cfg)
     out = export_medusa(model, tmp_path / "medusa", lm_head)
     config = json.loads((out / "config.json").read_text())
@@ -121,9 +124,7 @@ class MedusaStandIn(torch.nn.Module):
 def test_export_medusa_loads_in_vllm_losslessly(
     tmp_path: Path, vllm_medusa, draft_vocab_size: int | None
 ) -> None:
-    cfg = CloverConfig.medusa(
-        hidden_size=D, vocab_size=V, num_heads=K, draft_vocab_size=draft_vocab_size
-    )
+    cfg = medusa_config(draft_vocab_size=draft_vocab_size)
     model, lm_head = trained_model(cfg)
     out = export_medusa(model, tmp_path / "medusa", lm_head)
     config = vllm_medusa.MedusaConfig.from_pretrained(str(out))
@@ -145,7 +146,7 @@ def test_export_medusa_loads_in_vllm_losslessly(
 
 
 def test_export_in_bf16(tmp_path: Path) -> None:
-    medusa_cfg = CloverConfig.medusa(hidden_size=D, vocab_size=V, num_heads=K, draft_vocab_size=50)
+    medusa_cfg = medusa_config(draft_vocab_size=50)
     medusa, lm_head = trained_model(medusa_cfg)
     out = export_medusa(medusa, tmp_path / "medusa", lm_head, dtype=torch.bfloat16)
     exported = load_file(out / "model.safetensors")

@@ -66,20 +66,13 @@ def test_draft_vocabulary_logits_are_columns_of_the_full_ones() -> None:
     )
 
 
-def test_regressive_embedding_sources() -> None:
+def test_the_regressive_embedding_is_the_rms_normalised_lm_head_row() -> None:
     lm_head = torch.randn(V, D)
     tables = TargetTables(tiny_config())
     tables.attach(lm_head)
     e = tables.embed(torch.tensor([3, 7]), torch.float32)
     torch.testing.assert_close(e.pow(2).mean(-1), torch.ones(2), rtol=0, atol=1e-4)
     torch.testing.assert_close(e[0] / e[0].norm(), lm_head[3] / lm_head[3].norm())
-
-    by_embedding = TargetTables(tiny_config(regressive_embedding="input_embedding"))
-    with pytest.raises(ValueError, match="input embedding"):
-        by_embedding.attach(lm_head)
-    table = torch.randn(V, D)
-    by_embedding.attach(lm_head, table)
-    assert torch.equal(by_embedding.embed(torch.tensor([3]), torch.float32), table[[3]])
 
 
 def test_training_rows_are_gathered_once_and_refreshed_on_change() -> None:
@@ -109,7 +102,7 @@ def test_bf16_heads_score_bf16_rows_of_an_fp32_lm_head() -> None:
     assert set(drafts.flatten().tolist()) <= set(IDS.tolist())
 
 
-@pytest.mark.parametrize("scoring", [torch.bfloat16, torch.int8])
+@pytest.mark.parametrize("scoring", [torch.bfloat16, torch.float16])
 def test_drafting_scores_its_own_copy_of_the_rows(scoring: torch.dtype) -> None:
     """scoring_dtype sets the drafting format; training keeps rows in the heads' dtype."""
     model, lm_head = random_clover(tiny_config(draft_vocab_size=16))
@@ -119,45 +112,32 @@ def test_drafting_scores_its_own_copy_of_the_rows(scoring: torch.dtype) -> None:
     assert model.dtype == torch.float32 and rows.dtype == scoring
     assert model.tables.draft_rows(model.dtype) is rows
     assert model.tables.vocab_weight(model.dtype).dtype == torch.float32
-    if scoring == torch.bfloat16:
-        z = torch.randn(5, D)
-        expected = F.linear(z.bfloat16(), rows.weight).float()
-        torch.testing.assert_close(rows.scores(z).float(), expected, rtol=1e-2, atol=1e-2)
+    z = torch.randn(5, D)
+    expected = F.linear(z.to(scoring), rows.weight).float()
+    torch.testing.assert_close(rows.scores(z).float(), expected, rtol=1e-2, atol=1e-2)
     drafts = model.propose(torch.randn(3, D), torch.tensor([1, 2, 3]), 2)
     assert set(drafts.flatten().tolist()) <= set(IDS.tolist())
 
 
-def test_auto_scoring_follows_the_cpus_dot_product_units_and_the_target_dtype_elsewhere():
-    from vllm_clover.cpu.isa import cpu_flags
+def test_auto_scoring_follows_the_cpus_packed_gemm_and_the_target_dtype_elsewhere():
     from vllm_clover.modeling.tables import cpu_scoring_dtype
 
-    zen4 = frozenset({"avx2", "avx512f", "avx512_vnni", "avx512_bf16"})
-    assert cpu_scoring_dtype(frozenset({"avx2", "avx512f", "avx512_vnni"})) == torch.int8
-    assert cpu_scoring_dtype(frozenset({"avx2", "amx_int8"})) == torch.int8
-    assert cpu_scoring_dtype(frozenset({"avx2", "f16c"})) == torch.float16
-    fp32 = (torch.float32,)
-    assert cpu_scoring_dtype(frozenset({"avx2", "f16c"}), fp32) == torch.float32
-    # the AVX2 GEMM packs bfloat16 rows on a CPU without bf16 units: half float32's bytes
-    assert cpu_scoring_dtype(frozenset({"avx2", "f16c"}), PACKED_DTYPES) == torch.bfloat16
-    assert cpu_scoring_dtype(frozenset({"avx512_vnni"}), PACKED_DTYPES) == torch.int8
-    assert cpu_scoring_dtype(zen4) == torch.int8  # bfloat16 only where the GEMM packs it
-    assert cpu_scoring_dtype(zen4, fp32) == torch.int8
-    assert cpu_scoring_dtype(zen4, PACKED_DTYPES) == torch.bfloat16
-    assert cpu_scoring_dtype(frozenset({"amx_bf16", "amx_int8"}), PACKED_DTYPES) == torch.bfloat16
-    assert cpu_scoring_dtype(frozenset()) == torch.int8  # flags unknown: as before
-    here = cpu_scoring_dtype(cpu_flags())
+    # bfloat16 wherever a packed GEMM takes it (oneDNN, or the plugin's AVX2 GEMM)
+    assert cpu_scoring_dtype(PACKED_DTYPES) == torch.bfloat16
+    assert cpu_scoring_dtype((torch.float32,)) == torch.float32  # oneDNN without bfloat16
+    assert cpu_scoring_dtype(()) == torch.float16  # no packed GEMM: PyTorch's matmuls
     for target in (torch.float32, torch.bfloat16):
-        assert scoring_dtype_for("auto", target, "cpu") == here
+        assert scoring_dtype_for("auto", target, "cpu", PACKED_DTYPES) == torch.bfloat16
+        assert scoring_dtype_for("auto", target, "cpu") == torch.float16
     assert scoring_dtype_for("auto", torch.float16, "cuda", PACKED_DTYPES) == torch.float16
-    assert scoring_dtype_for("auto", torch.float16, "cuda") == torch.float16
+    assert scoring_dtype_for("auto", torch.bfloat16, "cuda") == torch.bfloat16
     assert scoring_dtype_for("auto", torch.float32, "cuda") == torch.float32
     assert scoring_dtype_for("float32", torch.float32, "cpu") == torch.float32
     assert scoring_dtype_for("bfloat16", torch.float32, "cpu") == torch.bfloat16
     assert scoring_dtype_for("float32", torch.bfloat16, "cuda") == torch.float32
-    with pytest.raises(ValueError, match="CLOVER_DRAFT_DTYPE=int8 scores draft rows with CPU"):
-        scoring_dtype_for("int8", torch.bfloat16, "cuda")
+    assert scoring_dtype_for("float16", torch.bfloat16, "cuda") == torch.float16
     tables = tables_with(torch.randn(V, D))
-    assert tables.choose_scoring("auto") == here == tables.scoring_dtype
+    assert tables.choose_scoring("auto") == torch.float16 == tables.scoring_dtype  # no packer
 
 
 def test_draft_dtype_setting_reads_the_environment(monkeypatch) -> None:
@@ -167,6 +147,10 @@ def test_draft_dtype_setting_reads_the_environment(monkeypatch) -> None:
     assert draft_dtype_setting() == "bfloat16"
     monkeypatch.setenv(DRAFT_DTYPE_ENV, "fp8")
     with pytest.raises(ValueError, match="CLOVER_DRAFT_DTYPE='fp8' is not one of auto, float32"):
+        draft_dtype_setting()
+    monkeypatch.setenv(DRAFT_DTYPE_ENV, "int8")  # int8 draft rows are gone
+    accepted = "is not one of auto, float32, bfloat16, float16$"
+    with pytest.raises(ValueError, match=f"CLOVER_DRAFT_DTYPE='int8' {accepted}"):
         draft_dtype_setting()
 
 

@@ -51,10 +51,8 @@ def _drafts(
     """The same head loop drafting through `tables` (whole or one rank's shard)."""
     heads = HeadLoop(cfg)
     heads.load_state_dict(state)
-    if scoring == "onednn":  # float32 rows packed into vLLM-CPU's GEMM, as served on CPU
-        tables.choose_scoring("float32", onednn_row_packer())
-    else:
-        tables.scoring_dtype = scoring
+    if scoring is not None:  # rows in this format, packed as served on CPU
+        tables.choose_scoring(scoring, onednn_row_packer())
     if cfg.draft_vocab_size:
         tables.set_draft_vocab(draft_ids)
     gen = torch.Generator().manual_seed(1)
@@ -97,12 +95,12 @@ def _sharded(cfg: CloverConfig, low_ids: bool = False, scoring=None) -> dict:
         return dict(out)
 
 
-# scoring: the format draft rows are scored in (None: the heads' float32; int8: the CPU default
-# where it has int8 dot-product units; "onednn": float32 rows in vLLM-CPU's packed GEMM, the
-# default where it has not)
+# scoring: the format draft rows are scored in (None: the heads' float32 with PyTorch's matmul;
+# "float32": packed into vLLM-CPU's oneDNN GEMM; "bfloat16": packed into oneDNN or the plugin's
+# AVX2 GEMM, the CPU's default)
 @pytest.mark.parametrize(
     "draft_vocab_size,scoring",
-    [(None, None), (20, None), (5, None), (20, torch.int8), (20, "onednn")],
+    [(None, None), (20, None), (5, None), (20, "bfloat16"), (20, "float32")],
 )
 def test_two_ranks_draft_what_one_process_drafts(draft_vocab_size, scoring):
     cfg = _config(draft_vocab_size=draft_vocab_size)

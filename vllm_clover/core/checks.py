@@ -28,7 +28,7 @@ from vllm_clover.modeling.config import (
     check_confidence,
     target_layers_problem,
 )
-from vllm_clover.modeling.tables import check_draft_dtype_fits, draft_dtype_setting
+from vllm_clover.modeling.tables import draft_dtype_setting
 from vllm_clover.tree import TokenTree
 
 logger = init_logger("vllm.clover.checks")
@@ -71,7 +71,7 @@ def check_clover_spec(
     missing/corrupt config or weights, wrong weight names or shapes, hidden size or vocab
     of another target, K larger than the trained heads.
     """
-    check_draft_dtype_fits(draft_dtype_setting(), current_platform.device_type)
+    draft_dtype_setting()  # refuses a CLOVER_DRAFT_DTYPE outside DRAFT_DTYPE_CHOICES
     if not model:
         raise CloverCheckpointError(
             'speculative_config method "clover" needs "model": the folder of a Clover checkpoint'
@@ -286,14 +286,12 @@ def resolve_tree_budget(spec_config, config: CloverConfig) -> None:
         spec_config.draft_confidence = resolve_draft_confidence(confidence, config)
 
 
-def target_lm_head_layers(
-    target: nn.Module, config: CloverConfig
-) -> tuple[nn.Module, nn.Module | None]:
-    """The target's LM head layer and, if the heads read it, its input-embedding layer.
+def target_lm_head(target: nn.Module) -> nn.Module:
+    """The target's LM-head layer, whose weight the heads score and embed tokens with.
 
     CloverStartupError naming why when the heads cannot serve the target: its logits are
     not the plain LM-head product of H the heads score (soft-capped or scaled logits), or it
-    has no LM head or input embedding where expected.
+    has no LM head.
     """
     processor = getattr(target, "logits_processor", None)
     problems = []
@@ -304,18 +302,12 @@ def target_lm_head_layers(
         problems.append(f"its logits are soft-capped at {processor.soft_cap}")
     if getattr(processor, "scale", 1.0) != 1.0:
         problems.append(f"its logits are scaled by {processor.scale}")
-    embedding = None
-    if config.needs_input_embedding:
-        inner = getattr(target, "model", None)
-        embedding = getattr(inner, "embed_tokens", None)
-        if getattr(embedding, "weight", None) is None:
-            problems.append("its input embedding is not at model.embed_tokens")
     if problems:
         raise CloverStartupError(
             f"Clover cannot draft for target {type(target).__name__}: {'; '.join(problems)} "
             "(the heads score draft tokens with the target's plain LM head)"
         )
-    return lm_head, embedding
+    return lm_head
 
 
 def confidence_thresholds(vllm_config, device: torch.device) -> torch.Tensor | None:

@@ -1,10 +1,10 @@
-"""The target's LM head and input embedding, attached to the heads' tables when vLLM loads them.
+"""The target's LM head, attached to the heads' tables when vLLM loads it.
 
 vLLM asks a drafter to share the target's LM head once the target is loaded
 (`CloverProposer._maybe_share_lm_head`). Clover's heads score their drafts with that LM head
-and read the target's token embedding, so both must be the ones the heads were trained for:
-`attach_target_tables` checks their shape and fingerprint (``modeling/checkpoint.py``),
-attaches them without a copy, and picks the format drafting scores them in.
+and embed the previous token with its rows, so it must be the one the heads were trained for:
+`attach_target_tables` checks its shape and fingerprint (``modeling/checkpoint.py``),
+attaches it without a copy, and picks the format drafting scores its rows in.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from torch import nn
 from vllm.distributed import tensor_model_parallel_all_gather
 from vllm.logger import init_logger
 
-from vllm_clover.core.checks import target_lm_head_layers
+from vllm_clover.core.checks import target_lm_head
 from vllm_clover.cpu.gemm import bf16_products, onednn_row_packer, packed_dtypes
 from vllm_clover.cpu.isa import cpu_flags, cpu_model, isa_family
 from vllm_clover.modeling.checkpoint import CloverCheckpointError, check_target_fits
@@ -25,38 +25,28 @@ logger = init_logger("vllm.clover.proposer")
 
 
 def attach_target_tables(model, target_language_model: nn.Module, heads_path: str, vllm_config):
-    """Attach the target's LM head (and input embedding) to `model`'s tables (a
-    CloverDraftModel's), after checking that they are the ones the heads at `heads_path`
-    were trained for, and pick the format drafting scores them in.
+    """Attach the target's LM head to `model`'s tables (a CloverDraftModel's), after checking
+    that it is the one the heads at `heads_path` were trained for, and pick the format
+    drafting scores its rows in.
 
     Under tensor parallelism each rank attaches its own rows (no copy); the full LM head is
     gathered once, here, for the fingerprint check only.
     """
     config, tables = model.config, model.tables
-    lm_head, embedding = target_lm_head_layers(target_language_model, config)
+    lm_head = target_lm_head(target_language_model)
     vocab = config.vocab_size
     target = vllm_config.model_config.model
     if isinstance(tables, VocabParallelTables):
         full_lm_head = tensor_model_parallel_all_gather(lm_head.weight, dim=0)[:vocab]
-        full_embedding = (
-            None
-            if embedding is None
-            else tensor_model_parallel_all_gather(embedding.weight, dim=0)[:vocab]
-        )
-        _check_fits(config, heads_path, target, full_lm_head, full_embedding)
-        del full_lm_head, full_embedding
+        _check_fits(config, heads_path, target, full_lm_head)
+        del full_lm_head
         shard = lm_head.shard_indices  # this rank's real ids, vLLM's padding dropped
         rows = slice(0, shard.num_org_elements)
-        tables.attach_shard(
-            lm_head.weight[rows],
-            shard.org_vocab_start_index,
-            None if embedding is None else embedding.weight[rows],
-        )
+        tables.attach_shard(lm_head.weight[rows], shard.org_vocab_start_index)
     else:
         head_rows = lm_head.weight[:vocab]
-        embedding_rows = None if embedding is None else embedding.weight[:vocab]
-        _check_fits(config, heads_path, target, head_rows, embedding_rows)
-        tables.attach(head_rows, embedding_rows)
+        _check_fits(config, heads_path, target, head_rows)
+        tables.attach(head_rows)
     setting = draft_dtype_setting()
     on_cpu = lm_head.weight.device.type == "cpu"
     packer = onednn_row_packer() if on_cpu else None
@@ -87,12 +77,10 @@ def drafting_line(scoring: torch.dtype, packed: bool, lm_head: torch.Tensor, set
     )
 
 
-def _check_fits(
-    config, heads_path: str, target: str, lm_head: torch.Tensor, embedding: torch.Tensor | None
-) -> None:
+def _check_fits(config, heads_path: str, target: str, lm_head: torch.Tensor) -> None:
     try:
         # A served path never equals the recorded target name: the fingerprint decides.
-        check_target_fits(config, heads_path, lm_head, embedding)
+        check_target_fits(config, heads_path, lm_head)
     except CloverCheckpointError:
         logger.error("Clover checkpoint %s does not fit target %s", heads_path, target)
         raise

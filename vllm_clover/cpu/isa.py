@@ -1,11 +1,11 @@
 """What this CPU multiplies in hardware, read once from /proc/cpuinfo (no vLLM, no torch ops).
 
-The families vLLM-CPU users serve on, by the flags that decide how drafting multiplies:
+The families vLLM-CPU users serve on, by the flags that decide what multiplies bfloat16:
 
     AVX2 only (Zen 2/3 EPYC, older Xeons)    no bf16 units: oneDNN has no bf16 matmul
-    AVX-512 (Skylake-X, Ice Lake)            oneDNN emulates bf16; int8 units with VNNI
+    AVX-512 (Skylake-X, Ice Lake)            oneDNN emulates bf16
     AVX512-BF16 (Zen 4/5, Cooper Lake)       bf16 dot products in hardware
-    AMX (Sapphire / Granite Rapids)          bf16 and int8 tiles
+    AMX (Sapphire / Granite Rapids)          bf16 tiles
 
 ``ONEDNN_MAX_CPU_ISA`` and ``ATEN_CPU_CAPABILITY`` make oneDNN and PyTorch behave as a lesser
 CPU; ``CLOVER_CPU_FLAGS`` (a space-separated flag list) does the same for the choices made
@@ -19,10 +19,6 @@ import os
 from pathlib import Path
 
 FLAGS_ENV = "CLOVER_CPU_FLAGS"
-# CPU flags of int8 dot-product units, where int8 draft scoring beats float in PyTorch
-INT8_DOT_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
-# CPU flags of bfloat16 dot-product units, where packed bfloat16 rows are the fastest format
-BF16_DOT_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 
 
 @functools.lru_cache(maxsize=1)

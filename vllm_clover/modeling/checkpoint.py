@@ -194,7 +194,6 @@ def load_clover_config(path: str | os.PathLike) -> CloverConfig:
 def load_clover(
     path: str | os.PathLike,
     lm_head_weight: torch.Tensor,
-    input_embedding: torch.Tensor | None = None,
     target_name: str | None = None,
     *,
     dtype: torch.dtype | None = None,
@@ -209,7 +208,7 @@ def load_clover(
     only warns (names and local paths of one model differ; the fingerprint decides).
     """
     config = load_clover_config(path)
-    check_target_fits(config, path, lm_head_weight, input_embedding, target_name)
+    check_target_fits(config, path, lm_head_weight, target_name)
     state = _read_weights(Path(path) / WEIGHTS_NAME)
     _check_weight_names(config, state, path)
     with torch.device("meta"):
@@ -221,7 +220,7 @@ def load_clover(
             check_draft_vocab(ids, config.draft_vocab_size, config.vocab_size)
         stored = next((t.dtype for t in state.values() if t.is_floating_point()), torch.float32)
         model.to(device=device or lm_head_weight.device, dtype=dtype or stored)
-        model.attach_target(lm_head_weight, input_embedding)
+        model.attach_target(lm_head_weight)
     except ValueError as err:
         raise CloverCheckpointError(f"{path}: {err}") from err
     return model
@@ -248,20 +247,15 @@ def check_target_fits(
     config: CloverConfig,
     path: str | os.PathLike,
     lm_head_weight: torch.Tensor,
-    input_embedding: torch.Tensor | None = None,
     target_name: str | None = None,
 ) -> None:
-    """The given target tensors fit the checkpoint: hidden size, vocab, LM-head fingerprint."""
+    """The target's LM head fits the checkpoint: hidden size, vocab, fingerprint."""
     if lm_head_weight.dim() != 2:
         raise CloverCheckpointError(
             f"{path}: lm_head_weight must be (vocab, hidden), got {tuple(lm_head_weight.shape)}"
         )
     vocab, hidden = lm_head_weight.shape
     check_target_shape(config, path, hidden, vocab, " (slice off any vocab padding before loading)")
-    if input_embedding is not None and tuple(input_embedding.shape) != (vocab, hidden):
-        raise CloverCheckpointError(
-            f"{path}: input_embedding shape {tuple(input_embedding.shape)} != {(vocab, hidden)}"
-        )
     _check_target_identity(config, path, lm_head_weight, target_name)
 
 

@@ -70,9 +70,9 @@ def split_checkpoint_state(state: dict[str, torch.Tensor]) -> CheckpointParts:
 class CloverModel(nn.Module):
     """Augmenting Block + head loop + target tables (the paper's network, any ablation).
 
-    Attach the target's LM head (and input embedding) with ``attach_target`` after any
-    ``.to(dtype)``. Entry points: ``forward`` (teacher-forced logits, training) and
-    ``propose`` (greedy drafting from h0).
+    Attach the target's LM head with ``attach_target`` after any ``.to(dtype)``. Entry
+    points: ``forward`` (teacher-forced logits, training) and ``propose`` (greedy drafting
+    from h0).
     """
 
     def __init__(self, config: CloverConfig) -> None:
@@ -88,11 +88,9 @@ class CloverModel(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.heads.dtype
 
-    def attach_target(
-        self, lm_head_weight: torch.Tensor, input_embedding: torch.Tensor | None = None
-    ) -> None:
-        """Share the target's LM head (V, D) and optionally its input embedding (V, D)."""
-        self.tables.attach(lm_head_weight, input_embedding)
+    def attach_target(self, lm_head_weight: torch.Tensor) -> None:
+        """Share the target's LM head (V, D)."""
+        self.tables.attach(lm_head_weight)
 
     def augment(
         self,

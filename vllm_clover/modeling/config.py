@@ -8,9 +8,11 @@ the target the heads were trained for. See docs/checkpoint-format.md.
 Example::
 
     cfg = CloverConfig(hidden_size=4096, vocab_size=32000, num_heads=3)   # full Clover
-    med = CloverConfig.medusa(hidden_size=4096, vocab_size=32000, num_heads=5)
-    two = CloverConfig.clover2(hidden_size=4096, vocab_size=32000, num_heads=4)  # Clover-2
-    assert med.is_medusa and not cfg.is_medusa and two.fuse_next_token
+    med = CloverConfig(
+        hidden_size=4096, vocab_size=32000, num_heads=5, use_augmenting_block=False,
+        use_attention_decoder=False, use_regressive_connection=False,
+    )
+    assert med.is_medusa and not cfg.is_medusa
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ from transformers import PretrainedConfig
 from vllm_clover.modeling.target_layers import hidden_activation, rope_parameters
 from vllm_clover.tree.spec import TokenTree, TokenTreeError
 
-REGRESSIVE_EMBEDDINGS = ("lm_head", "input_embedding")
 HEAD_PROJECTIONS = ("residual", "linear")
 # The architecture name of every Clover checkpoint: the draft model class vLLM builds from it.
 CLOVER_ARCHITECTURE = "CloverModel"
@@ -41,8 +42,9 @@ class CloverConfig(PretrainedConfig):
         decoder_num_heads: attention-decoder heads (must divide hidden_size);
             None = num_attention_heads.
         use_regressive_connection: feed the embedding of the previous token.
-        regressive_embedding: "lm_head" (RMS-normalised rows of the target LM
-            head, default, as in the paper) or "input_embedding".
+        regressive_embedding: "lm_head", the only value: the Regressive Connection
+            embeds a token with its RMS-normalised row of the target's LM head, as in the
+            paper (the field stays so that older checkpoints, which all say "lm_head", load).
         fuse_next_token: Clover-2's order: before the Augmenting Block, an attention-decoder
             step fuses H_t with the embedding of the next token t0 = x_{t+1} (as EAGLE
             feeds its layer), so the block reads the token and head 0 makes no decoder
@@ -64,7 +66,7 @@ class CloverConfig(PretrainedConfig):
             format (rank paths, one head per depth), used when a speculative_config asks
             for ``"speculative_token_tree": "default"``; None = no default. Chosen from
             the heads' measured node acceptance by ``benchmarks/tree_search.py
-            --write-default`` (docs/benchmarks.md, "Token trees").
+            --write-default`` (docs/history/benchmarks-2026-11.md, "Token trees").
         intermediate_size, num_attention_heads, num_key_value_heads, head_dim,
         rms_norm_eps, rope_theta, max_position_embeddings, hidden_act,
         attention_bias, qkv_bias: shape of the augmenting decoder layers, copied
@@ -164,9 +166,8 @@ class CloverConfig(PretrainedConfig):
         _require(self.vocab_size >= 1, f"vocab_size must be >= 1, got {self.vocab_size}")
         _require(self.num_heads >= 1, f"num_heads must be >= 1, got {self.num_heads}")
         _require(
-            self.regressive_embedding in REGRESSIVE_EMBEDDINGS,
-            f"regressive_embedding must be one of {REGRESSIVE_EMBEDDINGS}, "
-            f"got {self.regressive_embedding!r}",
+            self.regressive_embedding == "lm_head",
+            f'regressive_embedding must be "lm_head", got {self.regressive_embedding!r}',
         )
         _require(
             self.head_projection in HEAD_PROJECTIONS,
@@ -243,11 +244,6 @@ class CloverConfig(PretrainedConfig):
 
     # ------------------------------------------------------------------ views
     @property
-    def needs_input_embedding(self) -> bool:
-        """True when the heads read the target's input-embedding table (not only its LM head)."""
-        return self.use_regressive_connection and self.regressive_embedding == "input_embedding"
-
-    @property
     def is_medusa(self) -> bool:
         """True when all three Clover components are off (= Medusa-1 heads)."""
         return not (
@@ -274,38 +270,6 @@ class CloverConfig(PretrainedConfig):
             )
 
     # ------------------------------------------------------------------ constructors
-    @classmethod
-    def medusa(
-        cls, hidden_size: int, vocab_size: int, num_heads: int, **kwargs: Any
-    ) -> CloverConfig:
-        """Medusa-1 heads: all Clover components off, h_i = H for every head."""
-        flags = dict(
-            use_augmenting_block=False,
-            use_attention_decoder=False,
-            use_regressive_connection=False,
-        )
-        return cls(
-            hidden_size=hidden_size, vocab_size=vocab_size, num_heads=num_heads, **flags, **kwargs
-        )
-
-    @classmethod
-    def clover2(
-        cls, hidden_size: int, vocab_size: int, num_heads: int, **kwargs: Any
-    ) -> CloverConfig:
-        """Clover-2 (arXiv 2408.00264): the next token fused before a 2-layer Augmenting
-        Block, the Attention Decoder for the later heads, a plain projection per head.
-        ``kwargs`` override any of these (e.g. ``num_augmenting_layers``)."""
-        flags: dict[str, Any] = dict(
-            use_augmenting_block=True,
-            num_augmenting_layers=2,
-            use_attention_decoder=True,
-            use_regressive_connection=True,
-            fuse_next_token=True,
-            head_projection="linear",
-        )
-        flags.update(kwargs)
-        return cls(hidden_size=hidden_size, vocab_size=vocab_size, num_heads=num_heads, **flags)
-
     @classmethod
     def from_target_config(
         cls, target: PretrainedConfig, *, target_name: str = "", **kwargs: Any

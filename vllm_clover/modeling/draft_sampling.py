@@ -6,7 +6,7 @@ max(p - q, 0) normalised: the output follows p exactly, whatever q is, provided 
 from q. Greedy drafts are the case q = one-hot(argmax), accepted with probability p(x). A
 head that spreads its mass like the target does is accepted far more often when its draft is
 drawn from q: the expected acceptance is sum_x min(p(x), q(x)) = 1 - TV(p, q) instead of
-p(argmax q) (measured: docs/benchmarks.md, "Drawn drafts at T > 0").
+p(argmax q) (measured: docs/history/benchmarks-2026-11.md, "Drawn drafts at T > 0").
 
 ``DraftSampler`` picks each head step's draft token per request and keeps the distributions
 it drew from, which the rejection sampler needs:
@@ -86,9 +86,10 @@ def inverse_cdf(
     """One draw per row of weights (M, N) >= 0, each row normalised by its own sum: the
     first index whose cumulative weight exceeds u * total, u ~ U[0, 1) drawn with the row's
     generator where `generators` has one. One random number per row, where an exponential
-    race draws N of them (the timings: docs/benchmarks.md). The sums run in float64, so
-    rounding moves no draw by more than ~1e-12 of probability; a row of zeros gives index
-    N - 1. Example: weights [1, 1, 2], u = 0.6 -> cdf [1, 2, 4], u * 4 = 2.4 -> index 2."""
+    race draws N of them (the timings: docs/history/benchmarks-2026-11.md). The sums run in
+    float64, so rounding moves no draw by more than ~1e-12 of probability; a row of zeros
+    gives index N - 1. Example: weights [1, 1, 2], u = 0.6 -> cdf [1, 2, 4], u * 4 = 2.4 ->
+    index 2."""
     cdf = weights.double().cumsum(dim=-1)  # (M, N)
     u = torch.rand(weights.shape[0], 1, dtype=torch.float64, device=weights.device)
     for row, generator in (generators or {}).items():

@@ -1,9 +1,9 @@
-"""The formats drafting scores head features against the draft rows in (float, int8 per row).
+"""The formats drafting scores head features against the draft rows in (fp32, bf16, fp16).
 
 A head step ends with ``argmax_j z . W_lm[j]`` over the N draft-vocabulary rows (N x D, e.g.
 8192 x 576). At the batch sizes of decoding that product reads far more bytes (the rows)
 than it computes, so drafting can score a copy of the rows in a smaller format:
-``DraftRows`` holds them as float (fp32 / bf16 / fp16) or as int8 with one scale per row.
+``DraftRows`` holds them as float32, bfloat16 or float16.
 Only drafting uses it; training scores the rows in the heads' own dtype (``logits``).
 Drafts only propose: vLLM's rejection sampler verifies them against the target, so the
 scoring format changes how often drafts are accepted, never the output.
@@ -20,8 +20,6 @@ from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
-
-INT8_MAX = 127.0
 
 # z (M, D) -> z @ rows^T (M, N), both in the rows' dtype, with the rows packed in beforehand
 RowKernel = Callable[[torch.Tensor], torch.Tensor]
@@ -46,37 +44,22 @@ def row_scores(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return (w @ x.t()).t()  # (M, N), a transposed view
 
 
-def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric per-row int8: x (M, D) float -> (q (M, D) int8, scale (M,) float32).
-
-    x[m] ~= q[m] * scale[m], the row's largest |value| mapped to 127. Example: the row
-    [0.5, -1.0, 0.25] has scale 1/127 and q = [64, -127, 32] (0.5 * 127 = 63.5 rounds to 64).
-    """
-    x = x.float()
-    scale = x.abs().amax(dim=-1).clamp_min(1e-12) / INT8_MAX  # (M,)
-    return torch.round(x / scale[:, None]).to(torch.int8), scale
-
-
 class DraftRows(NamedTuple):
     """W_lm's draft-vocabulary rows in the format drafting scores them in.
 
-    weight: (N, D), a float dtype, or int8 with ``scale`` (N,) float32 such that
-    ``weight[j] * scale[j] ~= W_lm[j]`` (``quantize_int8``). Build with ``DraftRows.of``.
+    weight: (N, D) in a float dtype. Build with ``DraftRows.of``.
     """
 
     weight: torch.Tensor
-    scale: torch.Tensor | None = None
     kernel: RowKernel | None = None  # float32 / bfloat16 rows prepacked by a RowPacker
 
     @classmethod
     def of(
         cls, rows: torch.Tensor, dtype: torch.dtype, packer: RowPacker | None = None
     ) -> DraftRows:
-        """Rows (N, D) in `dtype`: a cast, or int8 quantization for torch.int8; float32 and
-        bfloat16 rows are packed by `packer` when one is given and takes them (the serving
-        layer hands one over on CPU only, core/proposer.py)."""
-        if dtype == torch.int8:
-            return cls(*quantize_int8(rows))
+        """Rows (N, D) cast to `dtype`; float32 and bfloat16 rows are packed by `packer` when
+        one is given and takes them (the serving layer hands one over on CPU only,
+        core/target_tables.py)."""
         weight = rows.to(dtype)
         if packer is None or dtype not in PACKED_DTYPES:
             return cls(weight)
@@ -87,31 +70,14 @@ class DraftRows(NamedTuple):
         return self.weight.dtype
 
     def scores(self, z: torch.Tensor) -> torch.Tensor:
-        """Head features z (M, D) -> float scores (M, N) whose row-wise argmax is the draft.
-
-        Float rows: z @ weight^T in the rows' dtype (``row_scores``, or the packed kernel
-        where there is one). int8 rows: z is
-        quantized per row as well and the product runs on int8 units (``torch._int_mm``,
-        int32 sums, exact); each column is then multiplied by its row's scale. z's own scale
-        is left out: it multiplies a whole row of scores by one positive number, which moves
-        no argmax, so the result is z . W[j] up to that factor per row of z.
-        """
-        return self._products(z)[0]
+        """Head features z (M, D) -> scores z . W[j] (M, N), whose row-wise argmax is the
+        draft: z @ weight^T in the rows' dtype (``row_scores``, or the packed kernel where
+        there is one)."""
+        if self.kernel is not None:
+            return self.kernel(z.to(self.weight.dtype).contiguous()).float()
+        return row_scores(z.to(self.weight.dtype), self.weight)
 
     def logits(self, z: torch.Tensor) -> torch.Tensor:
-        """Head features z (M, D) -> float logits z . W[j] (M, N), z's int8 scale put back."""
-        products, z_scale = self._products(z)
-        products = products.float().contiguous()  # row-wise reductions follow: N contiguous
-        return products if z_scale is None else products.mul_(z_scale[:, None])
-
-    def _products(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(scores (M, N), z's int8 scale (M,) or None for float rows); see ``scores``."""
-        if self.kernel is not None:
-            return self.kernel(z.to(self.weight.dtype).contiguous()).float(), None
-        if self.scale is None:
-            return row_scores(z.to(self.weight.dtype), self.weight), None
-        q, z_scale = quantize_int8(z)  # (M, D), (M,)
-        # (N, M) int32 sums -> (M, N) float, made contiguous before the row-wise reductions
-        # that follow (max, logsumexp over N run 2-7x slower on the transposed view)
-        products = torch._int_mm(self.weight, q.t()).t().contiguous().float()
-        return products.mul_(self.scale), z_scale  # (M, N)
+        """Head features z (M, D) -> float32 logits z . W[j] (M, N), row-major: the row-wise
+        max and logsumexp that follow run several times slower on a transposed view."""
+        return self.scores(z).float().contiguous()

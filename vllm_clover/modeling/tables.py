@@ -1,15 +1,14 @@
-"""The target tables the heads read (LM head, input embedding) and the draft vocabulary.
+"""The target table the heads read (the LM head) and the draft vocabulary.
 
-The head loop never owns a vocabulary-sized tensor. It reads two tables of the target, shared
+The head loop never owns a vocabulary-sized tensor. It reads one table of the target, shared
 and never copied whole, through a ``TargetTables`` object:
 
-    W_lm  (V, D)  the target's LM head: heads score draft tokens against its rows, and
-                  (regressive_embedding="lm_head") embed the previous token with a row
-    E     (V, D)  the target's input embedding (regressive_embedding="input_embedding")
+    W_lm  (V, D)  the target's LM head: heads score draft tokens against its rows and
+                  embed the previous token with a row (the regressive embedding)
 
 and restricts drafting to a draft vocabulary of N target ids (``draft_vocab_ids``, sorted;
-the checkpoint stores it). This object owns attaching the tables, mapping between draft
-indices and target ids, the gathered-row caches (rebuilt when a table, the vocabulary or a
+the checkpoint stores it). This object owns attaching the table, mapping between draft
+indices and target ids, the gathered-row caches (rebuilt when the table, the vocabulary or a
 weight they were derived from changes), and the format and dtype drafting scores the rows in
 (the scoring policy below). Tensor parallelism swaps it for ``VocabParallelTables``.
 
@@ -30,7 +29,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from vllm_clover.cpu.isa import BF16_DOT_FLAGS, INT8_DOT_FLAGS, cpu_flags
 from vllm_clover.modeling.config import CloverConfig
 from vllm_clover.modeling.scoring import PACKED_DTYPES, DraftRows, RowPacker
 
@@ -40,7 +38,6 @@ DRAFT_DTYPES = {
     "float32": torch.float32,
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
-    "int8": torch.int8,
 }
 DRAFT_DTYPE_CHOICES = ("auto", *DRAFT_DTYPES)
 
@@ -55,35 +52,18 @@ def draft_dtype_setting() -> str:
     return setting
 
 
-def check_draft_dtype_fits(setting: str, device_type: str) -> None:
-    """ValueError for int8 draft scoring (CPU int8 matmuls) on any device but the CPU."""
-    if setting == "int8" and device_type != "cpu":
-        raise ValueError(
-            f"{DRAFT_DTYPE_ENV}=int8 scores draft rows with CPU int8 matmuls; "
-            f"this is a {device_type} install: unset it (auto)"
-        )
-
-
-def cpu_scoring_dtype(flags: frozenset[str], packed: Collection[torch.dtype] = ()) -> torch.dtype:
+def cpu_scoring_dtype(packed: Collection[torch.dtype] = ()) -> torch.dtype:
     """The CPU's "auto" scoring format, given the row formats a packed GEMM takes (`packed`:
     vLLM-CPU's oneDNN kernel takes float32, and bfloat16 where the CPU has bf16 units; the
     plugin's AVX2 GEMM takes bfloat16 where it has not, cpu/gemm.py):
 
-    - packed bfloat16 where the CPU multiplies bfloat16 in hardware (AVX512-BF16, AMX);
-    - else int8 where it multiplies int8 in hardware (VNNI, AMX-INT8: a quarter of fp32's
-      bytes);
-    - else packed bfloat16 on the AVX2 GEMM (half float32's bytes, read once for all rows);
+    - packed bfloat16, half float32's bytes, read once for all rows (oneDNN, or the
+      plugin's AVX2 GEMM: every x86 CPU with AVX2 and a C compiler);
     - else packed float32;
-    - else float16 (int8 matmuls emulated without int8 units are slower still).
-    Each choice is the fastest measured on its CPU family: docs/drafting-cost.md.
+    - else float16 (PyTorch's matmuls, where it beat float32 and bfloat16).
+    Timings per CPU family: docs/drafting-cost.md.
 
-    Unknown flags keep int8. Examples: {"avx2", "f16c"} -> float16; the same with float32
-    packed -> float32, with bfloat16 packed too -> bfloat16; {"avx512_vnni", "avx512_bf16"}
-    -> int8, with bfloat16 packed -> bfloat16."""
-    if torch.bfloat16 in packed and flags & BF16_DOT_FLAGS:
-        return torch.bfloat16
-    if not flags or flags & INT8_DOT_FLAGS:
-        return torch.int8
+    Examples: () -> float16; (float32,) -> float32; (float32, bfloat16) -> bfloat16."""
     for dtype in (torch.bfloat16, torch.float32):
         if dtype in packed:
             return dtype
@@ -99,20 +79,15 @@ def scoring_dtype_for(
     """The format drafting scores the draft-vocabulary rows in.
 
     Scoring N x D LM-head rows is the one large read of a head step; the head network runs
-    in the target's dtype. "auto" picks, on a CPU, by its dot-product units and the formats
-    a packed GEMM takes (``cpu_scoring_dtype``: packed bfloat16, int8 with rows and head
-    features quantized per row (modeling/scoring.py), packed float32 or float16), and the
+    in the target's dtype. "auto" picks, on a CPU, by the formats a packed GEMM takes
+    (``cpu_scoring_dtype``: packed bfloat16, else packed float32, else float16), and the
     target's dtype elsewhere; any other setting is a key of DRAFT_DTYPES. Drafts only
     propose: vLLM verifies them against the target, so this never changes the output.
-    Examples: ("auto", float32, "cpu") -> int8 with VNNI and no packed GEMM; ("auto",
-    bfloat16, "cuda") -> bfloat16; ("bfloat16", float32, "cpu") -> bfloat16; ("int8", ...,
-    "cuda") -> ValueError.
+    Examples: ("auto", float32, "cpu", (float32, bfloat16)) -> bfloat16; ("auto",
+    bfloat16, "cuda") -> bfloat16; ("float16", float32, "cpu") -> float16.
     """
     if setting == "auto":
-        if device_type != "cpu":
-            return target_dtype
-        return cpu_scoring_dtype(cpu_flags(), packed)
-    check_draft_dtype_fits(setting, device_type)
+        return cpu_scoring_dtype(packed) if device_type == "cpu" else target_dtype
     return DRAFT_DTYPES[setting]
 
 
@@ -144,11 +119,11 @@ def check_draft_vocab(token_ids: torch.Tensor, size: int, vocab_size: int) -> No
 
 # ---------------------------------------------------------------------- the tables
 class TargetTables(nn.Module):
-    """The target's LM head and input embedding as the heads see them, via the draft vocab.
+    """The target's LM head as the heads see it, via the draft vocab.
 
     Buffers: ``draft_vocab_ids`` (N,) int64, saved in the checkpoint (None: full vocabulary);
-    ``lm_head_weight`` and ``input_embedding`` (V, D), shared with the target, never saved
-    (``attach``; attach after any ``.to(dtype)``, which would copy them).
+    ``lm_head_weight`` (V, D), shared with the target, never saved (``attach``; attach after
+    any ``.to(dtype)``, which would copy it).
     """
 
     def __init__(self, config: CloverConfig) -> None:
@@ -157,31 +132,23 @@ class TargetTables(nn.Module):
         ids = torch.arange(config.draft_vocab_size) if config.draft_vocab_size else None
         self.register_buffer("draft_vocab_ids", ids, persistent=True)  # (N,) sorted target ids
         self.register_buffer("lm_head_weight", None, persistent=False)  # (V, D), shared
-        self.register_buffer("input_embedding", None, persistent=False)  # (V, D), shared
         self.scoring_dtype: torch.dtype | None = None  # None: score in the features' dtype
         self.row_packer: RowPacker | None = None  # packs float32 draft rows (choose_scoring)
         self._cache = VersionedCache()
 
     # ------------------------------------------------------------------ attaching
-    def attach(
-        self, lm_head_weight: torch.Tensor, input_embedding: torch.Tensor | None = None
-    ) -> None:
-        """Share the target's LM head (V, D) and, if given, its input embedding (V, D)."""
+    def attach(self, lm_head_weight: torch.Tensor) -> None:
+        """Share the target's LM head (V, D)."""
         expected = (self.config.vocab_size, self.config.hidden_size)
-        for name, w in (("lm_head_weight", lm_head_weight), ("input_embedding", input_embedding)):
-            if w is not None and tuple(w.shape) != expected:
-                raise ValueError(
-                    f"{name} has shape {tuple(w.shape)}, expected (vocab, hidden) = {expected}"
-                )
-        self._share(lm_head_weight, input_embedding)
-
-    def _share(self, lm_head: torch.Tensor, input_embedding: torch.Tensor | None) -> None:
-        if self.config.needs_input_embedding and input_embedding is None:
+        if tuple(lm_head_weight.shape) != expected:
             raise ValueError(
-                "regressive_embedding='input_embedding' needs the target input embedding"
+                f"lm_head_weight has shape {tuple(lm_head_weight.shape)}, "
+                f"expected (vocab, hidden) = {expected}"
             )
+        self._share(lm_head_weight)
+
+    def _share(self, lm_head: torch.Tensor) -> None:
         self.lm_head_weight = lm_head.detach()
-        self.input_embedding = None if input_embedding is None else input_embedding.detach()
 
     @property
     def lm_head(self) -> torch.Tensor:
@@ -230,21 +197,15 @@ class TargetTables(nn.Module):
 
     # ------------------------------------------------------------------ rows
     def embed(self, token_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """Regressive embedding of target ids (...,) -> (..., D) in ``dtype``.
-
-        "lm_head": the W_lm row divided by its RMS; "input_embedding": the raw row of E.
-        """
-        if self.config.regressive_embedding == "input_embedding":
-            if self.input_embedding is None:
-                raise RuntimeError("Clover: attach the target's input embedding as well")
-            return self.lookup_rows(token_ids, self.input_embedding).to(dtype)
-        rows = self.lookup_rows(token_ids, self.lm_head).float()  # (..., D)
+        """Regressive embedding of target ids (...,) -> (..., D) in ``dtype``: the W_lm row
+        divided by its RMS."""
+        rows = self.lookup_rows(token_ids).float()  # (..., D)
         rows = rows * torch.rsqrt(rows.pow(2).mean(-1, keepdim=True) + self.config.rms_norm_eps)
         return rows.to(dtype)
 
-    def lookup_rows(self, token_ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-        """Rows of a (V, D) target table for ids (...,) -> (..., D); sharded under TP."""
-        return F.embedding(token_ids, table)
+    def lookup_rows(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """Rows of W_lm (V, D) for ids (...,) -> (..., D); sharded under TP."""
+        return F.embedding(token_ids, self.lm_head)
 
     def vocab_weight(self, dtype: torch.dtype) -> torch.Tensor:
         """The (N, D) rows of W_lm the heads score against, in ``dtype`` (training).
@@ -299,12 +260,12 @@ class TargetTables(nn.Module):
         """fn(embed(every draft-vocabulary token)): (N, ...), or None for the full vocabulary
         (a table of all V tokens would be too large).
 
-        Rebuilt when the tables, the vocabulary or any of ``sources`` (the weights fn reads)
+        Rebuilt when the LM head, the vocabulary or any of ``sources`` (the weights fn reads)
         change. The head loop keeps its decoder's [k | v] of each draft token here.
         """
         if self.draft_vocab_ids is None:
             return None
-        key = (dtype, fn.__qualname__, versions_key(*sources, self.input_embedding))
+        key = (dtype, fn.__qualname__, versions_key(*sources))
         return self._cached(
             "draft_token_table",
             key,

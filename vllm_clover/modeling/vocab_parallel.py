@@ -1,6 +1,6 @@
 """The target tables on one tensor-parallel rank: the vocabulary split by rows.
 
-Under tensor parallelism vLLM splits the target's LM head (and input embedding) by rows:
+Under tensor parallelism vLLM splits the target's LM head by rows:
 rank r holds the rows of target ids [start_r, end_r). The head loop's small layers
 (Attention Decoder, per-head blocks: D x D each) are replicated on every rank; only the two
 vocabulary operations of a head step need the other ranks:
@@ -41,18 +41,11 @@ class VocabParallelTables(TargetTables):
         self.vocab_start, self.vocab_end = 0, config.vocab_size
         self.first_draft_index = 0  # draft index of this rank's first draft row
 
-    def attach(
-        self, lm_head_weight: torch.Tensor, input_embedding: torch.Tensor | None = None
-    ) -> None:
+    def attach(self, lm_head_weight: torch.Tensor) -> None:
         raise TypeError("VocabParallelTables holds a shard: use attach_shard")
 
-    def attach_shard(
-        self,
-        lm_head_shard: torch.Tensor,
-        vocab_start: int,
-        input_embedding_shard: torch.Tensor | None = None,
-    ) -> None:
-        """Share this rank's rows (n, D) of the target tables, ids [vocab_start, +n).
+    def attach_shard(self, lm_head_shard: torch.Tensor, vocab_start: int) -> None:
+        """Share this rank's rows (n, D) of the target's LM head, ids [vocab_start, +n).
 
         Pass the rows of real ids only (drop vLLM's vocabulary padding).
         """
@@ -64,15 +57,14 @@ class VocabParallelTables(TargetTables):
                 f"LM-head shard {tuple(lm_head_shard.shape)} at id {vocab_start} "
                 f"does not fit vocab {self.config.vocab_size} x hidden {d}"
             )
-        if input_embedding_shard is not None and input_embedding_shard.shape != (n, d):
-            raise ValueError("the input-embedding shard must match the LM-head shard's shape")
         self.vocab_start, self.vocab_end = vocab_start, vocab_start + n
-        self._share(lm_head_shard, input_embedding_shard)
+        self._share(lm_head_shard)
 
-    def lookup_rows(self, token_ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    def lookup_rows(self, token_ids: torch.Tensor) -> torch.Tensor:
         """Full rows (..., D) for ids (...,) from every rank's shard (one all-reduce)."""
         held = (token_ids >= self.vocab_start) & (token_ids < self.vocab_end)  # (...,)
         local = torch.where(held, token_ids - self.vocab_start, torch.zeros_like(token_ids))
+        table = self.lm_head
         rows = F.embedding(local, table) * held.unsqueeze(-1).to(table.dtype)  # (..., D)
         dist.all_reduce(rows, group=self.group)
         return rows
@@ -106,7 +98,7 @@ class VocabParallelTables(TargetTables):
 
         Draft ids are sorted and each rank holds a contiguous id range, so rank r's rows are
         draft indices [first_r, first_r + n_r). Scores are comparable across ranks: z is the
-        same on every rank (int8 scoring drops the same positive factor per row of z).
+        same on every rank.
         """
         scores = rows.scores(z).float() if rows.weight.shape[0] else None  # (M, n)
         return self._best_over_ranks(z, scores, with_lse=False)[0]

@@ -197,13 +197,7 @@ def eval_heads(cfg: EvalConfig) -> dict[str, dict]:
     results = {}
     for path in cfg.heads:
         try:
-            embedding = teacher.input_embedding
-            model = load_clover(
-                path,
-                teacher.lm_head.to(runtime.device),
-                None if embedding is None else embedding.to(runtime.device),
-                dtype=torch.float32,
-            )
+            model = load_clover(path, teacher.lm_head.to(runtime.device), dtype=torch.float32)
         except CloverCheckpointError as err:
             raise TrainingError(str(err)) from err
         result = evaluate(model, prepared, sequences, cfg.batch_size, runtime.device)

@@ -33,7 +33,6 @@ class Teacher:
     tokenizer: Any
     config: Any  # the HF PretrainedConfig
     lm_head: torch.Tensor  # (V, D) float32, on CPU, detached copy
-    input_embedding: torch.Tensor | None  # (V, D) float32 or None
     fingerprint: str  # model_fingerprint of all weights
 
     def release(self) -> None:
@@ -82,8 +81,6 @@ def load_teacher(target: str, device: torch.device, dtype: torch.dtype) -> Teach
     model.to(device).eval().requires_grad_(False)
     check_architecture(model, target)
     head = model.get_output_embeddings().weight.detach()
-    embed = model.get_input_embeddings()
-    embedding = embed.weight.detach().float().cpu() if embed is not None else None
     return Teacher(
         target,
         path,
@@ -91,7 +88,6 @@ def load_teacher(target: str, device: torch.device, dtype: torch.dtype) -> Teach
         tokenizer,
         model.config,
         head.float().cpu().clone(),
-        embedding,
         model_fingerprint(model),
     )
 
