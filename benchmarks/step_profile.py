@@ -49,7 +49,6 @@ from pathlib import Path
 
 import torch
 
-from vllm_clover.bench.config import FLOOR_SCHEDULE
 from vllm_clover.bundled import REFERENCE_HEADS
 from vllm_clover.tree.spec import TokenTree
 
@@ -58,6 +57,8 @@ SPLIT = ("matmul", "attention", "other")  # the forward's operator classes
 PROMPT, CACHED = "vllm:prompt_tokens", "vllm:prompt_tokens_cached"
 MATMUL_MARKERS = ("mm", "linear", "matmul", "onednn", "gemm")
 ATTENTION_MARKERS = ("attention", "attn", "reshape_and_cache")
+# vLLM's batch-size table (num_speculative_tokens_per_batch_size) at K = 0 for any batch size
+FLOOR_SCHEDULE = [[1, 1 << 20, 0]]
 
 
 def label_forward(worker) -> None:

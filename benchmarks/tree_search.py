@@ -7,8 +7,8 @@ depth 3, 4 at depth 4). The verifier counts how often each node was accepted. A 
 greedy acceptance depends on its own path only, so that rate holds in every subtree that
 keeps the path, and the best subtree of N nodes is the N most accepted ones
 (``tree.design.best_subtree``); its predicted tau is 1 + the sum of their rates. The chain's
-(the four rank-0 nodes) is read off the same run. Timing the chosen trees against the chain
-is ``vllm-clover bench --tree TREE``.
+(the four rank-0 nodes) is read off the same run. Timing a chosen tree against the chain
+is ``vllm-clover bench --clover-variant tree='{"speculative_token_tree": "TREE"}'``.
 
     python benchmarks/tree_search.py --sizes 4 8 12 16 24 --search-prompts 40 \
         --out docs/bench/trees

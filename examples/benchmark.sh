@@ -7,4 +7,4 @@ cd "$(dirname "$0")/.."                                 # the repository (checkp
 [ -n "${VIRTUAL_ENV:-}" ] || source .venv/bin/activate  # the project's environment
 OUT=${OUT:-${TMPDIR:-/tmp}/vllm-clover-bench-quick}
 vllm-clover bench --quick --out "$OUT"                  # progress bar, then the table
-ls -l "$OUT"                                            # results.json/.md, two PNG plots
+ls -l "$OUT"                                            # results.json, results.md

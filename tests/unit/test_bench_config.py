@@ -1,4 +1,4 @@
-"""`vllm-clover bench`: methods, draft budgets, trees, options and bad input."""
+"""`vllm-clover bench`: methods, Clover variants, options and bad input."""
 
 from __future__ import annotations
 
@@ -18,11 +18,17 @@ from vllm_clover.bench.config import (
 )
 from vllm_clover.bundled import REFERENCE_HEADS, REFERENCE_MEDUSA
 from vllm_clover.cli import build_parser, main
+from vllm_clover.tree import TokenTree
 
 pytestmark = pytest.mark.unit
 
 VANILLA = Method("vanilla", "vanilla")
 CLOVER = Method("clover", "clover", "/heads", 4)
+
+
+def _variant(text):
+    """The one method --clover-variant `text` adds to vanilla (on the reference heads)."""
+    return resolve_methods([], str(REFERENCE_HEADS), "", 4, [], (text,))[-1]
 
 
 # ------------------------------------------------------------------ options
@@ -50,79 +56,19 @@ def test_methods_and_their_speculative_configs():
         "model": str(REFERENCE_MEDUSA.resolve()),
     }
     assert by_name["ablation"].kind == "clover"
-    assert by_name["clover"].speculative_config()["draft_budget"] == "goodput"  # the default
-
-
-def test_each_draft_budget_is_a_method_of_its_own():
-    methods = resolve_methods(
-        ["clover"], str(REFERENCE_HEADS), "", 4, [f"abl={REFERENCE_HEADS}"], ("goodput", "fixed")
-    )
-    assert [m.name for m in methods] == ["vanilla", "clover", "clover-fixed", "abl", "abl-fixed"]
-    budgets = [m.speculative_config()["draft_budget"] for m in methods[1:]]
-    assert budgets == ["goodput", "fixed", "goodput", "fixed"]
     with pytest.raises(BenchError, match="--dtype must be one of float32, bfloat16"):
         BenchConfig(methods=methods, dtype="float16")
-    with pytest.raises(BenchError, match="--draft-budgets"):
-        resolve_methods(["clover"], str(REFERENCE_HEADS), "", 4, [], ("table",))
-
-
-def test_floor_budget_drafts_nothing_at_any_batch_size():
-    """The floor is vLLM's own batch-size table at K = 0: the engine speculates, drafts nothing."""
-    from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
-
-    methods = resolve_methods(["clover"], str(REFERENCE_HEADS), "", 4, [], ("goodput", "floor"))
-    assert [m.name for m in methods] == ["vanilla", "clover", "clover-floor"]
-    spec = methods[2].speculative_config()
-    assert spec["draft_budget"] == "fixed" and spec["num_speculative_tokens"] == 4
-    schedule = [list(entry) for entry in spec["num_speculative_tokens_per_batch_size"]]
-    for max_num_seqs in (1, 4, 64, 1024):
-        lookup = build_dynamic_sd_schedule_lookup(schedule, max_num_seqs, 4)
-        assert lookup[1:] == [0] * max_num_seqs
-    json.dumps(spec)  # recorded in results.json
-
-
-def test_greedy_drafts_are_a_method_of_their_own():
-    """Drawn drafts are Clover's default (nothing passed); greedy ones are asked for."""
-    sampling = ("probabilistic", "greedy")
-    methods = resolve_methods(
-        ["clover"], str(REFERENCE_HEADS), "", 4, [], ("goodput", "fixed"), (), (0.0,), sampling
-    )
-    names = ["vanilla", "clover", "clover-greedy", "clover-fixed", "clover-fixed-greedy"]
-    assert [m.name for m in methods] == names
-    configs = [m.speculative_config() for m in methods[1:]]
-    assert [c.get("draft_sample_method") for c in configs] == [None, "greedy"] * 2
-    with pytest.raises(BenchError, match="--draft-sampling"):
-        resolve_methods(["clover"], str(REFERENCE_HEADS), "", 4, [], ("goodput",), (), (0,), ())
-
-
-def test_each_tree_is_a_method_next_to_the_chain():
-    tree = "[(0,), (1,), (0, 0)]"
-    methods = resolve_methods(["clover"], str(REFERENCE_HEADS), "", 4, [], trees=(tree,))
-    assert [m.name for m in methods] == ["vanilla", "clover", "clover-tree3"]
-    spec = methods[-1].speculative_config()
-    assert spec["speculative_token_tree"] == tree and spec["num_speculative_tokens"] == 3
-    pruned = resolve_methods(
-        [], str(REFERENCE_HEADS), "", 4, [], trees=(tree,), tree_confidences=(0.0, 0.05, "goodput")
-    )
-    names = ["vanilla", "clover-tree3", "clover-tree3-c0.05", "clover-tree3-goodput"]
-    assert [m.name for m in pruned] == names
-    assert pruned[2].speculative_config()["draft_confidence"] == 0.05
-    assert "draft_confidence" not in pruned[1].speculative_config()
-    assert pruned[3].speculative_config()["draft_budget"] == "goodput"
-    with pytest.raises(BenchError, match=r"--tree-confidence \[1.5\]"):
-        resolve_methods([], str(REFERENCE_HEADS), "", 4, [], trees=(tree,), tree_confidences=(1.5,))
-    with pytest.raises(BenchError, match=r"--tree: path \(1, 0\) has no parent"):
-        resolve_methods(["clover"], str(REFERENCE_HEADS), "", 4, [], trees=("[(0,), (1, 0)]",))
-    with pytest.raises(BenchError, match="--tree: path .* is 5 deep"):
-        resolve_methods(
-            [], str(REFERENCE_HEADS), "", 4, [], trees=(str([(0,) * d for d in range(1, 6)]),)
-        )
 
 
 def test_a_variant_runs_the_heads_with_more_speculative_config_keys():
     """--clover-variant NAME={json}: an engine A/B on the --clover-heads checkpoint."""
     variant = 'k2={"draft_budget": "fixed", "num_speculative_tokens": 2, "draft_confidence": [0.3]}'
-    methods = resolve_methods(["clover"], str(REFERENCE_HEADS), "", 4, [], variants=(variant,))
+    methods = resolve_methods(["clover"], str(REFERENCE_HEADS), "", 4, [], (variant,))
+    assert methods[1].speculative_config() == {  # Clover's defaults: nothing more passed
+        "method": "clover",
+        "num_speculative_tokens": 4,
+        "model": str(REFERENCE_HEADS.resolve()),
+    }
     k2 = methods[-1]
     assert (k2.name, k2.num_speculative_tokens) == ("k2", 2)
     assert k2.speculative_config() == {
@@ -132,13 +78,81 @@ def test_a_variant_runs_the_heads_with_more_speculative_config_keys():
         "draft_budget": "fixed",
         "draft_confidence": (0.3,),
     }
-    for bad, message in (
-        ("k2=nope", "not JSON"),
+    greedy = _variant(f'greedy={{"draft_sample_method": "greedy", "model": "{REFERENCE_HEADS}"}}')
+    assert greedy.speculative_config()["draft_sample_method"] == "greedy"
+    assert greedy.model == str(REFERENCE_HEADS.resolve())
+
+
+def test_the_floor_variant_drafts_nothing_at_any_batch_size():
+    """vLLM's own batch-size table at K = 0: the engine speculates, drafts nothing."""
+    from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+
+    table = '"num_speculative_tokens_per_batch_size": [[1, 1048576, 0]]'
+    spec = _variant(f'floor={{"draft_budget": "fixed", {table}}}').speculative_config()
+    assert spec["draft_budget"] == "fixed" and spec["num_speculative_tokens"] == 4
+    schedule = [list(entry) for entry in spec["num_speculative_tokens_per_batch_size"]]
+    for max_num_seqs in (1, 4, 64, 1024):
+        lookup = build_dynamic_sd_schedule_lookup(schedule, max_num_seqs, 4)
+        assert lookup[1:] == [0] * max_num_seqs
+    json.dumps(spec)  # recorded in results.json
+
+
+def test_a_tree_variant_drafts_its_nodes():
+    """K is the tree's node count; "default" is the checkpoint's own tree."""
+    tree = "[(0,), (1,), (0, 0)]"
+    spec = _variant(f't={{"speculative_token_tree": "{tree}", "draft_confidence": 0.05}}')
+    assert spec.speculative_config() == {
+        "method": "clover",
+        "num_speculative_tokens": 3,
+        "model": str(REFERENCE_HEADS.resolve()),
+        "speculative_token_tree": tree,
+        "draft_confidence": 0.05,
+    }
+    own = json.loads((REFERENCE_HEADS / "config.json").read_text())["token_tree"]
+    default = _variant('tree={"speculative_token_tree": "default", "draft_budget": "goodput"}')
+    assert default.speculative_config()["speculative_token_tree"] == str(TokenTree.parse(own))
+    assert default.num_speculative_tokens == TokenTree.parse(own).num_nodes
+
+
+@pytest.mark.parametrize(
+    "variant, message",
+    [
+        ("k2=nope", "--clover-variant k2: not JSON"),
         ("k2=[1]", "expects NAME="),
+        ('={"draft_budget": "fixed"}', "expects NAME="),
+        ("k2", "expects NAME="),
         ('clover={"draft_budget": "fixed"}', "two methods are named clover"),
-    ):
-        with pytest.raises(BenchError, match=message):
-            resolve_methods(["clover"], str(REFERENCE_HEADS), "", 4, [], variants=(bad,))
+        (
+            'x={"draft_budgets": "fixed"}',
+            "--clover-variant x: unknown speculative_config key.*'draft_budgets' .*draft_budget?",
+        ),
+        ('x={"method": "eagle"}', '"method" is clover'),
+        (
+            'x={"draft_budget": "floor"}',
+            '--clover-variant x: draft_budget "floor": Input should be',
+        ),
+        ('x={"num_speculative_tokens": "two"}', 'num_speculative_tokens "two"'),
+        ('x={"num_speculative_tokens": 5}', "num_speculative_tokens=5: .* has 4 heads"),
+        ('x={"model": "/nope"}', "--clover-variant x: checkpoint folder not found: /nope"),
+        (
+            'x={"speculative_token_tree": "[(0,), (1, 0)]"}',
+            r"x: speculative_token_tree: path \(1, 0\) has no parent",
+        ),
+        ('x={"speculative_token_tree": "%s"}' % [(0,) * d for d in range(1, 6)], "is 5 deep"),
+        ('x={"speculative_token_tree": "[(0,)]", "num_speculative_tokens": 2}', "has 1 nodes"),
+    ],
+)
+def test_bad_variants_name_the_problem(variant, message):
+    with pytest.raises(BenchError, match=message):
+        resolve_methods(["clover"], str(REFERENCE_HEADS), "", 4, [], (variant,))
+
+
+def test_a_default_tree_needs_one_in_the_checkpoint(tmp_path):
+    config = json.loads((REFERENCE_HEADS / "config.json").read_text())
+    del config["token_tree"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(BenchError, match='"default": .* records no token_tree'):
+        _variant(f'x={{"speculative_token_tree": "default", "model": "{tmp_path}"}}')
 
 
 def test_bad_methods_and_checkpoints(tmp_path):
@@ -191,11 +205,14 @@ def test_quick_preset_and_explicit_flags():
     assert (chosen.repeats, chosen.engines) == (5, ("multiprocess",))
     assert {m.kind for m in quick.methods} == {"vanilla", "ngram", "medusa", "clover"}
     custom = config_from_args(
-        parser.parse_args(
-            ["bench", "--quick", "--batch-sizes", "2", "8", "--max-tokens", "7", "--no-plots"]
-        )
+        parser.parse_args(["bench", "--quick", "--batch-sizes", "2", "8", "--max-tokens", "7"])
     )
-    assert (custom.batch_sizes, custom.max_tokens, custom.plots) == ((2, 8), 7, False)
+    assert (custom.batch_sizes, custom.max_tokens) == ((2, 8), 7)
+    fixed = ["--clover-variant", 'fixed={"draft_budget": "fixed"}']
+    variant = config_from_args(parser.parse_args(["bench", "--methods", "vanilla", *fixed]))
+    assert [(m.name, dict(m.options)) for m in variant.methods[1:]] == [
+        ("fixed", {"draft_budget": "fixed"})
+    ]
     assert (
         full.tie_check
         and not config_from_args(parser.parse_args(["bench", "--no-tie-check"])).tie_check
@@ -228,4 +245,6 @@ def test_cli_reports_bad_input_before_any_engine(tmp_path, capsys):
     empty.write_text("")
     assert main(["bench", "--prompts", str(empty), "--out", str(tmp_path / "out")]) == 2
     assert "empty file" in capsys.readouterr().err
+    assert main(["bench", "--clover-variant", 'x={"draft_budget": 1']) == 2
+    assert "vllm-clover bench: error: --clover-variant x: not JSON" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()

@@ -1,4 +1,4 @@
-"""`vllm-clover bench`: rows against vanilla, medians over rounds, tables, results.md, plots."""
+"""`vllm-clover bench`: rows against vanilla, medians over rounds, tables, results.md."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ import pytest
 
 from vllm_clover.bench.config import Method
 from vllm_clover.bench.measure import Counters, Run
-from vllm_clover.bench.plots import acceptance_series, ratio_series, write_plots
 from vllm_clover.bench.report import (
     beyond_rounding,
     build_rows,
     busy_warning,
     markdown_document,
     markdown_table,
+    write_outputs,
 )
 from vllm_clover.bench.summary import summarize
 from vllm_clover.bench.ties import VanillaRerun
@@ -104,6 +104,18 @@ def test_markdown_table_rendering():
     assert lines[5].endswith("| n/a |")
 
 
+def test_the_lookup_column_appears_where_a_run_drafted_from_the_prompt():
+    summary = summarize(build_rows(_results()))
+    clover = next(row for row in summary if row["method"] == "clover" and row["temperature"] == 0)
+    clover["lookup_verified"], clover["lookup_accepted"] = clover["draft_tokens"] // 2, 1
+    lines = markdown_table(summary).splitlines()
+    assert lines[0].endswith("| T=0 equal to vanilla | lookup drafts (accepted) |")
+    assert all(line.count("|") == 14 for line in lines)
+    share = clover["lookup_verified"] / clover["draft_tokens"]
+    assert lines[4].endswith(f"| 1/2 | {share:.0%} ({1 / clover['lookup_verified']:.0%}) |")
+    assert lines[2].endswith("| reference | - |")
+
+
 def test_summary_takes_medians_over_rounds_with_their_range():
     """Three rounds, Clover at T=0 taking 2, 4 and 1 s against vanilla's 4 s: ratios 2, 1, 4
     -> median 2 (1-4); acceptance and equal prompts pooled over the rounds."""
@@ -131,7 +143,7 @@ def test_summary_takes_medians_over_rounds_with_their_range():
     json.dumps(summary)
 
 
-def test_markdown_document_names_command_machine_and_definitions():
+def test_markdown_document_names_command_machine_and_definitions(tmp_path):
     report = {
         "command": "vllm-clover bench --quick",
         "machine": {
@@ -172,19 +184,11 @@ def test_markdown_document_names_command_machine_and_definitions():
     report["runs"][-1]["engine"]["load_avg_1m_before"] = 7.5  # other work on 2 cores
     assert "load average up to 7.5 on 2 cores" in busy_warning(report)
     assert busy_warning(report) in markdown_document(report)
-
-
-# ------------------------------------------------------------------ plots
-def test_plots_are_png_files(tmp_path):
-    rows = build_rows(_results())
-    assert ratio_series(rows)["clover", 0.0] == [(2, pytest.approx(2.0))]
-    assert acceptance_series(rows)["clover", 1.0] == pytest.approx([0.75, 0.25, 0.0, 0.0])
-    assert ("vanilla", 0.0) not in acceptance_series(rows)  # no drafts, no line
-    assert ("vanilla", 0.0) not in ratio_series(rows)  # the reference line at 1
-    paths = write_plots(rows, tmp_path / "plots")
-    assert [p.name for p in paths] == ["throughput_ratio.png", "acceptance_per_position.png"]
-    for path in paths:
-        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 1000
+    paths = write_outputs(report, tmp_path / "out")  # what the bench writes: nothing else
+    assert [p.name for p in paths] == ["results.json", "results.md"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["results.json", "results.md"]
+    assert json.loads(paths[0].read_text()) == json.loads(json.dumps(report))
+    assert paths[1].read_text() == markdown_document(report)
 
 
 # ------------------------------------------------------------------ the tie check

@@ -5,5 +5,4 @@ prompts.py  MT-Bench first turns, or a prompts / ShareGPT file
 measure.py  one timed generation and the counters around it (shared with the demo)
 runner.py   one engine per (method, batch size), each in a forked child process
 report.py   rows of figures, JSON and Markdown
-plots.py    PNG plots (matplotlib)
 """

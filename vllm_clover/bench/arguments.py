@@ -10,8 +10,6 @@ import argparse
 from pathlib import Path
 
 from vllm_clover.bench.config import (
-    DRAFT_BUDGETS,
-    DRAFT_SAMPLINGS,
     DTYPES,
     ENGINE_MODES,
     EOS_POLICIES,
@@ -35,7 +33,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _add_method_arguments(parser)
     _add_workload_arguments(parser)
     parser.add_argument("--out", default="bench-results", help="results folder")
-    parser.add_argument("--no-plots", action="store_true")
     parser.add_argument(
         "--no-tie-check",
         action="store_true",
@@ -48,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_method_arguments(parser: argparse.ArgumentParser) -> None:
-    """What is compared: the methods, their checkpoints, budgets, samplings and trees."""
+    """What is compared: the methods, their checkpoints and Clover's variants."""
     parser.add_argument(
         "--methods",
         nargs="+",
@@ -67,55 +64,20 @@ def _add_method_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="NAME=JSON",
-        help="the --clover-heads checkpoint with more speculative_config keys, run as NAME "
-        '(an engine A/B, e.g. k2=\'{"draft_budget": "fixed", "num_speculative_tokens": 2}\'); '
-        "repeatable",
+        help='the --clover-heads checkpoint (or the JSON\'s "model") with more '
+        "speculative_config keys, run as NAME beside the others; repeatable. E.g. "
+        'fixed=\'{"draft_budget": "fixed"}\' (K drafts at every step: the heads\', or '
+        '"num_speculative_tokens"), floor=\'{"draft_budget": "fixed", '
+        '"num_speculative_tokens_per_batch_size": [[1, 1048576, 0]]}\' (K = 0 at every step: '
+        "what speculation costs when it drafts nothing), "
+        'greedy=\'{"draft_sample_method": "greedy"}\' (argmax drafts at T > 0), '
+        'tree=\'{"speculative_token_tree": "default"}\' (the checkpoint\'s token tree, or one '
+        'such as "[(0,), (1,), (0, 0)]"; draft_confidence C or draft_budget "goodput" prune '
+        "it per request)",
     )
     parser.add_argument("--clover-heads", default=str(REFERENCE_HEADS))
     parser.add_argument("--medusa-heads", default=str(REFERENCE_MEDUSA))
     parser.add_argument("--ngram-tokens", type=int, default=4, help="ngram K")
-    parser.add_argument(
-        "--draft-budgets",
-        nargs="+",
-        default=list(DRAFT_BUDGETS[:1]),
-        choices=DRAFT_BUDGETS,
-        help="how Clover picks each step's K: goodput (default: measured, per step), fixed "
-        "(always its K) and/or floor (K = 0 at every step: the heads loaded, nothing drafted, "
-        "what speculation costs when it does not speculate); each Clover method runs once "
-        "per budget, the others than goodput as NAME-<budget>",
-    )
-    parser.add_argument(
-        "--draft-sampling",
-        nargs="+",
-        default=list(DRAFT_SAMPLINGS[:1]),
-        choices=DRAFT_SAMPLINGS,
-        help="how Clover chains choose drafts at T > 0 (vLLM's draft_sample_method): "
-        "probabilistic (default: drawn from the heads' distributions) and/or greedy (the "
-        "argmax), the latter as NAME-greedy",
-    )
-    _add_tree_arguments(parser)
-
-
-def _add_tree_arguments(parser: argparse.ArgumentParser) -> None:
-    """Token trees drafted by the --clover-heads checkpoint, each its own method."""
-    parser.add_argument(
-        "--tree",
-        action="append",
-        default=[],
-        metavar="TREE",
-        help='a token tree for the --clover-heads checkpoint, e.g. "[(0,), (1,), (0, 0)]", '
-        "run as clover-tree<nodes>; repeatable",
-    )
-    parser.add_argument(
-        "--tree-confidence",
-        type=_confidence,
-        nargs="+",
-        default=[0.0],
-        metavar="C",
-        help="run each --tree once per C: 0 drafts the whole tree, C > 0 only the nodes whose "
-        "path probability is at least C (draft_confidence), as clover-tree<nodes>-c<C>; "
-        'goodput chooses C per step (draft_budget "goodput"), as clover-tree<nodes>-goodput',
-    )
 
 
 def _add_workload_arguments(parser: argparse.ArgumentParser) -> None:
@@ -170,16 +132,6 @@ def _add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _confidence(text: str) -> float | str:
-    """A --tree-confidence value: "goodput" or a number."""
-    if text == "goodput":
-        return text
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is neither a number nor goodput") from None
-
-
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
     """BenchConfig from parsed `bench` flags (BenchError on bad input)."""
     preset = QUICK_PRESET if args.quick else FULL_PRESET
@@ -194,10 +146,6 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         args.medusa_heads,
         args.ngram_tokens,
         args.clover,
-        tuple(args.draft_budgets),
-        tuple(args.tree),
-        tuple(args.tree_confidence),
-        tuple(args.draft_sampling),
         tuple(args.clover_variant),
     )
     return BenchConfig(
@@ -211,5 +159,4 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         out=Path(args.out),
         cache_dir=args.cache_dir,
         quick=args.quick,
-        plots=not args.no_plots,
     )

@@ -6,10 +6,14 @@ batch size) is a `BenchError` naming it, raised here, so no engine start is wast
 
 from __future__ import annotations
 
+import difflib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vllm_clover.tree import TokenTree
 
 STANDARD_METHODS = ("vanilla", "ngram", "medusa", "clover")
 # Prompt lookup: match the last 2..4 tokens against the context (vLLM's default is 5..5).
@@ -17,23 +21,14 @@ NGRAM_LOOKUP = {"prompt_lookup_min": 2, "prompt_lookup_max": 4}
 # How the engine runs: in this process, or with vLLM's separate engine-core process (what
 # `LLM(...)` and `vllm serve` give users by default).
 ENGINE_MODES = ("in-process", "multiprocess")
-# How a Clover engine picks each step's K (speculative_config draft_budget); the first is the
-# default. A Clover method runs once per budget asked for, the others named NAME-<budget>.
-# "floor" is no budget a user would pick: vLLM's batch-size table at K = 0 for every batch,
-# the speculative engine drafting nothing, the floor the goodput budget cannot go below.
-DRAFT_BUDGETS = ("goodput", "fixed", "floor")
-FLOOR_SCHEDULE = ((1, 1 << 20, 0),)  # num_speculative_tokens_per_batch_size: K = 0, any batch
-# How a Clover chain's drafts are chosen at T > 0 (speculative_config draft_sample_method):
-# drawn from the heads' distributions ("probabilistic", Clover's default: nothing passed), or
-# the argmax ("greedy", passed, named NAME-greedy).
-DRAFT_SAMPLINGS = ("probabilistic", "greedy")
 DTYPES = ("float32", "bfloat16")
 # Whether answers stop at the end-of-sequence token (--ignore-eos). At T > 0 a method's answer
 # lengths are random, so runs that stop at EOS time different amounts of work and their
 # tokens/s differ by chance; "auto" runs every answer to max_tokens at T > 0 only (at T = 0
 # every method gives vanilla's answers, EOS included).
 EOS_POLICIES = ("auto", "always", "never")
-# The evaluation protocol (docs/benchmarks.md), and a few-minute version of it for 2 cores.
+# The evaluation protocol (docs/history/benchmarks-2026-11.md), and a few-minute version of it for
+# 2 cores.
 FULL_PRESET = {
     "batch_sizes": (1, 4, 16, 64),
     "temperatures": (0.0, 1.0),
@@ -102,7 +97,6 @@ class BenchConfig:
     out: Path = Path("bench-results")
     cache_dir: str | None = None
     quick: bool = False
-    plots: bool = True
 
     def __post_init__(self) -> None:
         validate(self)
@@ -178,22 +172,13 @@ def resolve_methods(
     medusa_heads: str,
     ngram_tokens: int,
     extra_clover: list[str],
-    draft_budgets: tuple[str, ...] = DRAFT_BUDGETS[:1],
-    trees: tuple[str, ...] = (),
-    tree_confidences: tuple[float | str, ...] = (0.0,),
-    draft_samplings: tuple[str, ...] = DRAFT_SAMPLINGS[:1],
     variants: tuple[str, ...] = (),
 ) -> tuple[Method, ...]:
     """Methods to run, vanilla first; checkpoints are checked here, not at engine start.
 
-    Each Clover checkpoint runs once per draft budget and draft sampling: ("goodput",
-    "fixed") x ("probabilistic", "greedy") gives "clover", "clover-greedy", "clover-fixed"
-    and "clover-fixed-greedy". Each token tree runs the --clover-heads checkpoint once per tree
-    confidence: "clover-tree<nodes>" (0: the whole tree), "clover-tree<nodes>-c<C>"
-    (``draft_confidence`` C: each request drafts the nodes of path probability >= C) and
-    "clover-tree<nodes>-goodput" (``draft_budget`` "goodput": the threshold chosen per step).
-    A variant "NAME={json}" runs the --clover-heads checkpoint with those speculative_config
-    keys (an engine A/B: '{"draft_budget": "fixed", "num_speculative_tokens": 2}').
+    Clover methods run with Clover's defaults. A variant "NAME={json}" runs the --clover-heads
+    checkpoint (or the JSON's "model") with more speculative_config keys, as a method of its
+    own: '{"draft_budget": "fixed"}', '{"speculative_token_tree": "default"}' (`_variant`).
     """
     unknown = [n for n in names if n not in STANDARD_METHODS]
     if unknown:
@@ -212,16 +197,11 @@ def resolve_methods(
             k = checkpoint_heads(medusa_heads, name, name)
             methods.append(Method(name, name, str(Path(medusa_heads).resolve()), k))
         elif name == "clover":
-            methods += _clover_methods(name, clover_heads, "clover", draft_budgets, draft_samplings)
+            methods.append(_clover(name, clover_heads, "clover"))
     for text in extra_clover:
         name, folder = parse_named_dir(text)
-        methods += _clover_methods(name, folder, f"--clover {name}", draft_budgets, draft_samplings)
-    bad = [c for c in tree_confidences if c != "goodput" and not 0.0 <= float(c) <= 1.0]
-    if bad or not tree_confidences:
-        raise BenchError(f"--tree-confidence {bad}: path probabilities in [0, 1], or goodput")
-    for text in trees:
-        methods += [_tree_method(text, clover_heads, c) for c in dict.fromkeys(tree_confidences)]
-    methods += [_variant_method(text, clover_heads) for text in variants]
+        methods.append(_clover(name, folder, f"--clover {name}"))
+    methods += [_variant(text, clover_heads) for text in variants]
     names = [m.name for m in methods]
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
@@ -229,83 +209,98 @@ def resolve_methods(
     return tuple(methods)
 
 
-def _variant_method(text: str, folder: str) -> Method:
-    """--clover-variant NAME={json}: the Clover checkpoint with more speculative_config keys."""
-    name, _, options = text.partition("=")
+def _clover(
+    name: str, folder: str, label: str, k: int | None = None, options: list | tuple = ()
+) -> Method:
+    """A Clover checkpoint's method: K its heads unless given, more speculative_config keys."""
+    heads = checkpoint_heads(folder, "clover", label)
+    return Method(name, "clover", str(Path(folder).resolve()), k or heads, tuple(options))
+
+
+def _variant(text: str, clover_heads: str) -> Method:
+    """--clover-variant NAME={json}: a Clover checkpoint with more speculative_config keys,
+    checked as far as no engine is needed. Examples: '{"draft_budget": "fixed"}' (K = the
+    heads at every step), '{"draft_budget": "fixed", "num_speculative_tokens_per_batch_size":
+    [[1, 1048576, 0]]}' (vLLM's batch-size table at K = 0: an engine that drafts nothing),
+    '{"draft_sample_method": "greedy"}', '{"speculative_token_tree": "default"}' (the
+    checkpoint's tree; K is its node count), '{"model": DIR, ...}' (another checkpoint)."""
+    name, sep, options = (part.strip() for part in text.partition("="))
+    label = f"--clover-variant {name}"
     try:
-        keys = json.loads(options)
+        keys = json.loads(options) if sep and name else None
     except json.JSONDecodeError as err:
-        raise BenchError(f"--clover-variant {name}: not JSON ({err}): {options!r}") from None
-    if not name.strip() or not isinstance(keys, dict):
+        raise BenchError(f"{label}: not JSON ({err}): {options!r}") from None
+    if not isinstance(keys, dict):
         raise BenchError(f'--clover-variant expects NAME={{"key": value, ...}}, got {text!r}')
-    k = keys.pop("num_speculative_tokens", None) or checkpoint_heads(folder, "clover", name)
-    options = tuple((key, _frozen(value)) for key, value in keys.items())
-    return Method(name.strip(), "clover", str(Path(folder).resolve()), k, options)
+    keys = _check_keys(label, keys)
+    k = keys.pop("num_speculative_tokens", None)
+    folder = keys.pop("model", None) or clover_heads
+    heads = checkpoint_heads(folder, "clover", label)
+    if keys.get("speculative_token_tree") is not None:
+        tree = _variant_tree(label, keys["speculative_token_tree"], folder, heads)
+        if k not in (None, tree.num_nodes):
+            raise BenchError(
+                f"{label}: num_speculative_tokens={k} but speculative_token_tree has "
+                f"{tree.num_nodes} nodes (drop num_speculative_tokens: a tree sets it)"
+            )
+        keys["speculative_token_tree"], k = str(tree), tree.num_nodes
+    elif k is not None and not 1 <= k <= heads:
+        raise BenchError(f"{label}: num_speculative_tokens={k}: {folder} has {heads} heads")
+    options = [(key, _frozen(value)) for key, value in keys.items()]
+    return _clover(name, folder, label, k, options)
+
+
+def _check_keys(label: str, keys: dict[str, Any]) -> dict[str, Any]:
+    """`keys` as vLLM's SpeculativeConfig reads them (num_speculative_tokens 2.0 -> 2);
+    BenchError for a key it lacks (Clover's own keys included), or a value of a type it
+    refuses (an engine checks the rest when it starts)."""
+    from pydantic import TypeAdapter, ValidationError
+    from vllm.config.speculative import SpeculativeConfig
+
+    from vllm_clover.patches.method import CLOVER_FIELDS
+
+    types = {key: field.annotation for key, field in SpeculativeConfig.__pydantic_fields__.items()}
+    types.update((key, annotation) for key, (annotation, _) in CLOVER_FIELDS.items())
+    if "method" in keys:
+        raise BenchError(f'{label}: a variant\'s "method" is clover; drop "method"')
+    unknown = [key for key in keys if key not in types]
+    if unknown:
+        near = [m for key in unknown for m in difflib.get_close_matches(key, types, 1)]
+        raise BenchError(
+            f"{label}: unknown speculative_config key(s) {', '.join(map(repr, unknown))}"
+            + (f" (did you mean {', '.join(near)}?)" if near else "")
+            + f"; known: vLLM's SpeculativeConfig fields and Clover's {', '.join(CLOVER_FIELDS)}"
+        )
+    checked = {}
+    for key, value in keys.items():
+        try:
+            checked[key] = TypeAdapter(types[key]).validate_python(value)
+        except ValidationError as err:
+            problem = err.errors()[0]["msg"]
+            raise BenchError(f"{label}: {key} {json.dumps(value)}: {problem}") from None
+    return checked
+
+
+def _variant_tree(label: str, text: str, folder: str, heads: int) -> TokenTree:
+    """The TokenTree a variant drafts ("default": the checkpoint's own ``token_tree``)."""
+    from vllm_clover.modeling.checkpoint import read_config_json
+    from vllm_clover.tree import TokenTree, TokenTreeError
+
+    if text == "default":
+        text = read_config_json(folder, "clover").get("token_tree")
+        if text is None:
+            raise BenchError(
+                f'{label}: speculative_token_tree "default": {folder} records no token_tree '
+                "(benchmarks/tree_search.py --write-default writes one)"
+            )
+    try:
+        tree = TokenTree.parse(text)
+        tree.check_fits(heads, 1 << 30)
+    except TokenTreeError as err:
+        raise BenchError(f"{label}: speculative_token_tree: {err}") from None
+    return tree
 
 
 def _frozen(value: Any) -> Any:
     """JSON lists as tuples, nested ones too (a Method's options are hashable)."""
     return tuple(map(_frozen, value)) if isinstance(value, list) else value
-
-
-def _tree_method(text: str, folder: str, confidence: float | str) -> Method:
-    """The Clover checkpoint drafting the token tree ``text`` ("[(0,), (1,), (0, 0)]"),
-    pruned per request at path probability ``confidence`` (0: the whole tree; "goodput":
-    chosen per step)."""
-    from vllm_clover.tree import TokenTree, TokenTreeError
-
-    try:
-        tree = TokenTree.parse(text)
-        tree.check_fits(checkpoint_heads(folder, "clover", "--tree"), 1 << 30)
-    except TokenTreeError as err:
-        raise BenchError(f"--tree: {err}") from None
-    name, options = f"clover-tree{tree.num_nodes}", (("speculative_token_tree", str(tree)),)
-    if confidence == "goodput":
-        name, options = f"{name}-goodput", (*options, ("draft_budget", "goodput"))
-    elif confidence > 0:
-        name, options = f"{name}-c{confidence:g}", (*options, ("draft_confidence", confidence))
-    path = str(Path(folder).resolve())
-    return Method(name, "clover", path, tree.num_nodes, options)
-
-
-def _clover_methods(
-    name: str,
-    folder: str,
-    label: str,
-    draft_budgets: tuple[str, ...],
-    draft_samplings: tuple[str, ...] = DRAFT_SAMPLINGS[:1],
-) -> list[Method]:
-    """One Method per draft budget and draft sampling of a Clover checkpoint."""
-    for flag, given, known in (
-        ("--draft-budgets", draft_budgets, DRAFT_BUDGETS),
-        ("--draft-sampling", draft_samplings, DRAFT_SAMPLINGS),
-    ):
-        unknown = [b for b in given if b not in known]
-        if unknown or not given:
-            raise BenchError(f"{flag} {unknown}: choose from {', '.join(known)}")
-    k = checkpoint_heads(folder, "clover", label)
-    return [
-        Method(
-            name
-            + ("" if budget == DRAFT_BUDGETS[0] else f"-{budget}")
-            + ("" if sampling == DRAFT_SAMPLINGS[0] else f"-{sampling}"),
-            "clover",
-            str(Path(folder).resolve()),
-            k,
-            _budget_options(budget)
-            + (() if sampling == DRAFT_SAMPLINGS[0] else (("draft_sample_method", sampling),)),
-        )
-        for budget in dict.fromkeys(draft_budgets)
-        for sampling in dict.fromkeys(draft_samplings)
-    ]
-
-
-def _budget_options(budget: str) -> tuple[tuple[str, Any], ...]:
-    """The speculative_config keys of a --draft-budgets value ("floor": vLLM's own batch-size
-    table, K = 0 for every batch size, which implies draft_budget "fixed")."""
-    if budget == "floor":
-        return (
-            ("draft_budget", "fixed"),
-            ("num_speculative_tokens_per_batch_size", FLOOR_SCHEDULE),
-        )
-    return (("draft_budget", budget),)

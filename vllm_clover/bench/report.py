@@ -46,6 +46,8 @@ DEFINITIONS = {
     "speculative step (drafting + verifying K+1 tokens per request + "
     "rejection sampling) relative to a plain step",
     "equal_to_vanilla": "T=0 only: prompts whose token ids equal vanilla's / prompts",
+    "lookup_verified": 'Clover with "lookup": draft tokens of the prompt lookup\'s chains that '
+    "vLLM verified (the rest of draft_tokens are the heads'); lookup_accepted: those accepted",
     "partings": "T=0 only, after the tie check: each prompt whose tokens differ from its "
     "round's vanilla, the first differing token, and vanilla's top-2 logprob gap there "
     "from an untimed vanilla rerun (null: the rerun did not reproduce vanilla's tokens)",
@@ -259,12 +261,14 @@ def _fmt(value: float | None, pattern: str) -> str:
 def markdown_table(summary: list[dict[str, Any]]) -> str:
     """One line per configuration: medians over rounds with their [min-max] range, tau,
     drafts verified per request and step that had drafts (a tree's nodes, after its
-    confidence threshold), acceptance, overheads, T=0 equality (``summarize`` rows)."""
+    confidence threshold), acceptance, overheads, T=0 equality (``summarize`` rows); and,
+    where a run drafted with "lookup", the prompt lookup's share of the drafts."""
+    lookup = any(row.get("lookup_verified") for row in summary)
     lines = [
         "| method | engine | batch | T | tokens/s | vs vanilla | tau | drafts verified "
         "| acceptance per position | drafting overhead | step time vs vanilla "
-        "| T=0 equal to vanilla |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|",
+        "| T=0 equal to vanilla |" + (" lookup drafts (accepted) |" if lookup else ""),
+        "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|" + ("---:|" if lookup else ""),
     ]
     for row in summary:
         rates = " ".join(f"{rate:.2f}" for rate in row["acceptance_rates"]) or "-"
@@ -276,8 +280,19 @@ def markdown_table(summary: list[dict[str, Any]]) -> str:
             f"{_spread(row, 'ratio_to_vanilla', '.2f', 'x')} | {_fmt(row['tau'], '.2f')} | "
             f"{_fmt(verified, '.2f')} | {rates} | {_fmt(row.get('drafting_overhead'), '.0%')} | "
             f"{_fmt(row.get('step_time_ratio'), '.2f')} | {equal} |"
+            + (f" {_lookup(row)} |" if lookup else "")
         )
     return "\n".join(lines)
+
+
+def _lookup(row: dict[str, Any]) -> str:
+    """'31% (64%)': the prompt lookup's share of the verified drafts, and how many of its
+    own were accepted; '-' for a method without "lookup"."""
+    verified = row.get("lookup_verified", 0)
+    if not verified or not row["draft_tokens"]:
+        return "-"
+    share = verified / row["draft_tokens"]
+    return f"{share:.0%} ({row.get('lookup_accepted', 0) / verified:.0%})"
 
 
 def _equality(row: dict[str, Any]) -> str:
@@ -357,15 +372,8 @@ def _eos_text(policy: str) -> str:
     }[policy]
 
 
-def write_outputs(report: dict[str, Any], out: Path, plots: bool = True) -> list[Path]:
-    """results.json, results.md and (unless `plots` is False) the PNG plots of one engine
-    mode (multiprocess when measured), in `out`."""
+def write_outputs(report: dict[str, Any], out: Path) -> list[Path]:
+    """results.json and results.md in `out`; their paths."""
     written = [write_json(report, out), out / "results.md"]
     written[1].write_text(markdown_document(report))
-    if plots:
-        from vllm_clover.bench.plots import write_plots
-
-        modes = {row["engine_mode"] for row in report["summary"]}
-        mode = "multiprocess" if "multiprocess" in modes else "in-process"  # what users get
-        written += write_plots([r for r in report["summary"] if r["engine_mode"] == mode], out)
     return written

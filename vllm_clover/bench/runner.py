@@ -184,7 +184,7 @@ def run_bench(config: BenchConfig, command: str) -> dict[str, Any]:
     progress.close()
     reruns = check_ties(config, target, results) if config.tie_check else None
     report = build_report(config, command, len(chats), results, reruns)
-    write_outputs(report, config.out, config.plots)
+    write_outputs(report, config.out)
     return report
 
 
@@ -228,9 +228,6 @@ def bench_command(args: Any, argv: Sequence[str]) -> None:
     print("\n" + markdown_table(report["summary"]))
     if warning := busy_warning(report):
         print(f"\n{warning}")
-    print(
-        f"\nresults: {Path(config.out).resolve()}/ (results.json, results.md"
-        f"{', plots' if config.plots else ''})"
-    )
+    print(f"\nresults: {Path(config.out).resolve()}/ (results.json, results.md)")
     if bugs := beyond_rounding(report):
         raise BenchError(rounding_bug(config.dtype, bugs))

@@ -1,5 +1,5 @@
 """Medians over the benchmark's rounds: one summary row per (method, engine mode, batch size,
-temperature), the figures the tables and plots show.
+temperature), the figures the tables show.
 
 Each round ran every engine once, in turn, and each run's ratio is to the vanilla run of the
 same round; the summary keeps the median and the [min, max] of those per-round figures.
@@ -16,6 +16,7 @@ from typing import Any
 MEDIANS = ("tokens_per_second", "ratio_to_vanilla", "seconds_per_step")
 OPTIONAL_MEDIANS = ("tau", "drafting_overhead", "drafting_share", "step_time_ratio")
 SUMS = ("num_prompts", "output_tokens", "drafts", "draft_tokens", "accepted", "steps")
+LOOKUP_SUMS = ("lookup_verified", "lookup_accepted")  # rows of older reports lack them
 PARTING_SUMS = ("tie_prompts", "unknown_partings", "beyond_rounding")  # after the tie check
 
 
@@ -41,6 +42,8 @@ def _summary_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
         row[f"{name}_range"] = [min(values), max(values)] if values else None
     for name in SUMS:
         row[name] = sum(r[name] for r in runs)
+    for name in LOOKUP_SUMS:
+        row[name] = sum(r.get(name, 0) for r in runs)
     per_pos = [sum(col) for col in zip(*(_padded(r, runs) for r in runs), strict=True)]
     row["accepted_per_pos"] = per_pos
     row["acceptance_rates"] = [n / row["drafts"] for n in per_pos] if row["drafts"] else []
