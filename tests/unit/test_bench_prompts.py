@@ -36,13 +36,27 @@ def test_prompts_from_jsonl_and_sharegpt(tmp_path):
                         {"from": "human", "value": "Q1"},
                         {"from": "gpt", "value": "A1"},
                         {"from": "human", "value": "Q2"},
+                        {"from": "gpt", "value": "A2"},
                     ],
-                }
+                },
+                {
+                    "id": "b",
+                    "conversations": [
+                        {"from": "human", "value": "Q1"},
+                        {"from": "gpt", "value": "A1"},
+                        {"from": "human", "value": "Q2"},
+                    ],
+                },
             ]
         )
     )
-    assert load_prompts(sharegpt) == [
-        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Q1"}]
+    assert load_prompts(sharegpt) == [  # answered: its first turn; open: its last turn
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Q1"}],
+        [
+            {"role": "user", "content": "Q1"},
+            {"role": "assistant", "content": "A1"},
+            {"role": "user", "content": "Q2"},
+        ],
     ]
 
 

@@ -14,7 +14,7 @@ import contextlib
 import os
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +37,8 @@ class Counters:
     steps: int = 0
     drafting_seconds: float = 0.0
     drafting_calls: int = 0
+    lookup_verified: int = 0  # draft tokens of the prompt lookup's chains ("lookup")
+    lookup_accepted: int = 0
 
     def __sub__(self, before: Counters) -> Counters:
         """The counts between the snapshot `before` and this one."""
@@ -142,12 +144,16 @@ def install_drafting_timer(llm: LLM) -> None:
 
 
 def read_counters(llm: LLM) -> Counters:
-    """A snapshot of the engine's cumulative counters (drafting time summed over workers)."""
+    """A snapshot of the engine's cumulative counters (drafting time and the lookup's counts
+    summed over workers)."""
+    from vllm_clover.hybrid.drafter import lookup_counts
     from vllm_clover.patches.hooks import drafting_time
 
     timers = llm.collective_rpc(drafting_time)
     drafting = (sum(t[0] for t in timers), sum(t[1] for t in timers))
-    return counters_from_metrics(llm.get_metrics(), drafting)
+    counters = counters_from_metrics(llm.get_metrics(), drafting)
+    lookup = llm.collective_rpc(lookup_counts)[0]  # the first worker's: every rank drafts alike
+    return replace(counters, lookup_verified=lookup[0], lookup_accepted=lookup[1])
 
 
 def timed_chat(llm: LLM, chats: list, params: Any) -> Run:

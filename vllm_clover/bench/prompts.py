@@ -1,4 +1,4 @@
-"""Benchmark prompts: chat messages up to the first user turn, the same for every method."""
+"""Benchmark prompts: chats the same for every method (a first turn, or a later one)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,14 @@ Chat = list[dict[str, str]]
 
 
 def prompt_chat(conversation: Conversation) -> Chat | None:
-    """The messages up to and including the first user turn (None if there is none)."""
-    chat = []
-    for message in conversation.as_chat():
-        chat.append(message)
-        if message["role"] == "user":
-            return chat
-    return None
+    """A conversation that ends with a user turn, whole (a later turn, earlier answers in
+    its context: a multi-turn workload); any other, up to and including its first user turn;
+    None without a user turn. Example: [u1, a1, u2] -> itself; [u1, a1, u2, a2] -> [u1]."""
+    chat = conversation.as_chat()
+    if chat and chat[-1]["role"] == "user":
+        return chat
+    first = next((i for i, m in enumerate(chat) if m["role"] == "user"), None)
+    return None if first is None else chat[: first + 1]
 
 
 def load_prompts(path: str | Path | None = None, cache_dir: str | None = None) -> list[Chat]:

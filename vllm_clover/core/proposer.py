@@ -30,6 +30,7 @@ from vllm.v1.spec_decode.eagle import EagleProposer
 
 from vllm_clover.core.checks import confidence_thresholds
 from vllm_clover.core.target_tables import attach_target_tables
+from vllm_clover.hybrid.drafter import hybrid_drafter
 from vllm_clover.modeling.draft_sampling import DraftSampler
 from vllm_clover.patches.channel import RunnerChannel, channel_of
 from vllm_clover.tree.draft import propose_confident_tree, propose_tree
@@ -85,8 +86,10 @@ class CloverProposer(EagleProposer):
         if self.trees is not None and self.min_confidence is None and self.trees.budget is None:
             self.trees.subsets = None  # whole trees (async scheduling turns the threshold off)
         pruned = self.trees is not None and self.trees.subsets is not None
-        # Read by the draft_lengths patch: rows may end in -1 (a chain stopped, a tree pruned).
-        self.stops_early = self.min_confidence is not None or pruned
+        self.hybrid = hybrid_drafter(vllm_config, self.trees is not None)  # "lookup"
+        # Read by the draft_lengths patch: rows may end in -1 (a chain stopped, a tree pruned,
+        # a lookup chain shorter than K), and the hybrid there chooses each request's chain.
+        self.stops_early = self.min_confidence is not None or pruned or self.hybrid is not None
 
     def propose(
         self,
@@ -135,6 +138,8 @@ class CloverProposer(EagleProposer):
             )
         drafts = self._draft(h0, next_token_ids.long(), k, sampling_metadata)
         self.draft_log.record(k, drafts, target_token_ids.shape[0], self.stops_early)
+        if self.hybrid is not None:
+            self.hybrid.stash(drafts, self._last_draft_probs)
         return drafts
 
     def _draft(self, h0: torch.Tensor, t0: torch.Tensor, k: int, sampling_metadata) -> torch.Tensor:

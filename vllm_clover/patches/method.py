@@ -47,6 +47,7 @@ CLOVER_FIELDS: dict[str, tuple[object, object]] = {
     "draft_confidence": (float | list[float] | None, None),
     "draft_budget": (Literal["goodput", "fixed"] | None, None),
     "speculative_token_tree": (str | None, None),  # vLLM's CLI derives flags from these types
+    "lookup": (bool | dict[str, int] | None, None),  # hybrid drafting (hybrid/drafter.py)
 }
 
 
@@ -175,6 +176,7 @@ def _resolve_clover_settings(spec):
         check_target_serves_layers(config, spec.model, spec.target_model_config)
         spec.draft_sample_method = resolve_draft_sampling(spec)
         check_draft_sampling(spec)
+        _check_lookup(spec, tree)
         if tree:
             resolve_token_tree(spec, config)
         else:
@@ -187,6 +189,16 @@ def _resolve_clover_settings(spec):
     except ValueError as err:  # a bad checkpoint or setting: one line, not pydantic's report
         raise CloverStartupError(str(err)) from None
     return config
+
+
+def _check_lookup(spec, tree: bool) -> None:
+    """ValueError for a malformed "lookup", or one asked for with a token tree."""
+    from vllm_clover.hybrid.drafter import LookupConfig
+
+    if LookupConfig.of(spec.lookup) is not None and tree:
+        raise ValueError(
+            '"lookup" drafts chains; it cannot be combined with speculative_token_tree yet'
+        )
 
 
 def _keep_last_prefix_block(spec, config) -> None:
@@ -364,7 +376,10 @@ def patch_draft_lengths() -> None:
     @functools.wraps(original)
     def take_draft_token_ids(self):
         drafts = original(self)
-        if drafts is not None and getattr(getattr(self, "drafter", None), "stops_early", False):
+        drafter = getattr(self, "drafter", None)
+        if drafts is not None and getattr(drafter, "stops_early", False):
+            if getattr(drafter, "hybrid", None) is not None:  # the lookup's chains, chosen
+                drafter.hybrid.finish(self, drafts.draft_token_ids, drafts.req_ids)
             for row in drafts.draft_token_ids:
                 if -1 in row:
                     del row[row.index(-1) :]

@@ -98,6 +98,34 @@ RELIANCES = (
         },
     ),
     Entry(
+        "hybrid_history",
+        "relies",
+        'with "lookup", each request\'s history is read where the runner hands its drafts to '
+        "the scheduler (take_draft_token_ids, wrapped by draft_lengths), after the step's "
+        "bookkeeping wrote the accepted tokens: input_batch.token_ids_cpu[row, "
+        ":num_tokens_no_spec[row]], the drafts the step verified in spec_token_ids, rows by "
+        "req_id_to_index, prompt-embedding rows in req_prompt_embeds; runner.requests names "
+        "the live requests, and _draft_token_ids is the proposer's own tensor unless the "
+        "runner drafted zeros itself",
+        "hybrid/drafter.py",
+        {
+            "vllm.v1.worker.gpu_input_batch:InputBatch.add_request": "33b3f53b9b19",
+            "vllm.v1.worker.gpu_input_batch:InputBatch.update_req_spec_token_ids": "44ebcd8666c2",
+            f"{RUNNER}._bookkeeping_sync": "13c3e81003a7",
+            f"{RUNNER}.take_draft_token_ids": "21e3697c8c5f",
+        },
+        attributes=(
+            "input_batch",
+            "token_ids_cpu",
+            "num_tokens_no_spec",
+            "spec_token_ids",
+            "req_id_to_index",
+            "req_prompt_embeds",
+            "requests",
+            "_draft_token_ids",
+        ),
+    ),
+    Entry(
         "proposer_attention",
         "override",
         "a drafter without attention layers (no Augmenting "

@@ -1,0 +1,161 @@
+"""`HybridDrafter`: per request and step, Clover's chain or the prompt lookup's, in vLLM's runner.
+
+vLLM's own ngram proposer drafts after the step's bookkeeping, when each request's history
+(`input_batch.token_ids_cpu[row, :num_tokens_no_spec[row]]`) holds the tokens the step
+accepted. Clover drafts before it, like EAGLE. So the hybrid acts where the runner hands the
+drafts to the scheduler (the `draft_lengths` patch, `take_draft_token_ids`, after the
+bookkeeping): for each request it settles what its last chain earned (both sources' rates
+learn, ``choice.py``), looks its history up (``lookup.py``), and keeps Clover's row or puts
+the lookup's continuation in its place, padded with -1 (cut by the patch). A lookup row
+drafted at T > 0 gets a one-hot draft distribution: it was not drawn from the heads.
+
+Example, K = 3: Clover's row [12, 7, -1] (a confidence stop) against a lookup match of n = 4
+with continuation [40, 41, 42]: with the lookup's rates at 0.8 it is worth 1.95 accepted
+tokens against Clover's two drafts at (0.5, 0.3), 0.65: the row becomes [40, 41, 42].
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from vllm_clover.hybrid.choice import CLOVER, LOOKUP, SourceChoice
+from vllm_clover.hybrid.lookup import prompt_lookup
+
+
+@dataclass(frozen=True)
+class LookupConfig:
+    """speculative_config "lookup": the n-gram lengths matched (vLLM's prompt_lookup_min/max)."""
+
+    min_n: int = 2
+    max_n: int = 4
+
+    @classmethod
+    def of(cls, value: Any) -> LookupConfig | None:
+        """From the config value: None/False (off), True (defaults) or {"min_n", "max_n"}."""
+        if value in (None, False):
+            return None
+        fields = {} if value is True else dict(value)
+        unknown = set(fields) - {"min_n", "max_n"}
+        if unknown:
+            raise ValueError(f'"lookup" takes min_n and max_n, not {", ".join(sorted(unknown))}')
+        config = cls(**fields)
+        if not 1 <= config.min_n <= config.max_n:
+            raise ValueError(f'"lookup" needs 1 <= min_n <= max_n, got {config}')
+        return config
+
+
+@dataclass
+class Pending:
+    """A request's chain drafted at one step, settled at the next."""
+
+    source: str
+    chain: list[int]
+    start: int  # history length when it was drafted: the target's tokens follow from here
+    candidate: list[int]  # the lookup's continuation, chosen or not
+    match: int
+
+
+@dataclass
+class SourceCounts:
+    """Per source: chains drafted, draft tokens verified, and accepted."""
+
+    chains: Counter[str] = field(default_factory=Counter)
+    verified: Counter[str] = field(default_factory=Counter)
+    accepted: Counter[str] = field(default_factory=Counter)
+
+
+class HybridDrafter:
+    """The lookup beside Clover in one engine: its step's stash, pending chains, rates, counts."""
+
+    def __init__(self, config: LookupConfig, depth: int, max_model_len: int) -> None:
+        self.config = config
+        self.max_model_len = max_model_len
+        self.choice = SourceChoice(depth, config.max_n)
+        self.counts = SourceCounts()
+        self.pending: dict[str, Pending] = {}
+        self._stash: tuple[torch.Tensor, torch.Tensor | None] | None = None
+
+    def stash(self, drafts: torch.Tensor, probs: torch.Tensor | None) -> None:
+        """The proposer's step: its drafts [num_reqs, K] and their draw distributions."""
+        self._stash = (drafts, probs)
+
+    def finish(self, runner: Any, rows: list[list[int]], req_ids: list[str]) -> None:
+        """Settle, look up and choose for every request the runner hands over (in place)."""
+        stash, self._stash = self._stash, None
+        if stash is None or runner._draft_token_ids is not stash[0]:
+            return  # the runner drafted nothing itself (near max_model_len): nothing of ours
+        drafts, probs = stash
+        batch = runner.input_batch
+        for gone in set(self.pending) - set(runner.requests):
+            del self.pending[gone]
+        for row, req_id in enumerate(req_ids):
+            index = batch.req_id_to_index.get(req_id)
+            if index is None:
+                continue
+            history = batch.token_ids_cpu[index, : batch.num_tokens_no_spec[index]]
+            self._settle(req_id, history, len(batch.spec_token_ids[index]))
+            if index not in batch.req_prompt_embeds:
+                self._choose(req_id, rows[row], history, drafts.shape[1], probs, row)
+
+    def _settle(self, req_id: str, history, scheduled: int) -> None:
+        """Score the request's last chain (and the lookup's candidate) against the tokens
+        the target emitted since; `scheduled`: how many of the chain vLLM verified."""
+        last = self.pending.pop(req_id, None)
+        emitted = history[last.start :].tolist() if last else []
+        if not emitted:
+            return
+        chain = last.chain[:scheduled]
+        rates = self.choice.clover if last.source == CLOVER else self.choice.lookup[last.match]
+        accepted = rates.observe(chain, emitted)
+        self.counts.verified[last.source] += len(chain)
+        self.counts.accepted[last.source] += accepted
+        if last.source != LOOKUP and last.match:  # the candidate not chosen, scored all the same
+            self.choice.lookup[last.match].observe(last.candidate, emitted)
+
+    def _choose(self, req_id, row: list[int], history, k: int, probs, index: int) -> None:
+        clover = row[: row.index(-1)] if -1 in row else list(row)
+        cfg = self.config
+        candidate, match = prompt_lookup(history, cfg.min_n, cfg.max_n, k, self.max_model_len)
+        candidate = candidate.tolist()
+        source = self.choice.choose(match, len(candidate), len(clover))
+        chain = candidate if source == LOOKUP else clover
+        if source == LOOKUP:
+            row[:] = candidate + [-1] * (len(row) - len(candidate))
+            if probs is not None:  # a fixed draft: one-hot, as vLLM verifies an ngram draft
+                probs[index].zero_()
+                probs[index, torch.arange(len(candidate)), torch.tensor(candidate)] = 1.0
+        if chain:
+            self.counts.chains[source] += 1
+            self.pending[req_id] = Pending(source, chain, len(history), candidate, match)
+
+
+def hybrid_drafter(vllm_config: Any, trees: bool) -> HybridDrafter | None:
+    """The engine's HybridDrafter where speculative_config has "lookup" (chains only, and not
+    under async scheduling, where the runner reads the drafts on the device)."""
+    import logging
+
+    spec = vllm_config.speculative_config
+    config = LookupConfig.of(getattr(spec, "lookup", None))
+    if config is None or trees:
+        return None
+    logger = logging.getLogger("vllm.clover.hybrid")
+    if vllm_config.scheduler_config.async_scheduling:
+        logger.warning('Clover: "lookup" is off under async scheduling; pass --no-async-scheduling')
+        return None
+    logger.info("Clover drafts each request's chain from its heads or its prompt lookup %s", config)
+    return HybridDrafter(
+        config, spec.num_speculative_tokens, vllm_config.model_config.max_model_len
+    )
+
+
+def lookup_counts(worker: Any) -> tuple[int, int]:
+    """(draft tokens verified, accepted) of the prompt lookup's chains in this worker's
+    engine; (0, 0) without "lookup" (called by collective_rpc)."""
+    hybrid = getattr(getattr(worker.model_runner, "drafter", None), "hybrid", None)
+    if hybrid is None:
+        return 0, 0
+    return hybrid.counts.verified[LOOKUP], hybrid.counts.accepted[LOOKUP]
