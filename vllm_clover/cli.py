@@ -7,6 +7,7 @@ vllm-clover bench [--quick] [--out DIR] [--clover NAME=DIR ...] [options]
 vllm-clover train --target DIR_OR_ID --out DIR [--data FILE] [options]   (also under torchrun)
 vllm-clover generate-data --target DIR_OR_ID --out FILE.jsonl [--data FILE] [options]
 vllm-clover eval-heads --target DIR_OR_ID --heads DIR [DIR ...] [--data FILE] [options]
+vllm-clover make-heads --target DIR_OR_ID --out DIR [options]   (all of the three, checked)
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from vllm_clover.assets.target import REFERENCE_TARGET, fetch_reference_target
 from vllm_clover.assets.wheels import AssetError
 from vllm_clover.bench.arguments import add_arguments as add_bench_arguments
 from vllm_clover.bench.config import BenchError
+from vllm_clover.make_heads import MakeHeadsConfig
 from vllm_clover.training.config import (
     EvalConfig,
     GenerateConfig,
@@ -81,6 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("auto", "float32", "bfloat16"),
         help="target dtype (default auto: the target's own, bfloat16; float32: token-exact)",
     )
+    make = commands.add_parser(
+        "make-heads",
+        help="one command from a target to served heads: self-distil, train, evaluate, "
+        "check through vLLM (resumable)",
+    )
+    add_arguments(make, MakeHeadsConfig)
     bench = commands.add_parser(
         "bench",
         help="vanilla, ngram, Medusa and Clover through vLLM "
@@ -126,11 +134,7 @@ def run_training_command(args: argparse.Namespace) -> None:
     if args.command == "train":
         from vllm_clover.training.trainer import train
 
-        result = train(from_args(args, TrainConfig))
-        print(
-            f"{result.steps} steps, {result.tokens_seen} tokens, "
-            f"{result.tokens_per_second:.0f} tokens/s -> {result.out or 'stopped (resumable)'}"
-        )
+        print(train(from_args(args, TrainConfig)).summary())
     elif args.command == "generate-data":
         from vllm_clover.training.generate_data import generate_data
 
@@ -177,6 +181,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.verbose,
                 args.dtype,
             )
+        elif args.command == "make-heads":
+            from vllm_clover.make_heads import make_heads
+
+            make_heads(from_args(args, MakeHeadsConfig))
         elif args.command == "bench":
             from vllm_clover.bench.runner import bench_command
 

@@ -367,6 +367,8 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type = TrainConfig) -> N
             if typing.get_origin(kind) is list:  # nargs fields: the type of one item
                 kind = typing.get_args(kind)[0]
             kwargs.update(type=kind, default=f.default, **meta)
+            if f.default not in (None, "", []) and kwargs["help"]:
+                kwargs["help"] += f" (default: {f.default})"
         parser.add_argument(flag, **kwargs)
 
 

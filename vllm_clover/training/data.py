@@ -7,10 +7,10 @@ Accepted files (.json = one JSON array, .jsonl = one record per line):
     {"prompt": ..., "response": ...}  (or "completion")                         prompt/answer pair
     {"prompt": ...}                    prompt only: feed it to `vllm-clover generate-data` first
 
-Every sequence is the target's chat template rendered over the whole conversation and
-tokenised once; ``loss_mask`` is True exactly on the tokens of the assistant turns (their
-content and the end-of-turn marker, e.g. ``<|im_end|>``), never on system/user text or on the
-template's role headers.
+Every sequence is the target's chat template rendered over the whole conversation (plain
+text for a base model without one: ``chat.py``) and tokenised once; ``loss_mask`` is True
+exactly on the tokens of the assistant turns (their content and the end-of-turn marker, e.g.
+``<|im_end|>``), never on system/user text or on the template's role headers.
 """
 
 from __future__ import annotations
@@ -31,6 +31,12 @@ from typing import Any
 import torch
 
 from vllm_clover.assets.data import Conversation, Message, conversation_from_sharegpt
+from vllm_clover.training.chat import (
+    COMPLETION_NOTE,
+    has_chat_template,
+    render_chat,
+    special_tokens_added,
+)
 from vllm_clover.training.config import TrainingError
 
 
@@ -138,7 +144,7 @@ def assistant_spans(
     """
 
     def render(messages: list[dict[str, str]], prompt: bool = False) -> str:
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt)
+        return render_chat(tokenizer, messages, add_generation_prompt=prompt)
 
     text = render(chat)
     spans = []
@@ -169,7 +175,8 @@ def tokenize_conversation(
     if not any(m["role"] == "assistant" for m in chat):
         return None
     text, spans = assistant_spans(tokenizer, chat)
-    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    special = special_tokens_added(tokenizer)
+    enc = tokenizer(text, add_special_tokens=special, return_offsets_mapping=True)
     ids = torch.tensor(enc["input_ids"][:max_len], dtype=torch.long)  # (T,)
     starts = torch.tensor([s for s, _ in enc["offset_mapping"][:max_len]])  # (T,)
     mask = torch.zeros(len(ids), dtype=torch.bool)
@@ -237,8 +244,8 @@ def tokenize_all(
 ) -> list[TokenizedSequence]:
     """Every conversation that has something to train on; the others are reported (stderr)
     with their ids and the reason, never dropped silently."""
-    if getattr(tokenizer, "chat_template", None) is None:
-        raise TrainingError(f"the target's tokenizer has no chat template ({source})")
+    if not has_chat_template(tokenizer):
+        print(f"{source}: {COMPLETION_NOTE}", file=sys.stderr)
     sequences, dropped = [], {}
     for conversation, sequence in zip(
         conversations, tokenize_many(tokenizer, conversations, max_len), strict=True

@@ -29,6 +29,12 @@ from pathlib import Path
 
 from vllm_clover.assets.data import Conversation, Message
 from vllm_clover.fsutil import atomic_write_bytes
+from vllm_clover.training.chat import (
+    COMPLETION_NOTE,
+    has_chat_template,
+    render_chat,
+    special_tokens_added,
+)
 from vllm_clover.training.config import GenerateConfig, TrainingError
 from vllm_clover.training.data import describe_dropped, load_conversations
 
@@ -293,21 +299,24 @@ def only_fitting(
 def prompt_ids(tokenizer: object, chats: list[list[dict[str, str]]]) -> list[list[int]]:
     """The token ids the target answers, per chat: the chat template with the generation
     prompt, as vLLM's ``LLM.chat`` renders it (the template's own special tokens, none
-    added), tokenised in one batched call."""
+    added), or for a base model the plain text so far (``chat.py``), tokenised in one
+    batched call."""
     if not chats:
         return []
-    texts = [
-        tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in chats
-    ]
-    return tokenizer(texts, add_special_tokens=False)["input_ids"]
+    texts = [render_chat(tokenizer, c, add_generation_prompt=True) for c in chats]
+    return tokenizer(texts, add_special_tokens=special_tokens_added(tokenizer))["input_ids"]
 
 
 def generate_data(cfg: GenerateConfig) -> Path:
     """Read ``cfg.data``, regenerate with the chosen engine, write ``cfg.out``; returns it."""
+    from transformers import AutoTokenizer
+
     from vllm_clover.training.teacher import resolve_target
 
     conversations = load_conversations(cfg.data, cfg.max_samples)
     path, _ = resolve_target(cfg.target)
+    if not has_chat_template(AutoTokenizer.from_pretrained(path)):
+        print(f"generate-data: {COMPLETION_NOTE}", file=sys.stderr)
     generate = (vllm_generator if cfg.engine == "vllm" else hf_generator)(
         path if cfg.engine == "vllm" else cfg.target, cfg
     )

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -140,17 +142,22 @@ def prepare(
     dtype: torch.dtype,
     cache_train: bool = True,
     draft_ids: torch.Tensor | None = None,
+    check: Callable[[Teacher], None] | None = None,
 ) -> Prepared:
     """Load the target, tokenise and split the data, and cache the hidden states it needs.
 
     The draft vocabulary is ``draft_ids`` when given (``train --init-from``: the
     checkpoint's), else the most frequent tokens of the training split.
+    ``check`` runs on the loaded target before any data is read (``network.preflight``:
+    what can refuse the run refuses it in seconds, not after the cache is filled).
     With ``cache_train=False`` only the held-out split is cached (``eval-heads``). The caller
     releases the full target (``prepared.release_teacher()``) once it has what it needs.
     Past STREAM_ABOVE_GIB of new shards the training split is streamed instead (``stream``).
     """
     teacher = load_teacher(spec.target, runtime.device, dtype)
     check_layers_exist(spec, teacher)
+    if check is not None:
+        check(teacher)
     max_len = min(spec.max_seq_len, getattr(teacher.config, "max_position_embeddings", 1 << 30))
     source = spec.data or "the bundled ShareGPT set"
     conversations = load_conversations(spec.data, spec.max_samples)
@@ -175,6 +182,7 @@ def prepare(
         compiled = compiled_teacher(teacher, spec)
         stream = TeacherStream(teacher, runtime.device, rows, *compiled, spec.target_layers)
         to_cache = []
+    check_disk(root, [s for s in to_cache + held if s.key not in cache], width, spec)
     if rows is None:
         fill_cache(cache, teacher, to_cache + held, runtime, spec)
     else:
@@ -197,6 +205,20 @@ def cache_fingerprint(
     if layers:  # a cache of its own; H-only caches keep their fingerprint
         fingerprint["target_layers"] = list(layers)
     return fingerprint
+
+
+def check_disk(root: Path, missing: list[TokenizedSequence], width: int, spec: DataSpec) -> None:
+    """TrainingError, naming --cache-dir, where the cache's disk cannot hold the new shards
+    (their bfloat16 signal, with a tenth more for their token ids and index)."""
+    need = int(1.1 * sum(len(s) for s in missing) * width * 2)
+    root.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(root).free
+    if need > free:
+        raise TrainingError(
+            f"caching the target's signal needs about {need / 2**30:.1f} GiB at {root}, "
+            f"where {free / 2**30:.1f} GiB are free: pass --cache-dir on a larger disk "
+            f"(or fewer samples: --max-samples)"
+        )
 
 
 def check_layers_exist(spec: DataSpec, teacher: Teacher) -> None:

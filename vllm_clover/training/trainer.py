@@ -36,7 +36,7 @@ from vllm_clover.training.loss import (
     head_cross_entropy,
     head_weights,
 )
-from vllm_clover.training.network import build_model
+from vllm_clover.training.network import build_model, preflight
 from vllm_clover.training.pipeline import DataSpec, Prepared, prepare
 from vllm_clover.training.runtime import (
     Runtime,
@@ -65,6 +65,25 @@ class TrainResult:
     peak_memory_bytes: int | None  # peak over the training loop (same measure)
     eval: dict[str, Any] | None
     history: list[dict[str, Any]] = field(default_factory=list)
+    planned_steps: int = 0  # more than steps where --time-budget cut the plan
+
+    def summary(self) -> str:
+        """The lines `train` ends with: what ran, the held-out figures, any budget cut."""
+        lines = [
+            f"{self.steps} steps, {self.tokens_seen} tokens, {self.tokens_per_second:.0f} "
+            f"tokens/s -> {self.out or 'stopped (resumable)'}"
+        ]
+        if self.eval:
+            top1 = " ".join(f"{a:.3f}" for a in self.eval["top1"])
+            lines.append(
+                f"held-out answers: top-1 per head {top1}, offline tau {self.eval['tau']:.2f} "
+                "(expected tokens per step at T = 0, every head drafting)"
+            )
+        if self.out and self.planned_steps > self.steps:
+            lines.append(
+                f"--time-budget cut the plan: {self.steps} of {self.planned_steps} steps ran"
+            )
+        return "\n".join(lines)
 
 
 class HeadFeatures(nn.Module):
@@ -108,7 +127,8 @@ def _train(cfg: TrainConfig, runtime: Runtime, started: float) -> TrainResult:
     seed_everything(cfg.seed)
     dtype = torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32
     draft_ids = init.draft_vocab_ids if init else None
-    prepared = prepare(DataSpec.from_config(cfg), runtime, dtype, draft_ids=draft_ids)
+    check = None if init else lambda teacher: preflight(cfg, teacher)
+    prepared = prepare(DataSpec.from_config(cfg), runtime, dtype, draft_ids=draft_ids, check=check)
     model = build_model(cfg, prepared, runtime.device)
     if init is not None:
         init.load_into(model, prepared.teacher.lm_head, cfg.target)
@@ -147,7 +167,7 @@ def show_progress(bar: Any, entry: dict[str, Any], tokens_per_second: float) -> 
     bar.set_postfix(
         loss=f"{entry['loss']:.3f}",
         lr=f"{entry['lr']:.2e}",
-        top1=top1,
+        batch_top1=top1,  # the training batches' own, not held-out: train prints that at the end
         tok_s=f"{tokens_per_second:.0f}",
     )
 
@@ -312,7 +332,16 @@ class TrainLoop:
             out = self.finish(step, tokens_seen, evaluation, seconds)
         rate = tokens_now / max(seconds, 1e-9)
         return TrainResult(
-            out, step, tokens_seen, seconds, rate, start_memory, peak, evaluation, self.history
+            out,
+            step,
+            tokens_seen,
+            seconds,
+            rate,
+            start_memory,
+            peak,
+            evaluation,
+            self.history,
+            self.planned,
         )
 
     def fit_budget(self, step: int, done: int, bar: Any) -> int:

@@ -1,0 +1,76 @@
+"""Heads checked through vLLM on held-out prompts: what `make-heads` ends with.
+
+Vanilla decoding and Clover with the new heads, both in float32 (where speculative decoding
+must give vanilla's tokens exactly), greedy, one request at a time, on prompts the heads never
+trained on. A target without a chat template gets its prompts as plain text (completion mode,
+``training/chat.py``), as it got them in training.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from vllm_clover.bench.measure import Run, engine, identical_outputs, read_counters
+from vllm_clover.training.generate_data import prompt_ids
+
+
+@dataclass(frozen=True)
+class ServeCheck:
+    """The check's figures (JSON-ready)."""
+
+    prompts: int
+    identical: int  # outputs token-identical to vanilla's
+    tau: float | None  # 1 + accepted / drafts (None: nothing drafted)
+    acceptance: list[float]  # per draft position
+    vanilla_tokens_per_s: float
+    clover_tokens_per_s: float
+
+    @property
+    def speedup(self) -> float:
+        return self.clover_tokens_per_s / self.vanilla_tokens_per_s
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "speedup": self.speedup}
+
+
+def serve_check(
+    target: str, heads: Path, chats: list[list[dict[str, str]]], max_tokens: int
+) -> ServeCheck:
+    """Run `chats` through vLLM without and with the heads; the figures."""
+    from transformers import AutoTokenizer
+    from vllm import TokensPrompt
+
+    ids = prompt_ids(AutoTokenizer.from_pretrained(target), chats)  # as generate-data asked
+    prompts = [TokensPrompt(prompt_token_ids=x) for x in ids]
+    vanilla = _timed(target, prompts, max_tokens, None)
+    spec = {"method": "clover", "model": str(heads)}
+    clover = _timed(target, prompts, max_tokens, spec)
+    counters = clover.counters
+    return ServeCheck(
+        prompts=len(prompts),
+        identical=identical_outputs(vanilla.tokens, clover.tokens),
+        tau=counters.tau,
+        acceptance=counters.acceptance_rates,
+        vanilla_tokens_per_s=vanilla.tokens_per_second,
+        clover_tokens_per_s=clover.tokens_per_second,
+    )
+
+
+def _timed(target: str, prompts: list, max_tokens: int, spec: dict | None) -> Run:
+    """One engine (float32, one request at a time): a warm-up, then the prompts, timed."""
+    import time
+
+    from vllm import SamplingParams
+
+    greedy = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    with engine(target, spec, 1, dtype="float32") as llm:
+        llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)
+        before = read_counters(llm)
+        started = time.perf_counter()
+        outputs = llm.generate(prompts, greedy, use_tqdm=False)
+        seconds = time.perf_counter() - started
+        counters = read_counters(llm) - before
+    tokens = [list(o.outputs[0].token_ids) for o in outputs]
+    return Run(tokens, seconds, counters)
