@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_clover.bench.measure import Run, engine, identical_outputs, read_counters
+from vllm_clover.bench.measure import Run, engine, identical_outputs, timed_run
 from vllm_clover.training.generate_data import prompt_ids
 
 
@@ -60,17 +60,9 @@ def serve_check(
 
 def _timed(target: str, prompts: list, max_tokens: int, spec: dict | None) -> Run:
     """One engine (float32, one request at a time): a warm-up, then the prompts, timed."""
-    import time
-
     from vllm import SamplingParams
 
     greedy = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     with engine(target, spec, 1, dtype="float32") as llm:
         llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)
-        before = read_counters(llm)
-        started = time.perf_counter()
-        outputs = llm.generate(prompts, greedy, use_tqdm=False)
-        seconds = time.perf_counter() - started
-        counters = read_counters(llm) - before
-    tokens = [list(o.outputs[0].token_ids) for o in outputs]
-    return Run(tokens, seconds, counters)
+        return timed_run(llm, lambda: llm.generate(prompts, greedy, use_tqdm=False))

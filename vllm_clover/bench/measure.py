@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -158,9 +158,15 @@ def read_counters(llm: LLM) -> Counters:
 
 def timed_chat(llm: LLM, chats: list, params: Any) -> Run:
     """`llm.chat(chats, params)`, timed, with the counters it moved."""
+    return timed_run(llm, lambda: llm.chat(chats, params, use_tqdm=False))
+
+
+def timed_run(llm: LLM, generate: Callable[[], list]) -> Run:
+    """`generate()` (a call of `llm` that returns its RequestOutputs), timed, with the
+    counters it moved."""
     before = read_counters(llm)
     started = time.perf_counter()
-    outputs = llm.chat(chats, params, use_tqdm=False)
+    outputs = generate()
     seconds = time.perf_counter() - started
     counters = read_counters(llm) - before
     tokens = [list(o.outputs[0].token_ids) for o in outputs]
