@@ -28,6 +28,7 @@ from typing import NamedTuple
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from vllm_clover.modeling.augmenting import AugmentingBlock
 from vllm_clover.modeling.block_adapter import ADAPTER_NAMES, ADAPTER_PREFIXES, BlockAdapter
@@ -128,7 +129,8 @@ class CloverModel(nn.Module):
 
     def logits(self, z: torch.Tensor) -> torch.Tensor:
         """Head features z (..., D) -> logits (..., N) in the heads' dtype (training)."""
-        return self.tables.logits(z, self.dtype)
+        w = self.tables.vocab_weight(self.dtype)  # (N, D)
+        return F.linear(z.to(w.dtype), w)
 
     def forward(
         self,

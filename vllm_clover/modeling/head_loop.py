@@ -181,7 +181,7 @@ class HeadLoop(nn.Module):
         prev_ids are target ids of x_{t+1+i} (step 0: t0). kv: the decoder's [k | v] of
         prev_ids (..., 2D) when the caller has it (``regressive_table``), else it is
         computed here. Returns h_i (input of the next step) and z_i, head i's block or
-        projection of h_i (score it with ``tables.logits`` or ``tables.draft_rows``).
+        projection of h_i (score it against ``tables.vocab_weight`` or ``tables.draft_rows``).
         """
         e = None
         if self.config.fuse_next_token and i == 0:
@@ -270,8 +270,9 @@ class HeadLoop(nn.Module):
 
         From the second head step on, a draft's input token is the previous draft, always a
         draft-vocabulary id, and k, v depend on that token only: a row lookup replaces the
-        regressive embedding and the k, v products (docs/drafting-cost.md). None without a
-        draft vocabulary or when the decoder reads no token (learned step embeddings).
+        regressive embedding and the k, v products (docs/history/drafting-cost-2026-11.md).
+        None without a draft vocabulary or when the decoder reads no token (learned step
+        embeddings).
         """
         if self.decoder is None or self.step_embed is not None:
             return None

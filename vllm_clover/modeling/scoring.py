@@ -34,8 +34,8 @@ def row_scores(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
     On x86 CPUs PyTorch sends a bf16 F.linear(x, w) with few rows of x to a kernel far slower
     than its bf16 GEMM; w @ x^T with at least two columns takes the GEMM (AMX/AVX512-BF16).
-    The timings that chose this path are in docs/drafting-cost.md. Elsewhere (fp32, GPU,
-    3-d x) it is F.linear itself.
+    The timings that chose this path are in docs/history/drafting-cost-2026-11.md. Elsewhere
+    (fp32, GPU, 3-d x) it is F.linear itself.
     """
     if x.device.type != "cpu" or x.dtype != torch.bfloat16 or x.dim() != 2:
         return F.linear(x, w)

@@ -61,7 +61,7 @@ def cpu_scoring_dtype(packed: Collection[torch.dtype] = ()) -> torch.dtype:
       plugin's AVX2 GEMM: every x86 CPU with AVX2 and a C compiler);
     - else packed float32;
     - else float16 (PyTorch's matmuls, where it beat float32 and bfloat16).
-    Timings per CPU family: docs/drafting-cost.md.
+    Timings per CPU family: docs/history/drafting-cost-2026-11.md.
 
     Examples: () -> float16; (float32,) -> float32; (float32, bfloat16) -> bfloat16."""
     for dtype in (torch.bfloat16, torch.float32):
@@ -145,10 +145,7 @@ class TargetTables(nn.Module):
                 f"lm_head_weight has shape {tuple(lm_head_weight.shape)}, "
                 f"expected (vocab, hidden) = {expected}"
             )
-        self._share(lm_head_weight)
-
-    def _share(self, lm_head: torch.Tensor) -> None:
-        self.lm_head_weight = lm_head.detach()
+        self.lm_head_weight = lm_head_weight.detach()
 
     @property
     def lm_head(self) -> torch.Tensor:
@@ -220,11 +217,6 @@ class TargetTables(nn.Module):
             (dtype,),
             lambda: gathered_rows(self.lm_head, self.draft_vocab_ids).to(dtype),
         )
-
-    def logits(self, z: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """Head features z (..., D) -> logits (..., N) with the rows in ``dtype`` (training)."""
-        w = self.vocab_weight(dtype)
-        return F.linear(z.to(w.dtype), w)
 
     def draft_rows(self, default_dtype: torch.dtype) -> DraftRows:
         """The same rows for drafting, in ``scoring_dtype`` (``default_dtype`` if unset);

@@ -58,7 +58,7 @@ class VocabParallelTables(TargetTables):
                 f"does not fit vocab {self.config.vocab_size} x hidden {d}"
             )
         self.vocab_start, self.vocab_end = vocab_start, vocab_start + n
-        self._share(lm_head_shard)
+        self.lm_head_weight = lm_head_shard.detach()
 
     def lookup_rows(self, token_ids: torch.Tensor) -> torch.Tensor:
         """Full rows (..., D) for ids (...,) from every rank's shard (one all-reduce)."""
