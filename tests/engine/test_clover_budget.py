@@ -36,11 +36,11 @@ def _together_then_alone(reference_target, spec, cases, alone: int):
 
 
 # Heads whose drafts pay by a margin that step-time noise cannot hide at batch 1: the reference
-# heads run 1.07-1.18x vanilla there (docs/benchmarks.md). Clover-2's do on Zen 4, but drafting
-# costs them two decoder layers and the fusion, and on a 2-core Zen 3 (AVX2 only) the controller
-# rightly chose K = 0 in all 48 steps alone in one full-suite run. The paper's full configuration
-# gains ~4% with K = 1 or 2 on this CPU (its Augmenting Block runs at every step, drafting or
-# not), a close call that a slower or busier machine tips to K = 0.
+# heads run 1.07-1.18x vanilla there (docs/history/benchmarks-2026-11.md). Clover-2's do on
+# Zen 4, but drafting costs them two decoder layers and the fusion, and on a 2-core Zen 3 (AVX2
+# only) the controller rightly chose K = 0 in all 48 steps alone in one full-suite run. The
+# paper's full configuration gains ~4% with K = 1 or 2 on this CPU (its Augmenting Block runs
+# at every step, drafting or not), a close call that a slower or busier machine tips to K = 0.
 CLEAR_GAIN_ALONE = {"reference"}
 
 

@@ -38,9 +38,9 @@ class StepCostModel:
     The fit minimises relative errors (each step weighted by 1 / seconds^2): a step's jitter
     is proportional to its length, so in absolute terms the few long prefill steps, which
     the warm-up cycle drafts on, would set the drafting prices that the short decode steps
-    measure (docs/benchmarks.md, "T = 1 with every answer run to the token limit"). The prior
-    is scaled by the mean weight, so its strength relative to the data does not depend on
-    how fast the machine is.
+    measure (docs/history/benchmarks-2026-11.md, "T = 1 with every answer run to the token
+    limit"). The prior is scaled by the mean weight, so its strength relative to the data
+    does not depend on how fast the machine is.
     """
 
     def __init__(self, config: GoodputConfig) -> None:

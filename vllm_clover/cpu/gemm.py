@@ -15,7 +15,7 @@ linear layers, ``pack_linears``) and to vLLM's own bf16 linear layers:
   get it through the `cpu_bf16_gemm` patch, in every engine, so that vanilla and
   speculative steps multiply alike; ``CLOVER_SKIP_FIXES=cpu_bf16_gemm`` turns it off.
 
-Timings per CPU are in docs/drafting-cost.md.
+Timings per CPU are in docs/history/drafting-cost-2026-11.md.
 
 Example: ``pack = onednn_row_packer()``; ``kernel = pack(rows)`` with rows (8192, 576)
 float32; ``kernel(z)`` with z (4, 576) float32 -> (4, 8192), equal to ``z @ rows.T``.

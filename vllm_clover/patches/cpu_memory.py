@@ -5,8 +5,8 @@ every verified position, and the rejection sampler's copies of them (a batch of 
 with 4 drafts: 320 x 49,152 x 4 bytes = 63 MB each). glibc's malloc serves an allocation this
 large with a fresh `mmap` and unmaps it on free, so every step page-faults in tens of MB of
 zeroed memory, which made the rejection sampler a large share of a step under load (the step
-profile in docs/benchmarks.md). vLLM's CPU guide answers it with tcmalloc, which a pip
-install does not have; glibc's own tunables do the same for large blocks:
+profile in docs/history/benchmarks-2026-11.md). vLLM's CPU guide answers it with tcmalloc,
+which a pip install does not have; glibc's own tunables do the same for large blocks:
 
     M_MMAP_MAX = 0             large blocks come from the heap, not from fresh mappings
     M_TRIM_THRESHOLD = 2 GiB   freed heap memory is kept for the next step, not returned

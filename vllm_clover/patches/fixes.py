@@ -119,11 +119,12 @@ def patch_zero_draft_sampling() -> None:
     sampler, also when no request got a draft this step (dynamic speculation at K = 0, ngram
     without a match). For the bonus tokens alone it then copies the [batch, vocab] logits
     twice (an index copy, and a clone for logprobs nobody asked for), which at large batch
-    sizes on CPU costs many times the plain sampler (measured in docs/benchmarks.md). With no
-    draft, the rejection sampler's output is each request's bonus token, which is what the
-    plain sampler samples: the same sampler with the same metadata and no spec tokens to
-    combine. The original path stays whenever that is not obviously so: logprobs requested
-    (their layout differs), spec tokens present, or async scheduling (GPU; not measured).
+    sizes on CPU costs many times the plain sampler (measured in
+    docs/history/benchmarks-2026-11.md). With no draft, the rejection sampler's output is
+    each request's bonus token, which is what the plain sampler samples: the same sampler
+    with the same metadata and no spec tokens to combine. The original path stays whenever
+    that is not obviously so: logprobs requested (their layout differs), spec tokens
+    present, or async scheduling (GPU; not measured).
     """
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
@@ -160,7 +161,8 @@ def patch_cpu_recovered_tokens() -> None:
 
     At T > 0, `sample_recovered_tokens` draws a vocabulary of exponential noise per request
     (`torch.Tensor.exponential_`), where vLLM-CPU's own sampler uses a fused kernel: it was
-    most of the sampling cost of a speculative step at T = 1 (docs/benchmarks.md).
+    most of the sampling cost of a speculative step at T = 1
+    (docs/history/benchmarks-2026-11.md).
     `residual_tokens` draws the same distribution, max(p - q, 0) normalised, with one
     uniform per draft position.
     """

@@ -17,7 +17,8 @@ view of the block (``StridedHalf``), so a layer's keys and values are read as wh
 to a gather of every entry, about twice as slow. Where each half is a plain matrix per block
 (``StridedHalf.plain``: `vec` and `vec16` store keys as (head_size, block_size), values as
 (block_size, head_size)), ``TreePlan.attend`` skips the reordering: it multiplies by the blocks
-as stored and sums over them (``blockwise_rows``), faster per layer (docs/benchmarks.md).
+as stored and sums over them (``blockwise_rows``), faster per layer
+(docs/history/benchmarks-2026-11.md).
 """
 
 from __future__ import annotations
