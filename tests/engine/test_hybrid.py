@@ -33,8 +33,12 @@ PROMPTS = (COPYING + FRESH)[:16]
 LOOKUP = {"lookup": {"min_n": 2, "max_n": 4}}
 
 
-def _chats(n: int) -> list:
-    return [[{"role": "user", "content": text}] for text in PROMPTS[:n]]
+# Batch 1 runs four requests, two that copy and two that do not, so both sources get drafts
+ALONE = [0, 4, 8, 12]
+
+
+def _chats(rows) -> list:
+    return [[{"role": "user", "content": PROMPTS[i]}] for i in rows]
 
 
 def _greedy(max_tokens: int = MAX_TOKENS):
@@ -67,20 +71,20 @@ def assert_both_sources_drafted_and_were_accepted(llm, stats) -> None:
 @pytest.fixture(scope="module")
 def vanilla(reference_target) -> list[list[int]]:
     with in_process_llm(reference_target, max_num_seqs=16) as llm:
-        return _tokens(llm.chat(_chats(16), _greedy(), use_tqdm=False))
+        return _tokens(llm.chat(_chats(range(16)), _greedy(), use_tqdm=False))
 
 
 @pytest.mark.parametrize("max_num_seqs", [1, 4, 16])
 def test_greedy_output_equals_vanilla(reference_target, vanilla, max_num_seqs):
-    n = 4 if max_num_seqs == 1 else 16
+    rows = ALONE if max_num_seqs == 1 else range(16)
     with in_process_llm(
         reference_target, speculative_config=_spec(), max_num_seqs=max_num_seqs
     ) as llm:
-        outputs = _tokens(llm.chat(_chats(n), _greedy(), use_tqdm=False))
+        outputs = _tokens(llm.chat(_chats(rows), _greedy(), use_tqdm=False))
         stats = speculation(llm)
         assert_both_sources_drafted_and_were_accepted(llm, stats)
-    assert outputs == vanilla[:n]
-    assert_clover_speculated(stats, k=4, fixed=True)
+    assert outputs == [vanilla[i] for i in rows]
+    assert_clover_speculated(stats, k=4)  # lookup chains shorter than K cut some short
 
 
 def test_prefix_caching_chunked_prefill_preemption_and_aborts_at_once(reference_target, vanilla):
@@ -90,14 +94,14 @@ def test_prefix_caching_chunked_prefill_preemption_and_aborts_at_once(reference_
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(reference_target)
-    prompts = [
-        {"prompt_token_ids": tokenizer.apply_chat_template(c, add_generation_prompt=True)}
-        for c in _chats(16)
-    ]
+    prompts = []
+    for chat in _chats(range(16)):
+        ids = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)
+        prompts.append({"prompt_token_ids": list(getattr(ids, "input_ids", ids))})
     params = [_greedy()] * 16
     aborted = [str(i) for i in range(0, 16, 3)]
-    settings = dict(max_num_seqs=16, block_size=32, num_gpu_blocks_override=40)
-    settings.update(enable_chunked_prefill=True, max_num_batched_tokens=32, max_model_len=512)
+    settings = dict(max_num_seqs=16, block_size=32, num_gpu_blocks_override=12)
+    settings.update(enable_chunked_prefill=True, max_num_batched_tokens=32, max_model_len=256)
     with in_process_llm(
         reference_target, speculative_config=_spec(), enable_prefix_caching=True, **settings
     ) as llm:
@@ -122,7 +126,7 @@ def _sample(llm, first_seed: int, temperature: float) -> list[list[int]]:
     from vllm import SamplingParams
 
     params = [
-        SamplingParams(temperature=temperature, max_tokens=4, seed=first_seed + i)
+        SamplingParams(temperature=temperature, max_tokens=4, seed=first_seed + i, ignore_eos=True)
         for i in range(NUM_SAMPLES)
     ]
     outputs = llm.chat([SAMPLED_PROMPT] * NUM_SAMPLES, params, use_tqdm=False)

@@ -126,8 +126,11 @@ class HybridDrafter:
         if source == LOOKUP:
             row[:] = candidate + [-1] * (len(row) - len(candidate))
             if probs is not None:  # a fixed draft: one-hot, as vLLM verifies an ngram draft
-                probs[index].zero_()
-                probs[index, torch.arange(len(candidate)), torch.tensor(candidate)] = 1.0
+                # the proposer made probs under inference mode; the runner hands drafts over
+                # outside it, where an in-place write to such a tensor is refused
+                with torch.inference_mode():
+                    probs[index].zero_()
+                    probs[index, torch.arange(len(candidate)), torch.tensor(candidate)] = 1.0
         if chain:
             self.counts.chains[source] += 1
             self.pending[req_id] = Pending(source, chain, len(history), candidate, match)
