@@ -38,7 +38,19 @@ def start_llm(model: str, **engine_args: Any) -> LLM:
     # engine keeps the heap frozen, as vLLM would, until it shuts down; with a separate
     # engine-core process nothing in vLLM unfreezes this one, so it collects as before.
     gc.freeze()
-    llm = LLM(model=model, **{**REFERENCE_ENGINE_ARGS, **engine_args})
+    args = {**REFERENCE_ENGINE_ARGS, **engine_args}
+    if "max_model_len" not in engine_args:  # the default, within what the model was made for
+        args["max_model_len"] = min(args["max_model_len"], position_limit(model))
+    llm = LLM(model=model, **args)
     if envs.VLLM_ENABLE_V1_MULTIPROCESSING:
         gc.unfreeze()
     return llm
+
+
+def position_limit(model: str) -> int:
+    """The target's max_position_embeddings (vLLM refuses a longer max_model_len); a large
+    number when its config does not say."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model).get_text_config()
+    return getattr(config, "max_position_embeddings", None) or 1 << 30

@@ -31,6 +31,7 @@ from vllm_clover.training.config import (
 
 STATE_EVERY = 50  # optimizer steps between saved training states (resume)
 EVAL_FRACTION = 0.1  # of the answers held out for the offline figures
+CARD_SECTION = "\n## Checked by `vllm-clover make-heads`"
 
 
 @dataclass
@@ -49,6 +50,7 @@ class MakeHeadsConfig:
     num_heads: int = opt(4, "draft heads K")
     draft_vocab_size: int = opt(8192, "draft vocabulary (capped at the target's)")
     epochs: int = opt(4, "passes over the answers")
+    lr: float = opt(1e-3, "peak learning rate (train's --lr)")
     time_budget: float | None = opt(None, "stop training after this many minutes")
     augmenting_block: bool = opt(True, "the Augmenting Block")
     dtype: str = opt(
@@ -71,6 +73,7 @@ def train_config(cfg: MakeHeadsConfig, vocab_size: int | None = None) -> TrainCo
         draft_vocab_size=min(cfg.draft_vocab_size, vocab_size or cfg.draft_vocab_size) or None,
         augmenting_block=cfg.augmenting_block,
         epochs=cfg.epochs,
+        lr=cfg.lr,
         time_budget=None if cfg.time_budget is None else 60 * cfg.time_budget,
         dtype=cfg.dtype,
         cache_dir=cfg.cache_dir,
@@ -108,8 +111,9 @@ def make_heads(cfg: MakeHeadsConfig) -> dict:
     figures = {"eval": _evaluated(cfg, heads), "check": _checked(cfg, heads)}
     table = results_table(figures)
     print(table)
-    with open(heads / "README.md", "a") as card:
-        card.write(f"\n## Checked by `vllm-clover make-heads`\n\n{table}\n")
+    card = heads / "README.md"
+    kept = card.read_text().split(CARD_SECTION)[0].rstrip("\n")  # a rerun replaces its section
+    card.write_text(f"{kept}\n{CARD_SECTION}\n\n{table}\n")
     return figures
 
 
@@ -176,12 +180,14 @@ def _checked(cfg: MakeHeadsConfig, heads: Path) -> dict:
     path = Path(cfg.out) / "check.json"
     if path.is_file() and path.stat().st_mtime >= (heads / "model.safetensors").stat().st_mtime:
         return json.loads(path.read_text())
-    held_out = load_conversations(cfg.prompts, cfg.samples + cfg.check_prompts)[cfg.samples :]
+    # a few times more than asked: the check keeps those that fit the engine's context
+    pool = cfg.samples + 4 * cfg.check_prompts
+    held_out = load_conversations(cfg.prompts, pool)[cfg.samples :]
     chats = [[{"role": "user", "content": c.messages[0].content}] for c in held_out]
     if not chats:
         raise TrainingError(f"no prompt left after the first --samples {cfg.samples} to check")
     target, _ = resolve_target(cfg.target)
-    figures = serve_check(target, heads, chats, cfg.check_tokens).to_json()
+    figures = serve_check(target, heads, chats, cfg.check_tokens, cfg.check_prompts).to_json()
     path.write_text(json.dumps(figures, indent=2) + "\n")
     return figures
 

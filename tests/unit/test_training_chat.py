@@ -63,3 +63,15 @@ def test_training_on_a_base_model_says_so_once(tokenizers, capsys):
     conversations = synthetic_conversations(6, seed=1)
     assert len(tokenize_all(base, conversations, 128, "data.jsonl")) == 6
     assert capsys.readouterr().err.count("no chat template (a base model)") == 1
+
+
+def test_an_empty_reply_is_skipped_not_refused(tokenizers):
+    """A base model may stop at once: its empty reply leaves nothing to train on in that turn,
+    and the conversation's other replies still train (no 'cannot locate' refusal)."""
+    _, base = tokenizers
+    turns = ("Name a colour.", "", "Name another.", "Red.")
+    messages = tuple(Message(("user", "assistant")[i % 2], t) for i, t in enumerate(turns))
+    sequence = tokenize_conversation(base, Conversation("c", messages), max_len=64)
+    assert base.decode(sequence.input_ids[sequence.loss_mask]).strip() == "Red."
+    alone = Conversation("d", messages[:2])
+    assert tokenize_conversation(base, alone, max_len=64) is None  # no reply token at all

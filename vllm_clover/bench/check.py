@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from vllm_clover.bench.measure import Run, engine, identical_outputs, timed_run
+from vllm_clover.engine import REFERENCE_ENGINE_ARGS, position_limit
+from vllm_clover.training.config import TrainingError
 from vllm_clover.training.generate_data import prompt_ids
 
 
@@ -36,14 +38,18 @@ class ServeCheck:
 
 
 def serve_check(
-    target: str, heads: Path, chats: list[list[dict[str, str]]], max_tokens: int
+    target: str, heads: Path, chats: list[list[dict[str, str]]], max_tokens: int, count: int
 ) -> ServeCheck:
-    """Run `chats` through vLLM without and with the heads; the figures."""
+    """Run the first `count` of `chats` that fit the engine's context with `max_tokens` more
+    through vLLM, without and with the heads; the figures."""
     from transformers import AutoTokenizer
     from vllm import TokensPrompt
 
     ids = prompt_ids(AutoTokenizer.from_pretrained(target), chats)  # as generate-data asked
-    prompts = [TokensPrompt(prompt_token_ids=x) for x in ids]
+    room = min(REFERENCE_ENGINE_ARGS["max_model_len"], position_limit(target)) - max_tokens
+    prompts = [TokensPrompt(prompt_token_ids=x) for x in ids if len(x) <= room][:count]
+    if not prompts:
+        raise TrainingError(f"no held-out prompt fits {room} tokens to check the heads on")
     vanilla = _timed(target, prompts, max_tokens, None)
     spec = {"method": "clover", "model": str(heads)}
     clover = _timed(target, prompts, max_tokens, spec)

@@ -149,8 +149,8 @@ def assistant_spans(
     text = render(chat)
     spans = []
     for j, message in enumerate(chat):
-        if message["role"] != "assistant":
-            continue
+        if message["role"] != "assistant" or not message["content"].strip():
+            continue  # an empty reply (a base model may stop at once) has nothing to train on
         prefix = render(chat[:j], prompt=True) if j else ""
         turn = render(chat[: j + 1]).rstrip()
         if not (text.startswith(prefix) and text.startswith(turn) and len(prefix) <= len(turn)):

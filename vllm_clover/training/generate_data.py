@@ -25,9 +25,11 @@ import json
 import os
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from vllm_clover.assets.data import Conversation, Message
+from vllm_clover.engine import position_limit
 from vllm_clover.fsutil import atomic_write_bytes
 from vllm_clover.training.chat import (
     COMPLETION_NOTE,
@@ -317,6 +319,10 @@ def generate_data(cfg: GenerateConfig) -> Path:
     path, _ = resolve_target(cfg.target)
     if not has_chat_template(AutoTokenizer.from_pretrained(path)):
         print(f"generate-data: {COMPLETION_NOTE}", file=sys.stderr)
+    limit = position_limit(str(path))
+    if cfg.max_model_len > limit:  # vLLM and the model both stop at its positions
+        print(f"generate-data: --max-model-len {cfg.max_model_len} -> {limit}, the target's own")
+        cfg = replace(cfg, max_model_len=limit)
     generate = (vllm_generator if cfg.engine == "vllm" else hf_generator)(
         path if cfg.engine == "vllm" else cfg.target, cfg
     )
