@@ -2,7 +2,7 @@
 
 One `vllm-clover serve` (reference target, each shipped Clover configuration in turn, K=3,
 float32, eager) gets
-40 concurrent streaming chat requests at once: 24 valid ones with max_tokens from 8 to 32
+40 concurrent streaming chat requests at once: 24 valid ones with max_tokens from 8 to 48
 (some carrying unknown fields, which vLLM ignores, as the OpenAI API does), 8 that the
 client closes after a few chunks, and alongside them 8 malformed requests (bad JSON, a field
 of the wrong type, a prompt longer than max_model_len, negative max_tokens). Checked: every
@@ -46,7 +46,7 @@ pytestmark = pytest.mark.server
 
 SPEC_TOKENS = 3
 NUM_VALID, NUM_CANCELLED = 24, 8
-MAX_TOKENS = (8, 12, 16, 20, 24, 32)
+MAX_TOKENS = (8, 16, 24, 32, 40, 48)
 UNKNOWN_FIELDS = {"frobnicate": 3, "x_client_tag": "load-test"}  # in 3 valid requests
 # Far beyond what the test waits for: a stream the server failed to abort would still be
 # decoding (with EOS ignored) when wait_until_idle gives up. It also bounds how late a busy
@@ -69,7 +69,7 @@ def _clover_args(heads) -> list[str]:
 
 @pytest.fixture(scope="module")
 def valid_bodies(mtbench_path) -> list[dict]:
-    """24 MT-Bench first turns, max_tokens cycling over 8..32, some with unknown fields."""
+    """24 MT-Bench first turns, max_tokens cycling over 8..48, some with unknown fields."""
     from vllm_clover.assets.data import mtbench_questions
 
     questions = [q.turns[0] for q in mtbench_questions(mtbench_path)[:NUM_VALID]]
