@@ -149,11 +149,13 @@ def assistant_spans(
     text = render(chat)
     spans = []
     for j, message in enumerate(chat):
-        if message["role"] != "assistant" or not message["content"].strip():
-            continue  # an empty reply (a base model may stop at once) has nothing to train on
+        if message["role"] != "assistant":
+            continue
         prefix = render(chat[:j], prompt=True) if j else ""
         turn = render(chat[: j + 1]).rstrip()
         if not (text.startswith(prefix) and text.startswith(turn) and len(prefix) <= len(turn)):
+            if not message["content"].strip():
+                continue  # an empty reply (a base model may stop at once): nothing to train on
             raise TrainingError(
                 "the target's chat template does not render conversation "
                 "prefixes as prefixes of the whole conversation; cannot locate "
