@@ -18,7 +18,7 @@ each step's output and resumes an interrupted training run (its state is saved a
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from vllm_clover.training.config import (
@@ -54,7 +54,10 @@ class MakeHeadsConfig:
     time_budget: float | None = opt(None, "stop training after this many minutes")
     augmenting_block: bool = opt(True, "the Augmenting Block")
     dtype: str = opt(
-        "bfloat16", "the target's dtype while caching and training", choices=("float32", "bfloat16")
+        "auto",
+        "the target's dtype while caching and training: auto is bfloat16 on a GPU or a CPU with "
+        "bf16 units (AMX, AVX512-BF16), else float32 (bf16 there runs ~12x slower)",
+        choices=("auto", "float32", "bfloat16"),
     )
     check_prompts: int = opt(8, "held-out prompts checked through vLLM")
     check_tokens: int = opt(64, "tokens per checked prompt")
@@ -75,7 +78,7 @@ def train_config(cfg: MakeHeadsConfig, vocab_size: int | None = None) -> TrainCo
         epochs=cfg.epochs,
         lr=cfg.lr,
         time_budget=None if cfg.time_budget is None else 60 * cfg.time_budget,
-        dtype=cfg.dtype,
+        dtype=training_dtype(cfg.dtype),
         cache_dir=cfg.cache_dir,
         seed=cfg.seed,
         eval_fraction=EVAL_FRACTION,
@@ -86,10 +89,27 @@ def train_config(cfg: MakeHeadsConfig, vocab_size: int | None = None) -> TrainCo
     )
 
 
+def training_dtype(choice: str) -> str:
+    """--dtype auto resolved: bfloat16 where it multiplies in hardware, float32 elsewhere (on an
+    AVX2-only EPYC the teacher and training ran ~12x slower in bfloat16: docs/training.md)."""
+    import torch
+
+    from vllm_clover.cpu.isa import cpu_flags, isa_family
+
+    if choice != "auto":
+        return choice
+    if torch.cuda.is_available():
+        return "bfloat16"
+    return "bfloat16" if isa_family(cpu_flags()) in ("AMX", "AVX512-BF16") else "float32"
+
+
 def make_heads(cfg: MakeHeadsConfig) -> dict:
     """Run (or resume) every step; returns the results table's figures."""
     from vllm_clover.training.generate_data import generate_data
 
+    if cfg.dtype == "auto":
+        cfg = replace(cfg, dtype=training_dtype(cfg.dtype))
+        print(f"make-heads: --dtype auto -> {cfg.dtype}")
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     vocab = preflight(cfg)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_clover.make_heads import MakeHeadsConfig, results_table, train_config
+from vllm_clover.make_heads import MakeHeadsConfig, results_table, train_config, training_dtype
 
 pytestmark = pytest.mark.unit
 
@@ -37,3 +37,26 @@ def test_the_results_table():
     assert "| held-out answers: top-1 per head | 0.50 0.25 |" in table
     assert "| through vLLM, 8 unseen prompts: tau | 1.50 |" in table
     assert "10.0 -> 12.5 (1.25x)" in table and "| greedy outputs equal to vanilla | 8/8 |" in table
+
+
+@pytest.mark.parametrize(
+    ("flags", "dtype"),
+    [
+        ("avx2 fma", "float32"),  # AVX2-only EPYC: bfloat16 ran the teacher ~12x slower
+        ("avx2 avx512f", "float32"),  # AVX-512 without bf16 units: oneDNN emulates bf16
+        ("avx2 avx512f avx512_bf16", "bfloat16"),
+        ("avx2 avx512f avx512_bf16 amx_bf16", "bfloat16"),
+    ],
+)
+def test_dtype_auto_is_bfloat16_only_where_the_cpu_multiplies_it(monkeypatch, flags, dtype):
+    from vllm_clover.cpu import isa
+
+    monkeypatch.setenv(isa.FLAGS_ENV, flags)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    isa.cpu_flags.cache_clear()
+    try:
+        assert training_dtype("auto") == dtype
+        assert train_config(MakeHeadsConfig(target="t", out="o")).dtype == dtype
+        assert training_dtype("bfloat16") == "bfloat16"  # an explicit choice stands
+    finally:
+        isa.cpu_flags.cache_clear()
