@@ -137,3 +137,35 @@ def test_hf_continuous_batching_replies_as_padded_batches_do(tmp_path: Path) -> 
     padded = hf_replies(tiny["target"], tiny["data"], "padded")
     assert len(prompts) > 1  # prompts of several lengths
     assert all(padded) and hf_replies(tiny["target"], tiny["data"], "continuous") == padded
+
+
+def test_hf_engine_on_a_base_model_completes_the_plain_prompt(tmp_path: Path, capsys) -> None:
+    """A tokenizer without a chat template (a base model): generate-data says it works in
+    completion mode, once, and each reply is the model's own greedy continuation of the
+    prompt as plain text followed by a blank line (what LLM.generate would be given)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tiny = tiny_workspace(tmp_path, num_conversations=4)
+    target = tiny["target"]
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    config_path = target / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config.pop("chat_template", None)
+    config_path.write_text(json.dumps(config))
+    (target / "chat_template.jinja").unlink(missing_ok=True)
+    assert AutoTokenizer.from_pretrained(target).chat_template is None
+    out = tmp_path / "self.jsonl"
+    args = ["generate-data", "--engine", "hf", "--target", str(target), "--data"]
+    args += [str(tiny["data"]), "--out", str(out), "--max-new-tokens", "8", "--device", "cpu"]
+    assert main(args) == 0
+    assert capsys.readouterr().err.count("no chat template (a base model)") == 1
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
+    conversations = load_conversations(out)
+    assert len(conversations) == 4 and all(c.messages[1].content for c in conversations)
+    for conversation in conversations:
+        prompt, reply = (m.content for m in conversation.messages)
+        ids = tokenizer(prompt + "\n\n", return_tensors="pt")["input_ids"]
+        greedy = model.generate(ids, max_new_tokens=8, do_sample=False)[0, ids.shape[1] :]
+        expected = tokenizer.decode(greedy, skip_special_tokens=True)
+        assert reply == expected.strip() or reply == expected, (reply, expected)
