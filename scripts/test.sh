@@ -8,4 +8,7 @@ VENV=${CLOVER_VENV:-.venv}
 "$VENV/bin/ruff" check .
 "$VENV/bin/ruff" format --check .
 export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}
-exec "$VENV/bin/python" -m pytest --durations=15 "$@"
+# Test files run on two pytest-xdist workers where there are two cores, each worker on cores
+# of its own (tests/conftest.py); `-n 0` runs them in this process.
+WORKERS=$(( $(nproc) < 2 ? 0 : 2 ))
+exec "$VENV/bin/python" -m pytest -n "$WORKERS" --dist loadfile --durations=15 "$@"
