@@ -28,9 +28,8 @@ from vllm_clover.training.config import (
     GenerateConfig,
     TrainConfig,
     TrainingError,
-    add_arguments,
-    from_args,
 )
+from vllm_clover.training.flags import add_arguments, from_args
 
 FETCHERS: dict[str, Callable[..., Path]] = {
     REFERENCE_TARGET: fetch_reference_target,

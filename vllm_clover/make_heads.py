@@ -26,8 +26,8 @@ from vllm_clover.training.config import (
     GenerateConfig,
     TrainConfig,
     TrainingError,
-    opt,
 )
+from vllm_clover.training.flags import opt
 
 STATE_EVERY = 50  # optimizer steps between saved training states (resume)
 EVAL_FRACTION = 0.1  # of the answers held out for the offline figures

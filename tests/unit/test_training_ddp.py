@@ -24,7 +24,7 @@ from safetensors.torch import load_file
 from tiny_targets import tiny_workspace, torch_threads
 from vllm_clover.cli import build_parser
 from vllm_clover.training import TrainConfig, train
-from vllm_clover.training.config import from_args
+from vllm_clover.training.flags import from_args
 
 pytestmark = pytest.mark.unit
 

@@ -7,8 +7,9 @@ import json
 from typing import Any
 
 from vllm_clover.modeling import CloverConfig
-from vllm_clover.training.config import TrainConfig, to_command_line
+from vllm_clover.training.config import TrainConfig
 from vllm_clover.training.evaluate import format_table
+from vllm_clover.training.flags import to_command_line
 
 
 def variant_name(config: CloverConfig) -> str:
