@@ -29,5 +29,3 @@ def test_clover2_preset_and_its_defaults() -> None:
         TrainConfig(target="t", out="o", clover2=True, medusa=True)
     with pytest.raises(TrainingError, match="need the Augmenting Block"):
         TrainConfig(target="t", out="o", augmenting_gate=True, augmenting_block=False)
-    with pytest.raises(TrainingError, match="--augmenting-lr-scale"):
-        TrainConfig(target="t", out="o", augmenting_lr_scale=0)

@@ -93,7 +93,7 @@ max {cfg.max_seq_len} tokens |
 | loss | {"soft-label CE vs target" if cfg.soft_labels else "hard-label CE vs data"}, \
 head weights {cfg.head_weight_base}^i; \
 + {cfg.hidden_loss_weight} x SmoothL1(hidden) |
-| optimiser | AdamW(0.9, 0.999) lr {cfg.lr} (Augmenting Block x{cfg.augmenting_lr_scale}), \
+| optimiser | AdamW(0.9, 0.999) lr {cfg.lr}, \
 warmup {cfg.warmup_fraction:.0%} then cosine, clip {cfg.grad_clip} |
 | final train loss | {summary["final_loss"]:.4f} |
 | training top-1 vs | the target's argmax over the \

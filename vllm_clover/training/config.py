@@ -58,9 +58,6 @@ class TrainConfig:
     augmenting_gate: bool = opt(
         False, "a learned per-channel gate around the Augmenting Block, zero at start"
     )
-    augmenting_lr_scale: float = opt(
-        1.0, "the Augmenting Block's learning rate is --lr times this (its layers only)"
-    )
     draft_vocab_size: int | None = opt(None, "score only the N most frequent training tokens")
     target_layers: list[int] | None = opt(
         None,
@@ -190,10 +187,6 @@ class TrainConfig:
             ),
             (self.lr > 0, f"--lr must be > 0, got {self.lr}"),
             (not (self.medusa and self.clover2), "--medusa and --clover2 exclude each other"),
-            (
-                self.augmenting_lr_scale > 0,
-                f"--augmenting-lr-scale must be > 0, got {self.augmenting_lr_scale}",
-            ),
             (
                 not (self.fuse_next_token or self.augmenting_gate) or self.augmenting_block,
                 "--fuse-next-token and --augmenting-gate need the Augmenting Block",

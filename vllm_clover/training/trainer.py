@@ -97,18 +97,6 @@ class HeadFeatures(nn.Module):
         return self.model.head_features(hidden, head_input_ids)
 
 
-def parameter_groups(model: CloverModel, cfg: TrainConfig) -> list[dict[str, Any]]:
-    """AdamW groups: the Augmenting Block's layers at ``lr * augmenting_lr_scale``, the rest
-    at ``lr``. Example: lr 1e-3, scale 0.1 -> block at 1e-4, heads and adapter at 1e-3."""
-    block = [] if model.augmenting is None else list(model.augmenting.parameters())
-    ids = {id(p) for p in block}
-    rest = [p for p in model.parameters() if id(p) not in ids]
-    groups = [{"params": rest, "lr": cfg.lr}]
-    if block:
-        groups.append({"params": block, "lr": cfg.lr * cfg.augmenting_lr_scale})
-    return groups
-
-
 def train(cfg: TrainConfig) -> TrainResult:
     """Run (or resume) one training job; see the module docstring."""
     started = time.monotonic()  # --time-budget counts from here
@@ -138,7 +126,7 @@ def _train(cfg: TrainConfig, runtime: Runtime, started: float) -> TrainResult:
         [len(s) for s in prepared.train], global_batch, cfg.epochs, cfg.seed, cfg.max_tokens
     )
     optimizer = torch.optim.AdamW(
-        parameter_groups(model, cfg), betas=(0.9, 0.999), weight_decay=cfg.weight_decay
+        model.parameters(), lr=cfg.lr, betas=(0.9, 0.999), weight_decay=cfg.weight_decay
     )
     planned = len(plan)  # before --time-budget cuts it
     scheduler = warmup_cosine(optimizer, plan, cfg.warmup_fraction)
