@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from helpers import hf_replies
 from tiny_targets import tiny_workspace, torch_threads
 from vllm_clover.assets.data import Conversation, Message
 from vllm_clover.cli import main
@@ -127,16 +126,6 @@ def test_hf_engine_end_to_end_then_train(tmp_path: Path, capsys) -> None:
         ]
     )
     assert code == 0 and (tmp_path / "heads" / "model.safetensors").is_file()
-
-
-def test_hf_continuous_batching_replies_as_padded_batches_do(tmp_path: Path) -> None:
-    """Greedy: transformers' continuous batching writes the same replies as padded batches
-    (whose prompts differ in length, so the padded path pads), in the callers' order."""
-    tiny = tiny_workspace(tmp_path, num_conversations=10)
-    prompts = {len(c.messages[0].content) for c in load_conversations(tiny["data"])}
-    padded = hf_replies(tiny["target"], tiny["data"], "padded")
-    assert len(prompts) > 1  # prompts of several lengths
-    assert all(padded) and hf_replies(tiny["target"], tiny["data"], "continuous") == padded
 
 
 def test_hf_engine_on_a_base_model_completes_the_plain_prompt(tmp_path: Path, capsys) -> None:

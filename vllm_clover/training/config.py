@@ -289,11 +289,10 @@ class GenerateConfig:
     hf_batching: str = opt(
         "padded",
         "hf engine: padded (model.generate on batches of similar prompt length) or "
-        "continuous (transformers' generate_batch: paged KV cache, a finished reply's slot "
-        "goes to the next prompt) or static (Llama-type targets: a KV cache allocated once "
+        "static (Llama-type targets: a KV cache allocated once "
         "per batch, grouped-query attention without copies, finished replies dropped; the "
         "fastest on a GPU)",
-        choices=("padded", "continuous", "static"),
+        choices=("padded", "static"),
     )
     device: str = opt("auto", "device of the hf engine")
     dtype: str = opt(

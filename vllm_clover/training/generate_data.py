@@ -127,8 +127,8 @@ def vllm_generator(target_path: str, cfg: GenerateConfig) -> Generate:
 
 
 def hf_generator(target: str, cfg: GenerateConfig) -> Generate:
-    """The transformers engine (no vLLM needed): ``padded`` or ``continuous`` batching (see
-    ``padded_replies`` and ``continuous_replies``), replies in the callers' order."""
+    """The transformers engine (no vLLM needed): ``padded`` or ``static`` batching (see
+    ``padded_replies`` and ``static_replies``), replies in the callers' order."""
     import torch
 
     from vllm_clover.training.runtime import resolve_device
@@ -141,7 +141,6 @@ def hf_generator(target: str, cfg: GenerateConfig) -> Generate:
     torch.manual_seed(cfg.seed)
     replies = {
         "padded": padded_replies,
-        "continuous": continuous_replies,
         "static": static_replies,
     }[cfg.hf_batching]
 
@@ -226,47 +225,6 @@ def eos_ids(model, tokenizer) -> tuple[int, ...]:
     if eos is None:
         return ()
     return tuple(eos) if isinstance(eos, list | tuple) else (eos,)
-
-
-def continuous_replies(
-    model, tokenizer, ids: list[list[int]], cfg: GenerateConfig
-) -> list[list[int]]:
-    """transformers' continuous batching (``generate_batch``: a paged KV cache, and a reply
-    that ends gives its slot to the next prompt at once, where a padded batch waits for its
-    longest reply). The cache: ``cpu_cache_sizing`` on a CPU, transformers' own sizing
-    elsewhere; ``--batch-size`` is not used.
-    The new token ids of each prompt, in order; an error names any prompt left without one
-    (``generate_batch`` logs its errors and returns what it has)."""
-    config = decoding(model, tokenizer, cfg)
-    sizing = {}
-    if model.device.type == "cpu":  # elsewhere transformers sizes it from free memory
-        sizing["continuous_batching_config"] = cpu_cache_sizing(ids, cfg)
-    results = list(model.generate_batch(ids, generation_config=config, **sizing).values())
-    failed = [r.error for r in results if r.error is not None]
-    if len(results) != len(ids) or failed:
-        raise TrainingError(
-            f"continuous batching returned {len(results) - len(failed)} of {len(ids)} "
-            f"replies ({failed[:1] or 'see the transformers error logged above'}); "
-            "--hf-batching padded avoids it"
-        )
-    return [list(r.generated_tokens) for r in results]  # generate_batch keeps input order
-
-
-def cpu_cache_sizing(ids: list[list[int]], cfg: GenerateConfig, replies_at_once: int = 64):
-    """Continuous batching's cache, sized from the workload for a CPU run.
-
-    transformers sizes the paged KV cache and the attention masks from the free memory of
-    the device, on a CPU all of RAM: filling those tensors alone took ~20 s for ten prompts.
-    Here the cache holds ``replies_at_once`` of the longest prompt + reply, and a forward
-    reads at most 512 tokens. Example: 100 prompts of at most 90 tokens, 38 new tokens,
-    page size 256 -> 64 * 128 tokens = 32 blocks.
-    """
-    from transformers import ContinuousBatchingConfig
-
-    longest = max(len(x) for x in ids) + cfg.max_new_tokens
-    tokens = min(len(ids), replies_at_once) * longest
-    page = ContinuousBatchingConfig().page_size
-    return ContinuousBatchingConfig(num_blocks=-(-tokens // page), max_batch_tokens=512)
 
 
 def length_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
