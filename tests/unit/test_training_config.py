@@ -27,5 +27,9 @@ def test_clover2_preset_and_its_defaults() -> None:
     assert not ablated.attention_decoder and ablated.fuse_next_token  # the ablation is kept
     with pytest.raises(TrainingError, match="exclude each other"):
         TrainConfig(target="t", out="o", clover2=True, medusa=True)
+    with pytest.raises(TrainingError, match="--label-top-k must be > 0"):
+        TrainConfig(target="t", out="o", label_top_k=0)
+    with pytest.raises(TrainingError, match="needs soft labels"):
+        TrainConfig(target="t", out="o", label_top_k=4, soft_labels=False)
     with pytest.raises(TrainingError, match="need the Augmenting Block"):
         TrainConfig(target="t", out="o", augmenting_gate=True, augmenting_block=False)

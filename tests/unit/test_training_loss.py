@@ -9,7 +9,12 @@ import torch.nn.functional as F
 from helpers import tiny_config
 from vllm_clover.modeling import CloverModel, shift_tokens_for_heads
 from vllm_clover.training.data import Batch
-from vllm_clover.training.loss import distill_loss, graded_positions, head_weights
+from vllm_clover.training.loss import (
+    distill_loss,
+    graded_positions,
+    head_weights,
+    top_k_renormalised,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -107,3 +112,24 @@ def test_top1_accuracy_is_measured_against_the_target_argmax() -> None:
     ones = torch.ones(K)
     _, stats, _, _ = distill_loss(heads, shifted, batch, valid, ones, ones, 0.0)
     assert stats.top1.tolist() == stats.count.tolist() == stats.top5.tolist()
+
+
+def test_top_k_labels_keep_the_likeliest_tokens_and_top_1_is_the_argmax() -> None:
+    """--label-top-k: the labels are the target's k likeliest tokens renormalised; at k = 1
+    the loss is the hard-label loss against the target's own argmax, and it differs from the
+    full soft-label loss."""
+    cut = top_k_renormalised(torch.tensor([[0.2, 0.5, 0.3]]), 2)
+    torch.testing.assert_close(cut, torch.tensor([[0.0, 0.625, 0.375]]))
+    heads, lm_head = random_heads()
+    batch = random_batch(lm_head)
+    tokens, valid = graded_positions(batch, K)
+    normaliser, weights = valid.sum(dim=(0, 1)).float(), head_weights(K, 0.8)
+    features = heads.head_features(batch.hidden, tokens.input_ids)
+    args = (heads, features, batch, valid, weights, normaliser, 0.0)
+    top1, *_ = distill_loss(*args, label_top_k=1)
+    labels = batch.target_top1.roll(1, dims=1)  # x_{s+1} := the target's argmax at s
+    argmax = Batch(labels, batch.attention_mask, batch.loss_mask, batch.hidden, batch.target_top1)
+    hard, *_ = distill_loss(heads, features, argmax, valid, weights, normaliser, 0.0, False)
+    torch.testing.assert_close(top1, hard)
+    soft, *_ = distill_loss(*args)
+    assert not torch.isclose(top1, soft)

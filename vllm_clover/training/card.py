@@ -90,7 +90,7 @@ max {cfg.max_seq_len} tokens |
 | steps | {summary["steps"]} optimizer steps, {summary["tokens_seen"]} tokens |
 | planned steps | {summary.get("planned_steps", summary["steps"])} |
 | processes | {summary["world_size"]} x batch {cfg.batch_size} x grad accum {cfg.grad_accum} |
-| loss | {"soft-label CE vs target" if cfg.soft_labels else "hard-label CE vs data"}, \
+| loss | {_labels(cfg)}, \
 head weights {cfg.head_weight_base}^i; \
 + {cfg.hidden_loss_weight} x SmoothL1(hidden) |
 | optimiser | AdamW(0.9, 0.999) lr {cfg.lr}, \
@@ -99,3 +99,12 @@ warmup {cfg.warmup_fraction:.0%} then cosine, clip {cfg.grad_clip} |
 | training top-1 vs | the target's argmax over the \
 {summary.get("train_top1_vocabulary", "full")} vocabulary (held-out: always the full one) |
 | wall time | {summary["seconds"]:.0f} s in the training loop on {summary["hardware"]} |"""
+
+
+def _labels(cfg: TrainConfig) -> str:
+    """What the heads were graded against, as the card's loss row says it."""
+    if not cfg.soft_labels:
+        return "hard-label CE vs data"
+    if cfg.label_top_k:
+        return f"soft-label CE vs the target's top {cfg.label_top_k}, renormalised"
+    return "soft-label CE vs target"

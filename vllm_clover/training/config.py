@@ -92,6 +92,11 @@ class TrainConfig:
         "distillation against the target's distribution (off: one-hot data "
         "tokens, the Medusa-1 recipe, for comparison)",
     )
+    label_top_k: int | None = opt(
+        None,
+        "soft labels cut to the target's k likeliest tokens, renormalised (a top-k KL; "
+        "1: the target's argmax as a hard label)",
+    )
     seed: int = opt(0, "seed of the initialisation, data order and split")
     init_from: str | None = opt(
         None,
@@ -186,6 +191,10 @@ class TrainConfig:
                 f"--warmup-fraction must be in [0, 1), got {self.warmup_fraction}",
             ),
             (self.lr > 0, f"--lr must be > 0, got {self.lr}"),
+            (
+                self.label_top_k is None or (self.label_top_k > 0 and self.soft_labels),
+                f"--label-top-k must be > 0 and needs soft labels, got {self.label_top_k}",
+            ),
             (not (self.medusa and self.clover2), "--medusa and --clover2 exclude each other"),
             (
                 not (self.fuse_next_token or self.augmenting_gate) or self.augmenting_block,

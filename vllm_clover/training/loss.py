@@ -19,7 +19,10 @@ Total:     L = sum_i w_i (CE_i + lambda HL_i) / n_i,   w_i = base**i,
 where n_i counts head i's graded positions over the *whole optimizer step* (all micro-batches
 and processes), so gradient accumulation and DDP give the same gradient as one big batch.
 With a draft vocabulary of N ids both p_T and q_i are softmaxes over those N rows of W_lm
-(the target distribution renormalised over the draft vocabulary).
+(the target distribution renormalised over the draft vocabulary). With ``label_top_k`` k,
+p_T keeps its k likeliest tokens, renormalised (a top-k KL, up to p_T's own entropy; k = 1:
+hard labels, the target's argmax): example, p_T = (0.5, 0.3, 0.2) and k = 2 -> (0.625,
+0.375, 0).
 """
 
 from __future__ import annotations
@@ -100,6 +103,14 @@ def target_distributions(
     return rows, F.softmax(logits.float(), dim=-1)
 
 
+def top_k_renormalised(probs: torch.Tensor, k: int) -> torch.Tensor:
+    """(P, N) distributions cut to their k likeliest entries and renormalised (see the
+    module's example)."""
+    top = probs.topk(min(k, probs.shape[-1]), dim=-1)
+    kept = top.values / top.values.sum(dim=-1, keepdim=True)
+    return torch.zeros_like(probs).scatter_(-1, top.indices, kept)
+
+
 # (z (M, D), vocabulary rows W (N, D), p_target (M, N)) -> (CE, top log q (M, 5), top rows (M, 5))
 HeadCrossEntropy = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]
@@ -139,6 +150,7 @@ def distill_loss(
     hidden_loss_weight: float,
     soft_labels: bool = True,
     cross_entropy: HeadCrossEntropy | None = None,
+    label_top_k: int | None = None,
 ) -> tuple[torch.Tensor, HeadStats, torch.Tensor, torch.Tensor]:
     """Loss of one micro-batch (see module docstring), its stats and the head predictions.
 
@@ -148,7 +160,8 @@ def distill_loss(
     distribution (a label outside the draft vocabulary contributes nothing). Returns (scalar
     loss to backward, HeadStats, predictions (B, T, K) int64 target ids, -1 where not graded,
     their probabilities under the head (B, T, K) float32, 0 where not graded).
-    ``cross_entropy``: ``head_cross_entropy`` or a compiled copy of it (``--compile-heads``).
+    ``cross_entropy``: ``head_cross_entropy`` or a compiled copy of it (``--compile-heads``);
+    ``label_top_k``: the soft labels cut to their k likeliest tokens (module docstring).
     """
     cross_entropy = cross_entropy or head_cross_entropy
     k = features.shape[2]
@@ -160,6 +173,8 @@ def distill_loss(
     loss = features.float().sum() * 0.0  # every parameter gets a gradient (DDP needs it)
     with torch.no_grad():
         rows, probs = target_distributions(batch, valid if soft_labels else valid[..., :0], w)
+        if label_top_k:
+            probs = top_k_renormalised(probs, label_top_k)
     for i in range(k):
         b, t = valid[..., i].nonzero(as_tuple=True)  # (M,), (M,)
         if b.numel() == 0:

@@ -226,6 +226,7 @@ class TrainLoop:
                     cfg.hidden_loss_weight,
                     cfg.soft_labels,
                     self.cross_entropy,
+                    cfg.label_top_k,
                 )
                 (loss * rt.world_size).backward()  # DDP averages; we want the global sum
             stats.add_(micro)
