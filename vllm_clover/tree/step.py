@@ -12,7 +12,7 @@ changes what those rows mean, in four places of the step (``patches/trees.py`` c
    reading keys and values from the cache, where vLLM wrote the step's rows before the
    attention ran; vLLM's causal kernel runs only when other requests share the step. Each
    layer's cache is noted for step 4.
-3. ``verify_trees`` (tree_sampler.py): the target's logits at the root and every node
+3. ``verify_trees`` (``tree/sampler.py``): the target's logits at the root and every node
    decide the accepted path (``tree.accept``); the emitted tokens go back to vLLM as if a
    chain of that length had been accepted.
 4. ``compact``: the accepted path's KV entries are copied to slots root + 1 .. root + a in
