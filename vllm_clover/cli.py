@@ -22,6 +22,7 @@ from vllm_clover.assets.target import REFERENCE_TARGET, fetch_reference_target
 from vllm_clover.assets.wheels import AssetError
 from vllm_clover.bench.arguments import add_arguments as add_bench_arguments
 from vllm_clover.bench.config import BenchError
+from vllm_clover.eagle3.config import Eagle3TrainConfig
 from vllm_clover.make_heads import MakeHeadsConfig
 from vllm_clover.training.config import (
     EvalConfig,
@@ -119,11 +120,12 @@ def add_export_medusa_command(commands: argparse._SubParsersAction) -> None:
 
 
 def add_training_commands(commands: argparse._SubParsersAction) -> None:
-    """`train`, `generate-data`, `eval-heads`: one flag per config field (training/config.py)."""
+    """`train`, `generate-data`, `eval-heads`, `train-eagle3`: one flag per config field."""
     helps = {
         "train": (TrainConfig, "distil Clover (or --medusa) heads from a frozen target"),
         "generate-data": (GenerateConfig, "regenerate assistant turns with the target"),
         "eval-heads": (EvalConfig, "offline head accuracy and chain acceptance"),
+        "train-eagle3": (Eagle3TrainConfig, "an EAGLE-3 drafter, speculators format"),
     }
     for name, (cls, text) in helps.items():
         add_arguments(commands.add_parser(name, help=text, description=text), cls)
@@ -142,6 +144,17 @@ def run_training_command(args: argparse.Namespace) -> None:
         from vllm_clover.training.evaluate import eval_heads
 
         eval_heads(from_args(args, EvalConfig))
+    elif args.command == "train-eagle3":
+        from vllm_clover.eagle3.train import train_eagle3
+
+        result = train_eagle3(from_args(args, Eagle3TrainConfig))
+        held = result.get("held_out") or {}
+        top1 = " ".join(f"{a:.3f}" for a in held.get("top1", []))
+        print(
+            f"{result['steps']} steps, {result['tokens']} tokens, "
+            f"{result['tokens_per_second']:.0f} tokens/s -> {args.out}\n"
+            f"held-out answers: top-1 per step {top1}, offline tau {held.get('tau', 0):.2f}"
+        )
 
 
 def fetch(assets: Sequence[str], cache_dir: str | None, force: bool) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -248,3 +249,23 @@ def test_cli_reports_bad_input_before_any_engine(tmp_path, capsys):
     assert main(["bench", "--clover-variant", 'x={"draft_budget": 1']) == 2
     assert "vllm-clover bench: error: --clover-variant x: not JSON" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_eagle3_method_reads_its_k_from_the_drafter_folder(tmp_path: Path) -> None:
+    """eagle3 runs vLLM's own method on a train-eagle3 folder, K from its config; a missing
+    flag or a folder of another kind is refused naming it."""
+    from test_eagle3_network import drafter
+
+    from vllm_clover.eagle3.checkpoint import save_eagle3
+
+    folder = save_eagle3(drafter(steps=2), tmp_path / "e3", "t")
+    methods = resolve_methods(["eagle3"], "", "", 4, [], (), str(folder))
+    assert methods[-1].speculative_config() == {
+        "method": "eagle3",
+        "num_speculative_tokens": 2,
+        "model": str(folder.resolve()),
+    }
+    with pytest.raises(BenchError, match="--eagle3-drafter DIR"):
+        resolve_methods(["eagle3"], "", "", 4, [])
+    with pytest.raises(BenchError, match="not an EAGLE-3 drafter"):
+        resolve_methods(["eagle3"], "", "", 4, [], (), str(REFERENCE_HEADS))

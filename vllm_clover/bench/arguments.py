@@ -10,6 +10,7 @@ import argparse
 from pathlib import Path
 
 from vllm_clover.bench.config import (
+    DEFAULT_METHODS,
     DTYPES,
     ENGINE_MODES,
     EOS_POLICIES,
@@ -49,7 +50,7 @@ def _add_method_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--methods",
         nargs="+",
-        default=list(STANDARD_METHODS),
+        default=list(DEFAULT_METHODS),
         help=f"among {' '.join(STANDARD_METHODS)} (vanilla always runs)",
     )
     parser.add_argument(
@@ -77,6 +78,9 @@ def _add_method_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--clover-heads", default=str(REFERENCE_HEADS))
     parser.add_argument("--medusa-heads", default=str(REFERENCE_MEDUSA))
+    parser.add_argument(
+        "--eagle3-drafter", help="an EAGLE-3 drafter folder (speculators format) for eagle3"
+    )
     parser.add_argument("--ngram-tokens", type=int, default=4, help="ngram K")
 
 
@@ -147,6 +151,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         args.ngram_tokens,
         args.clover,
         tuple(args.clover_variant),
+        args.eagle3_drafter,
     )
     return BenchConfig(
         methods=methods,

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from vllm_clover.tree import TokenTree
 
-STANDARD_METHODS = ("vanilla", "ngram", "medusa", "clover")
+STANDARD_METHODS = ("vanilla", "ngram", "medusa", "eagle3", "clover")
+DEFAULT_METHODS = ("vanilla", "ngram", "medusa", "clover")  # eagle3 needs --eagle3-drafter
 # Prompt lookup: match the last 2..4 tokens against the context (vLLM's default is 5..5).
 NGRAM_LOOKUP = {"prompt_lookup_min": 2, "prompt_lookup_max": 4}
 # How the engine runs: in this process, or with vLLM's separate engine-core process (what
@@ -58,7 +59,7 @@ class Method:
     """One decoding method: a name for the tables, vLLM's method and its K."""
 
     name: str
-    kind: str  # "vanilla" | "ngram" | "medusa" | "clover"
+    kind: str  # "vanilla" | "ngram" | "medusa" | "eagle3" | "clover"
     model: str | None = None
     num_speculative_tokens: int = 0
     options: tuple[tuple[str, Any], ...] = ()  # more speculative_config keys
@@ -158,6 +159,27 @@ def checkpoint_heads(path: str | Path, model_type: str, label: str) -> int:
     return heads
 
 
+def eagle3_tokens(path: str | None) -> int:
+    """K of the EAGLE-3 drafter at ``path`` (speculators format: the draft tokens of its
+    proposal method), BenchError if it is not one."""
+    from vllm_clover.modeling.checkpoint import CloverCheckpointError, read_config_json
+
+    if not path:
+        raise BenchError("method eagle3 needs --eagle3-drafter DIR (vllm-clover train-eagle3)")
+    try:
+        config = read_config_json(path, model_type=None)
+    except CloverCheckpointError as err:
+        raise BenchError(f"--eagle3-drafter: {err}") from err
+    proposals = config.get("speculators_config", {}).get("proposal_methods") or [{}]
+    k = proposals[0].get("speculative_tokens")
+    if config.get("speculators_model_type") != "eagle3" or not isinstance(k, int) or k < 1:
+        raise BenchError(
+            f"--eagle3-drafter: {path} is not an EAGLE-3 drafter in the speculators format "
+            "(config.json needs speculators_model_type eagle3 and its speculative_tokens)"
+        )
+    return k
+
+
 def parse_named_dir(text: str) -> tuple[str, str]:
     """'NAME=DIR' -> (NAME, DIR)."""
     name, sep, folder = text.partition("=")
@@ -173,6 +195,7 @@ def resolve_methods(
     ngram_tokens: int,
     extra_clover: list[str],
     variants: tuple[str, ...] = (),
+    eagle3_drafter: str | None = None,
 ) -> tuple[Method, ...]:
     """Methods to run, vanilla first; checkpoints are checked here, not at engine start.
 
@@ -196,6 +219,9 @@ def resolve_methods(
         elif name == "medusa":
             k = checkpoint_heads(medusa_heads, name, name)
             methods.append(Method(name, name, str(Path(medusa_heads).resolve()), k))
+        elif name == "eagle3":
+            k = eagle3_tokens(eagle3_drafter)
+            methods.append(Method(name, name, str(Path(eagle3_drafter).resolve()), k))
         elif name == "clover":
             methods.append(_clover(name, clover_heads, "clover"))
     for text in extra_clover:

@@ -45,6 +45,7 @@ per process (vLLM runs the plugin in every process, sometimes twice) and marked.
 | proposer_*          | override, relies | CloverProposer is an EagleProposer          |
 | draft_model_layers  | relies   | (vLLM layers inside CloverDraftModel)               |
 | runner_timers       | hook     | vLLM times the phases of a step itself              |
+| eagle3_format       | relies   | (train-eagle3 writes what vLLM's eagle3 loads)      |
 """
 
 from __future__ import annotations

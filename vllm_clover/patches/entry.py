@@ -19,6 +19,7 @@ LAYERS = "vllm.model_executor.layers"
 SCHEDULER = "vllm.v1.core.sched.scheduler:Scheduler"
 KV_MANAGER = "vllm.v1.core.kv_cache_manager:KVCacheManager"
 CPU_ATTN = "vllm.v1.attention.backends.cpu_attn"
+EAGLE3 = "vllm.model_executor.models.llama_eagle3"
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from vllm_clover.patches.entry import (
     BASE,
     CPU_ATTN,
+    EAGLE3,
     LAYERS,
     LLAMA,
     RUNNER,
@@ -200,6 +201,24 @@ RELIANCES = (
             f"{RUNNER}._model_forward": "a8f98588a465",
             f"{RUNNER}.sample_tokens": "047e6a4738de",
             f"{RUNNER}._sample": "5cb5c1da02cf",
+        },
+    ),
+    Entry(
+        "eagle3_format",
+        "relies",
+        "train-eagle3 writes drafters that vLLM's own eagle3 method runs: config.json read by "
+        "the speculators config update, weight names by Eagle3LlamaForCausalLM.load_weights "
+        "(layers.0.*, fc, norm, lm_head, d2t as offsets, t2d skipped), and the drafter's step "
+        "as its decoder layer and model compute it, which eagle3/network.py reproduces",
+        "eagle3/checkpoint.py",
+        {
+            "vllm.transformers_utils.configs.speculators.algos:update_eagle3": "ced566519f0e",
+            f"{EAGLE3}:Eagle3LlamaForCausalLM.load_weights": "58eb0277207b",
+            f"{EAGLE3}:Eagle3LlamaForCausalLM.combine_hidden_states": "a5eedb3b0f5b",
+            f"{EAGLE3}:Eagle3LlamaForCausalLM.compute_logits": "0af3f208eb38",
+            f"{EAGLE3}:LlamaDecoderLayer.forward": "b5d842250169",
+            f"{EAGLE3}:LlamaModel.forward": "504d2a14ea27",
+            f"{EAGLE3}:LlamaModel.hf_to_vllm_mapper": "d97a2f30554d",
         },
     ),
 )

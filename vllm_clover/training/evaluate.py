@@ -193,9 +193,13 @@ def eval_heads(cfg: EvalConfig) -> dict[str, dict]:
     prepared = prepare(spec, runtime, getattr(torch, cfg.dtype), cache_train=everything)
     sequences = prepared.train if everything else prepared.eval
     teacher = prepared.teacher
+    embed = teacher.model.get_input_embeddings().weight.detach().float().cpu()
     teacher.release()
     results = {}
     for path in cfg.heads:
+        if is_eagle3(path):  # an EAGLE-3 drafter (train-eagle3): its chain, per TTT step
+            results[str(path)] = eval_eagle3(path, embed, prepared, sequences, cfg, runtime)
+            continue
         try:
             model = load_clover(path, teacher.lm_head.to(runtime.device), dtype=torch.float32)
         except CloverCheckpointError as err:
@@ -219,7 +223,35 @@ def layers_read(heads: Sequence[str]) -> tuple[int, ...]:
         configs = [read_config_json(path, model_type=None) for path in heads]
     except CloverCheckpointError as err:
         raise TrainingError(str(err)) from err
-    return tuple(sorted({j for c in configs for j in c.get("target_layers") or ()}))
+    read = [c.get("target_layers") or c.get("eagle_aux_hidden_state_layer_ids") for c in configs]
+    return tuple(sorted({j for layers in read for j in layers or ()}))
+
+
+def is_eagle3(path: str) -> bool:
+    """Whether the folder holds an EAGLE-3 drafter in the speculators format."""
+    return read_config_json(path, model_type=None).get("speculators_model_type") == "eagle3"
+
+
+def eval_eagle3(path, embed, prepared, sequences, cfg: EvalConfig, runtime) -> dict:
+    """An EAGLE-3 drafter's held-out figures (``eagle3/loss.py``), on its own columns of the
+    prepared signal."""
+    from vllm_clover.eagle3.checkpoint import load_eagle3
+    from vllm_clover.eagle3.loss import evaluate as evaluate_eagle3
+    from vllm_clover.modeling.layer_fusion import signal_columns
+
+    drafter = load_eagle3(path, embed).to(runtime.device)
+    d = drafter.config.hidden_size
+    columns = signal_columns(prepared.target_layers, drafter.config.aux_layers, d)
+
+    def batches():
+        for i in range(0, len(sequences), cfg.batch_size):
+            batch = prepared.batch(sequences[i : i + cfg.batch_size])
+            if columns is not None:
+                batch.hidden = batch.hidden[..., columns]
+            yield batch
+
+    summary = evaluate_eagle3(drafter, batches(), runtime.device).summary()
+    return {**summary, "step_tau": float("nan")}  # chains only: no decode-step replay
 
 
 def calibrate(result: EvalResult, path: str, cfg: EvalConfig) -> dict[str, object]:

@@ -1,0 +1,112 @@
+"""What the EAGLE-3 drafter is trained and judged against: the target's own distribution.
+
+Step k at position t guesses x_{t+2+k}; the target's distribution for that token is
+``softmax(W_lm[draft] @ H_{t+1+k})`` over the draft vocabulary (H: the cached last hidden
+state, the first D columns of the signal), as the Clover heads' soft labels are
+(``training/loss.py``). A position is graded for step k where x_{t+2+k} exists and is an
+assistant token. Loss: ``sum_k decay^k CE_k / n_k``, CE the soft-label cross-entropy (the
+forward KL up to the label's entropy), n_k step k's graded positions.
+
+A greedy chain at t is accepted up to its first step whose argmax is not the target's
+(full-vocabulary) argmax; teacher forcing feeds the true tokens, which along an accepted
+chain are the drafts themselves, so ``tau = 1 + E[accepted]`` is what vLLM would count at
+T = 0 with K = ttt_steps. Example: step hits (1, 1, 0) at t -> 2 accepted there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from vllm_clover.eagle3.network import Eagle3Drafter
+from vllm_clover.training.data import Batch
+
+
+def graded(batch: Batch, steps: int) -> torch.Tensor:
+    """(B, T, K) bool: where step k at t is graded (x_{t+2+k} exists, an assistant token)."""
+    label = batch.loss_mask & batch.attention_mask  # (B, T)
+    return torch.stack([F.pad(label[:, 2 + k :], (0, 2 + k)) for k in range(steps)], dim=-1)
+
+
+@dataclass
+class StepStats:
+    """Sums over graded positions per step (K,), and the chains' accepted drafts."""
+
+    ce: torch.Tensor
+    count: torch.Tensor
+    top1: torch.Tensor
+    top5: torch.Tensor
+    chains: int = 0  # positions where step 0 is graded
+    accepted: int = 0  # sum over them of the greedy chain's accepted drafts
+
+    @classmethod
+    def zeros(cls, steps: int) -> StepStats:
+        return cls(*(torch.zeros(steps, dtype=torch.float64) for _ in range(4)))
+
+    def add_(self, other: StepStats) -> StepStats:
+        self.ce += other.ce
+        self.count += other.count
+        self.top1 += other.top1
+        self.top5 += other.top5
+        self.chains += other.chains
+        self.accepted += other.accepted
+        return self
+
+    def summary(self) -> dict[str, object]:
+        """The figures `eval-heads` prints for Clover heads, per TTT step."""
+        n = self.count.clamp(min=1)
+        accepted = self.accepted / max(self.chains, 1)
+        return {
+            "soft_ce": (self.ce / n).tolist(),
+            "top1": (self.top1 / n).tolist(),
+            "top5": (self.top5 / n).tolist(),
+            "positions": self.count.tolist(),
+            "chain_starts": self.chains,
+            "expected_accepted": accepted,
+            "tau": 1 + accepted,
+        }
+
+
+def eagle3_loss(
+    drafter: Eagle3Drafter, batch: Batch, decay: float
+) -> tuple[torch.Tensor, StepStats]:
+    """The batch's loss (to backward) and its stats (module docstring)."""
+    d, steps = drafter.config.hidden_size, drafter.config.ttt_steps
+    valid = graded(batch, steps)  # (B, T, K)
+    states = drafter.unrolled(batch.hidden[..., d:], batch.input_ids, batch.attention_mask)
+    rows = drafter.lm_head.weight  # (N, D): the target's, frozen
+    stats, loss = StepStats.zeros(steps), states[0].float().sum() * 0.0
+    hits = torch.zeros(valid.shape, dtype=torch.bool)
+    for k, s in enumerate(states):
+        b, t = valid[..., k].nonzero(as_tuple=True)
+        if b.numel() == 0:
+            continue
+        with torch.no_grad():
+            h = batch.hidden[b, t + 1 + k, :d].to(rows.dtype)
+            p = F.softmax(F.linear(h, rows).float(), dim=-1)  # (M, N)
+        log_q = F.log_softmax(drafter.logits(s[b, t]).float(), dim=-1)
+        ce = -(p * log_q).sum()
+        loss = loss + decay**k * ce / b.numel()
+        with torch.no_grad():
+            best = drafter.draft_ids[log_q.topk(min(5, log_q.shape[-1])).indices.cpu()]  # (M, 5)
+            want = batch.target_top1[b, t + 1 + k].cpu()
+            hit = best[:, 0] == want
+            hits[b.cpu(), t.cpu(), k] = hit
+            stats.ce[k], stats.count[k], stats.top1[k] = ce.item(), b.numel(), hit.sum()
+            stats.top5[k] = (best == want[:, None]).any(-1).sum()
+    first = valid[..., 0]
+    chain = torch.cumprod((hits & valid).int(), dim=-1).sum(-1)  # (B, T) accepted drafts
+    stats.chains, stats.accepted = int(first.sum()), int(chain[first].sum())
+    return loss, stats
+
+
+@torch.no_grad()
+def evaluate(drafter: Eagle3Drafter, batches, device) -> StepStats:
+    """Held-out figures over ``batches`` (an iterable of Batch, their signal [H | the
+    drafter's target layers])."""
+    stats = StepStats.zeros(drafter.config.ttt_steps)
+    for batch in batches:
+        stats.add_(eagle3_loss(drafter, batch.to(device), 1.0)[1])
+    return stats
