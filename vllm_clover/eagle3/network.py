@@ -72,17 +72,18 @@ class Eagle3Drafter(nn.Module):
 
     def layer_input(self, tokens: torch.Tensor, g: torch.Tensor):
         """x (..., 2D) and the residual (..., D) of the tokens after each position."""
-        e = F.embedding(tokens, self.embed).to(g.dtype)
-        return torch.cat([self.input_layernorm(e), self.hidden_norm(g)], dim=-1), g
+        e = F.embedding(tokens, self.embed)  # norms in float32, as vLLM's RMSNorm computes
+        x = torch.cat([self.input_layernorm(e.float()), self.hidden_norm(g.float())], dim=-1)
+        return x.to(g.dtype), g
 
     def after_attention(self, attended: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """s, the pre-norm output: (..., heads * d) attention values -> (..., D)."""
         r = residual + self.o_proj(attended)
-        y = self.post_attention_layernorm(r)
+        y = self.post_attention_layernorm(r.float())
         return r + self.down_proj(F.silu(self.gate_proj(y)) * self.up_proj(y))
 
     def logits(self, s: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(self.norm(s))  # (..., N)
+        return self.lm_head(self.norm(s.float()))  # (..., N)
 
     def unrolled(self, aux: torch.Tensor, input_ids: torch.Tensor, mask: torch.Tensor):
         """The TTT steps over whole sequences: aux (B, T, A * D), input_ids and mask (B, T)

@@ -101,7 +101,7 @@ def fit(cfg: Eagle3TrainConfig, prepared: Prepared, drafter: Eagle3Drafter, devi
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         tokens += int(batch.attention_mask.sum())
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     seconds = time.perf_counter() - started
     return {
         "steps": len(plan),
