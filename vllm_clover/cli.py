@@ -145,16 +145,9 @@ def run_training_command(args: argparse.Namespace) -> None:
 
         eval_heads(from_args(args, EvalConfig))
     elif args.command == "train-eagle3":
-        from vllm_clover.eagle3.train import train_eagle3
+        from vllm_clover.eagle3.train import summary, train_eagle3
 
-        result = train_eagle3(from_args(args, Eagle3TrainConfig))
-        held = result.get("held_out") or {}
-        top1 = " ".join(f"{a:.3f}" for a in held.get("top1", []))
-        print(
-            f"{result['steps']} steps, {result['tokens']} tokens, "
-            f"{result['tokens_per_second']:.0f} tokens/s -> {args.out}\n"
-            f"held-out answers: top-1 per step {top1}, offline tau {held.get('tau', 0):.2f}"
-        )
+        print(summary(train_eagle3(from_args(args, Eagle3TrainConfig)), args.out))
 
 
 def fetch(assets: Sequence[str], cache_dir: str | None, force: bool) -> None:

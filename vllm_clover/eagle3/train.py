@@ -23,6 +23,7 @@ from vllm_clover.eagle3.loss import eagle3_loss, evaluate
 from vllm_clover.eagle3.network import Eagle3Drafter
 from vllm_clover.training.config import TrainingError
 from vllm_clover.training.data import plan_steps
+from vllm_clover.training.flags import to_command_line
 from vllm_clover.training.pipeline import DataSpec, Prepared, prepare
 from vllm_clover.training.runtime import init_runtime, seed_everything, shutdown_runtime
 from vllm_clover.training.schedule import warmup_cosine
@@ -111,18 +112,26 @@ def fit(cfg: Eagle3TrainConfig, prepared: Prepared, drafter: Eagle3Drafter, devi
     }
 
 
-def card(cfg: Eagle3TrainConfig, result: dict) -> str:
-    """The folder's README.md: what it is, how it was made, its held-out figures."""
-    from vllm_clover.training.flags import to_command_line
-
+def summary(result: dict, out: str) -> str:
+    """What `train-eagle3` prints: the run, then the held-out figures (when there is a split)."""
     held = result.get("held_out") or {}
     top1 = " ".join(f"{a:.3f}" for a in held.get("top1", []))
+    line = (
+        f"{result['steps']} steps, {result['tokens']} tokens, "
+        f"{result['tokens_per_second']:.0f} tokens/s -> {out}"
+    )
+    if not held:
+        return line
+    return f"{line}\nheld-out answers: top-1 per step {top1}, offline tau {held['tau']:.3f}"
+
+
+def card(cfg: Eagle3TrainConfig, result: dict) -> str:
+    """The folder's README.md: what it is, how it was made, its held-out figures."""
     return (
         f"# EAGLE-3 drafter for `{cfg.target}` (speculators format)\n\n"
         f'`LLM(model=TARGET, speculative_config={{"method": "eagle3", "model": "<this folder>", '
         f'"num_speculative_tokens": {cfg.ttt_steps}}})`\n\n'
-        f"Made with `{to_command_line(cfg, 'vllm-clover train-eagle3')}`: {result['steps']} "
-        f"steps, {result['tokens']} tokens, {result['tokens_per_second']:.0f} tokens/s.\n\n"
-        f"Held-out (teacher-forced, greedy chain of {cfg.ttt_steps}): top-1 per step {top1}, "
-        f"tau {held.get('tau', float('nan')):.3f}.\n"
+        f"Made with `{to_command_line(cfg, 'vllm-clover train-eagle3')}`:\n\n"
+        f"{summary(result, cfg.out)}\n\n"
+        "Held-out figures: teacher-forced greedy chains of the TTT steps (docs/training.md).\n"
     )
