@@ -38,10 +38,17 @@ class ServeCheck:
 
 
 def serve_check(
-    target: str, heads: Path, chats: list[list[dict[str, str]]], max_tokens: int, count: int
+    target: str,
+    heads: Path,
+    chats: list[list[dict[str, str]]],
+    max_tokens: int,
+    count: int,
+    method: str = "clover",
+    num_speculative_tokens: int | None = None,
 ) -> ServeCheck:
     """Run the first `count` of `chats` that fit the engine's context with `max_tokens` more
-    through vLLM, without and with the heads; the figures."""
+    through vLLM, without and with the heads (vLLM's speculative `method` with them: clover,
+    or eagle3 for a train-eagle3 folder, whose K vLLM needs given); the figures."""
     from transformers import AutoTokenizer
     from vllm import TokensPrompt
 
@@ -51,7 +58,9 @@ def serve_check(
     if not prompts:
         raise TrainingError(f"no held-out prompt fits {room} tokens to check the heads on")
     vanilla = _timed(target, prompts, max_tokens, None)
-    spec = {"method": "clover", "model": str(heads)}
+    spec = {"method": method, "model": str(heads)}
+    if num_speculative_tokens is not None:
+        spec["num_speculative_tokens"] = num_speculative_tokens
     clover = _timed(target, prompts, max_tokens, spec)
     counters = clover.counters
     return ServeCheck(
