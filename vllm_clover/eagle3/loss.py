@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from vllm_clover.eagle3.network import Eagle3Drafter
 from vllm_clover.training.data import Batch
+from vllm_clover.training.loss import target_distributions
 
 
 def graded(batch: Batch, steps: int) -> torch.Tensor:
@@ -76,16 +77,15 @@ def eagle3_loss(
     d, steps = drafter.config.hidden_size, drafter.config.ttt_steps
     valid = graded(batch, steps)  # (B, T, K)
     states = drafter.unrolled(batch.hidden[..., d:], batch.input_ids, batch.attention_mask)
-    rows = drafter.lm_head.weight  # (N, D): the target's, frozen
+    with torch.no_grad():  # step k at t reads H_{t+1+k}, as Clover's head k does: once each
+        rows, probs = target_distributions(batch, valid, drafter.lm_head.weight)
     stats, loss = StepStats.zeros(steps), states[0].float().sum() * 0.0
     hits = torch.zeros(valid.shape, dtype=torch.bool)
     for k, s in enumerate(states):
         b, t = valid[..., k].nonzero(as_tuple=True)
         if b.numel() == 0:
             continue
-        with torch.no_grad():
-            h = batch.hidden[b, t + 1 + k, :d].to(rows.dtype)
-            p = F.softmax(F.linear(h, rows).float(), dim=-1)  # (M, N)
+        p = probs[rows[b, t + 1 + k]]  # (M, N) the target's distribution for x_{t+2+k}
         log_q = F.log_softmax(drafter.logits(s[b, t]).float(), dim=-1)
         ce = -(p * log_q).sum()
         loss = loss + decay**k * ce / b.numel()

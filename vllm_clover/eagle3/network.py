@@ -91,15 +91,21 @@ class Eagle3Drafter(nn.Module):
         x_{t+2+k}."""
         c = self.config
         g = self.fuse(aux.to(self.fc.weight.dtype))
-        positions = torch.arange(input_ids.shape[1], device=aux.device)
-        keys, values, out = [], [], []
+        t = input_ids.shape[1]
+        positions = torch.arange(t, device=aux.device)
+        causal = torch.ones(t, t, dtype=torch.bool, device=aux.device).tril()
+        own_row = torch.eye(t, dtype=torch.bool, device=aux.device)  # never a row of -inf only
+        allowed = causal & (mask[:, None, None, :].bool() | own_row)  # (B, 1, T, T)
+        group = c.num_attention_heads // c.num_key_value_heads
+        keys, values, out = [], [], []  # each step's, repeated to the query heads once
         for k in range(c.ttt_steps):
             tokens = F.pad(input_ids[:, 1 + k :], (0, 1 + k))  # x_{t+1+k}, 0 past the end
             x, residual = self.layer_input(tokens, g)
             q = self.heads(self.q_proj(x), positions + k)
-            keys.append(self.heads(self.k_proj(x), positions + k))
-            values.append(self.heads(self.v_proj(x)))
-            g = self.after_attention(self.attend(q, keys, values, mask).flatten(-2), residual)
+            key = self.heads(self.k_proj(x), positions + k)
+            keys.append(key.repeat_interleave(group, dim=2))
+            values.append(self.heads(self.v_proj(x)).repeat_interleave(group, dim=2))
+            g = self.after_attention(self.attend(q, keys, values, allowed).flatten(-2), residual)
             out.append(g)
         return out
 
@@ -108,26 +114,17 @@ class Eagle3Drafter(nn.Module):
         x = x.unflatten(-1, (-1, self.config.head_dim))
         return x if positions is None else rotate(x, positions, self.config.rope_theta)
 
-    def attend(self, q, keys, values, mask: torch.Tensor) -> torch.Tensor:
-        """q (B, T, H, d) over step 0's keys at positions <= t (and in ``mask``) and the
-        later steps' keys at t: (B, T, H, d)."""
-        c = self.config
-        group = c.num_attention_heads // c.num_key_value_heads
-        k0, v0 = (x.repeat_interleave(group, dim=2) for x in (keys[0], values[0]))
-        scale = c.head_dim**-0.5
-        scores = torch.einsum("bthd,bshd->bhts", q, k0).float() * scale  # (B, H, T, T)
-        t = q.shape[1]
-        causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
-        own_row = torch.eye(t, dtype=torch.bool, device=q.device)  # never a row of -inf only
-        allowed = causal & (mask[:, None, None, :].bool() | own_row)  # (B, 1, T, T)
+    def attend(self, q, keys, values, allowed: torch.Tensor) -> torch.Tensor:
+        """q (B, T, H, d) over step 0's keys at the positions ``allowed`` (B, 1, T, T) and
+        the later steps' keys at t; keys and values (B, T, H, d) each: (B, T, H, d)."""
+        t, scale = q.shape[1], self.config.head_dim**-0.5
+        scores = torch.einsum("bthd,bshd->bhts", q, keys[0]).float() * scale  # (B, H, T, T)
         scores = scores.masked_fill(~allowed, float("-inf"))
         own = [
-            (q * kj.repeat_interleave(group, dim=2)).sum(-1).float().transpose(1, 2) * scale
-            for kj in keys[1:]
+            (q * kj).sum(-1).float().transpose(1, 2) * scale for kj in keys[1:]
         ]  # each (B, H, T): step j's key at t
         p = torch.cat([scores, *[s[..., None] for s in own]], dim=-1).softmax(dim=-1)
-        out = torch.einsum("bhts,bshd->bthd", p[..., :t].to(v0.dtype), v0)
+        out = torch.einsum("bhts,bshd->bthd", p[..., :t].to(values[0].dtype), values[0])
         for j, vj in enumerate(values[1:]):
-            weight = p[..., t + j].transpose(1, 2)[..., None].to(vj.dtype)  # (B, T, H, 1)
-            out = out + weight * vj.repeat_interleave(group, dim=2)
+            out = out + p[..., t + j].transpose(1, 2)[..., None].to(vj.dtype) * vj  # (B,T,H,d)
         return out
