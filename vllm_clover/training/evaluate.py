@@ -193,7 +193,9 @@ def eval_heads(cfg: EvalConfig) -> dict[str, dict]:
     prepared = prepare(spec, runtime, getattr(torch, cfg.dtype), cache_train=everything)
     sequences = prepared.train if everything else prepared.eval
     teacher = prepared.teacher
-    embed = teacher.model.get_input_embeddings().weight.detach().float().cpu()
+    embed = None  # the target's input embedding, which an EAGLE-3 drafter reads
+    if any(is_eagle3(path) for path in cfg.heads):
+        embed = teacher.model.get_input_embeddings().weight.detach().float().cpu()
     teacher.release()
     results = {}
     for path in cfg.heads:
