@@ -140,7 +140,7 @@ def summarise(
     return out
 
 
-def plot(summary: dict, path: str, until: float = 3e8) -> None:
+def plot(summary: dict, path: str, until: float = 3e8, held_out: str = "MT-Bench") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -156,7 +156,7 @@ def plot(summary: dict, path: str, until: float = 3e8) -> None:
         )
     ax.set_xscale("log")
     ax.set_xlabel("training tokens")
-    ax.set_ylabel("offline tau (held-out MT-Bench, K=4 chain)")
+    ax.set_ylabel(f"offline tau (held-out {held_out}, K=4 chain)")
     ax.axvline(2.9e7, color="grey", lw=0.5)
     ax.axvline(3e8, color="grey", lw=0.5)
     ax.grid(alpha=0.3)
@@ -173,6 +173,7 @@ def main() -> None:
     parser.add_argument("--plot", help="write the figure here")
     parser.add_argument("--plot-until", type=float, default=3e8, help="the lines' last token")
     parser.add_argument("--online", help="offline_online.json: also give vLLM's budgets")
+    parser.add_argument("--held-out", default="MT-Bench", help="the held-out set, for the plot")
     args = parser.parse_args()
     with open(args.json) as f:
         data = json.load(f)
@@ -200,7 +201,7 @@ def main() -> None:
             )
     print(json.dumps(summary, indent=1))
     if args.plot:
-        plot(summary, args.plot, args.plot_until)
+        plot(summary, args.plot, args.plot_until, args.held_out)
 
 
 if __name__ == "__main__":
