@@ -1,0 +1,1 @@
+vllm-clover train-eagle3 --target smollm2-135m-instruct --out ck/e3-s300-lr3 --data all.jsonl --max-samples 300 --max-seq-len 576 --eval-fraction 0 --draft-vocab-size 8192 --ttt-steps 4 --batch-size 8 --dtype bfloat16 --cache-dir cache --no-progress --overwrite --lr 3e-3
