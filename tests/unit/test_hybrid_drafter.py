@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from vllm_clover.hybrid.choice import CLOVER, LOOKUP
-from vllm_clover.hybrid.drafter import HybridDrafter, LookupConfig
+from vllm_clover.hybrid.drafter import HybridDrafter, LookupConfig, StepTokens
 
 pytestmark = pytest.mark.unit
 
@@ -79,6 +79,32 @@ def test_finished_requests_are_forgotten_and_the_runners_zeros_left_alone():
     hybrid.stash(drafts, None)
     hybrid.finish(runner({"b": FRESH}, {}, drafts), [[11, 12, 13]], ["b"])
     assert "a" not in hybrid.pending  # a finished: its chain is dropped
+
+
+def _step(rows: list[list[int]], accepted: list[int], t0: list[int]) -> StepTokens:
+    """A decode step: each request scheduled its history's last token and its drafts
+    (`rows`), of which the first `accepted` were accepted; then t0."""
+    starts = np.cumsum([0] + [len(r) for r in rows[:-1]])
+    lasts = starts + np.array(accepted)
+    tokens = np.array([t for r in rows for t in r])
+    return StepTokens(tokens, starts, lasts, np.array(t0))
+
+
+def test_the_head_loop_is_skipped_only_where_every_request_takes_the_lookup():
+    """a's history after the step: REPEATED[:-2] + the accepted draft 9 + t0 2 = REPEATED, a
+    3-token match; b's: FRESH, no match; a prefill chunk (first scheduled token not its
+    history's last) always runs the heads."""
+    hybrid = HybridDrafter(LookupConfig(min_n=2, max_n=3), depth=3, max_model_len=64)
+    before = runner({"a": REPEATED[:-2], "b": FRESH[:-1]}, {}, None).input_batch
+    only_a = runner({"a": REPEATED[:-2]}, {}, None).input_batch
+    step_a = _step([[REPEATED[-3], 9, 44]], accepted=[1], t0=[2])
+    assert hybrid.lookup_takes_all(only_a, step_a, k=3)
+    assert not hybrid.lookup_takes_all(only_a, step_a, k=0)  # nothing to draft: no skip
+    both = _step([[REPEATED[-3], 9, 44], [FRESH[-2]]], accepted=[1, 0], t0=[2, FRESH[-1]])
+    assert not hybrid.lookup_takes_all(before, both, k=3)
+    chunk = _step([[1, 1, 9]], accepted=[2], t0=[2])
+    assert not hybrid.lookup_takes_all(only_a, chunk, k=3)
+    assert hybrid.counts.lookup_only_steps == 1
 
 
 @pytest.mark.parametrize(

@@ -39,6 +39,7 @@ class Counters:
     drafting_calls: int = 0
     lookup_verified: int = 0  # draft tokens of the prompt lookup's chains ("lookup")
     lookup_accepted: int = 0
+    lookup_only_steps: int = 0  # steps drafted from the lookup alone (no head loop)
 
     def __sub__(self, before: Counters) -> Counters:
         """The counts between the snapshot `before` and this one."""
@@ -153,7 +154,13 @@ def read_counters(llm: LLM) -> Counters:
     drafting = (sum(t[0] for t in timers), sum(t[1] for t in timers))
     counters = counters_from_metrics(llm.get_metrics(), drafting)
     lookup = llm.collective_rpc(lookup_counts)[0]  # the first worker's: every rank drafts alike
-    return replace(counters, lookup_verified=lookup[0], lookup_accepted=lookup[1])
+    verified, accepted, lookup_only = lookup
+    return replace(
+        counters,
+        lookup_verified=verified,
+        lookup_accepted=accepted,
+        lookup_only_steps=lookup_only,
+    )
 
 
 def timed_chat(llm: LLM, chats: list, params: Any) -> Run:

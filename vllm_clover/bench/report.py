@@ -47,7 +47,8 @@ DEFINITIONS = {
     "rejection sampling) relative to a plain step",
     "equal_to_vanilla": "T=0 only: prompts whose token ids equal vanilla's / prompts",
     "lookup_verified": 'Clover with "lookup": draft tokens of the prompt lookup\'s chains that '
-    "vLLM verified (the rest of draft_tokens are the heads'); lookup_accepted: those accepted",
+    "vLLM verified (the rest of draft_tokens are the heads'); lookup_accepted: those accepted; "
+    "lookup_only_steps: steps where every request drafted from the lookup (no head loop ran)",
     "partings": "T=0 only, after the tie check: each prompt whose tokens differ from its "
     "round's vanilla, the first differing token, and vanilla's top-2 logprob gap there "
     "from an untimed vanilla rerun (null: the rerun did not reproduce vanilla's tokens)",

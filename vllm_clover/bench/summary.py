@@ -16,7 +16,8 @@ from typing import Any
 MEDIANS = ("tokens_per_second", "ratio_to_vanilla", "seconds_per_step")
 OPTIONAL_MEDIANS = ("tau", "drafting_overhead", "drafting_share", "step_time_ratio")
 SUMS = ("num_prompts", "output_tokens", "drafts", "draft_tokens", "accepted", "steps")
-LOOKUP_SUMS = ("lookup_verified", "lookup_accepted")  # rows of older reports lack them
+# rows of older reports lack these
+LOOKUP_SUMS = ("lookup_verified", "lookup_accepted", "lookup_only_steps")
 PARTING_SUMS = ("tie_prompts", "unknown_partings", "beyond_rounding")  # after the tie check
 
 

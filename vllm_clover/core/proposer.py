@@ -30,7 +30,7 @@ from vllm.v1.spec_decode.eagle import EagleProposer
 
 from vllm_clover.core.checks import confidence_thresholds
 from vllm_clover.core.target_tables import attach_target_tables
-from vllm_clover.hybrid.drafter import hybrid_drafter
+from vllm_clover.hybrid.drafter import StepTokens, hybrid_drafter
 from vllm_clover.modeling.draft_sampling import DraftSampler
 from vllm_clover.patches.channel import RunnerChannel, channel_of
 from vllm_clover.tree.draft import propose_confident_tree, propose_tree
@@ -87,6 +87,7 @@ class CloverProposer(EagleProposer):
             self.trees.subsets = None  # whole trees (async scheduling turns the threshold off)
         pruned = self.trees is not None and self.trees.subsets is not None
         self.hybrid = hybrid_drafter(vllm_config, self.trees is not None)  # "lookup"
+        self._runner = runner  # its input batch: the histories the lookup reads
         # Read by the draft_lengths patch: rows may end in -1 (a chain stopped, a tree pruned,
         # a lookup chain shorter than K), and the hybrid there chooses each request's chain.
         self.stops_early = self.min_confidence is not None or pruned or self.hybrid is not None
@@ -123,6 +124,9 @@ class CloverProposer(EagleProposer):
             target_token_ids, target_positions, target_hidden_states = self._chain_order(
                 target_token_ids, target_positions, target_hidden_states
             )
+        step = self._step_tokens(
+            target_token_ids, next_token_ids, token_indices_to_sample, common_attn_metadata
+        )
         if not self.model.layers:  # no Augmenting Block: h0 = x at the last accepted token
             last = _last_accepted(token_indices_to_sample, common_attn_metadata)
             h0 = self.model.fuse(target_hidden_states[last])
@@ -136,11 +140,24 @@ class CloverProposer(EagleProposer):
                 common_attn_metadata,
                 num_rejected_tokens_gpu,
             )
-        drafts = self._draft(h0, next_token_ids.long(), k, sampling_metadata)
+        if step is not None and self.hybrid.lookup_takes_all(self._runner.input_batch, step, k):
+            drafts = torch.full((step.t0.shape[0], k), -1, device=h0.device)  # no head loop
+        else:
+            drafts = self._draft(h0, next_token_ids.long(), k, sampling_metadata)
         self.draft_log.record(k, drafts, target_token_ids.shape[0], self.stops_early)
         if self.hybrid is not None:
             self.hybrid.stash(drafts, self._last_draft_probs)
         return drafts
+
+    def _step_tokens(self, tokens, t0, token_indices_to_sample, metadata) -> StepTokens | None:
+        """With "lookup", the step's tokens on the host, read before the Augmenting Block pass
+        (which may rewrite the metadata), for ``HybridDrafter.lookup_takes_all``."""
+        if self.hybrid is None or self._runner is None:
+            return None
+        last = _last_accepted(token_indices_to_sample, metadata)
+        starts = metadata.query_start_loc_cpu[: t0.shape[0]]
+        host = (tokens.cpu().numpy(), starts.numpy(), last.cpu().numpy(), t0.cpu().numpy())
+        return StepTokens(*host)
 
     def _draft(self, h0: torch.Tensor, t0: torch.Tensor, k: int, sampling_metadata) -> torch.Tensor:
         """[num_reqs, k] drafts from h0 [num_reqs, D] and t0 (num_reqs,): none, a tree's

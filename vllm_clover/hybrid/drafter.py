@@ -20,6 +20,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from vllm_clover.hybrid.choice import CLOVER, LOOKUP, SourceChoice
@@ -59,6 +60,17 @@ class Pending:
     match: int
 
 
+@dataclass(frozen=True)
+class StepTokens:
+    """A step's tokens as the proposer sees them, on the host: every scheduled token
+    (tokens), each request's first scheduled and last accepted index into them, and t0."""
+
+    tokens: np.ndarray  # [num_tokens]
+    starts: np.ndarray  # [num_reqs]
+    lasts: np.ndarray  # [num_reqs]
+    t0: np.ndarray  # [num_reqs]
+
+
 @dataclass
 class SourceCounts:
     """Per source: chains drafted, draft tokens verified, and accepted."""
@@ -66,6 +78,7 @@ class SourceCounts:
     chains: Counter[str] = field(default_factory=Counter)
     verified: Counter[str] = field(default_factory=Counter)
     accepted: Counter[str] = field(default_factory=Counter)
+    lookup_only_steps: int = 0  # steps every request drafted from the lookup: no head loop
 
 
 class HybridDrafter:
@@ -78,6 +91,34 @@ class HybridDrafter:
         self.counts = SourceCounts()
         self.pending: dict[str, Pending] = {}
         self._stash: tuple[torch.Tensor, torch.Tensor | None] | None = None
+
+    def lookup_takes_all(self, batch, step: StepTokens, k: int) -> bool:
+        """Whether the lookup will be chosen for every request of this step over a chain of
+        k drafts from the heads, so that the head loop need not run (a hint: ``finish``
+        chooses on the history after the bookkeeping; where the two disagree, a request
+        drafts less this step, nothing else changes).
+
+        Called in ``propose``, before vLLM's bookkeeping: a request's history is the one in
+        the batch, then the drafts this step accepted, then t0 (``StepTokens``). A row whose
+        first scheduled token is not its history's last (a prefill chunk) needs the heads.
+        """
+        cfg = self.config
+        if not k:
+            return False
+        for row in range(len(step.t0)):  # the proposer's rows are the batch's
+            if row in batch.req_prompt_embeds:
+                return False
+            history = batch.token_ids_cpu[row, : batch.num_tokens_no_spec[row]]
+            first, last = step.starts[row], step.lasts[row]
+            if not history.size or step.tokens[first] != history[-1]:
+                return False
+            accepted = step.tokens[first + 1 : last + 1]
+            history = np.concatenate([history, accepted, step.t0[row : row + 1]])
+            candidate, match = prompt_lookup(history, cfg.min_n, cfg.max_n, k, self.max_model_len)
+            if self.choice.choose(match, len(candidate), k) != LOOKUP:
+                return False
+        self.counts.lookup_only_steps += 1
+        return True
 
     def stash(self, drafts: torch.Tensor, probs: torch.Tensor | None) -> None:
         """The proposer's step: its drafts [num_reqs, K] and their draw distributions."""
@@ -155,10 +196,12 @@ def hybrid_drafter(vllm_config: Any, trees: bool) -> HybridDrafter | None:
     )
 
 
-def lookup_counts(worker: Any) -> tuple[int, int]:
+def lookup_counts(worker: Any) -> tuple[int, int, int]:
     """(draft tokens verified, accepted) of the prompt lookup's chains in this worker's
-    engine; (0, 0) without "lookup" (called by collective_rpc)."""
+    engine, and its steps drafted from the lookup alone; zeros without "lookup" (called by
+    collective_rpc)."""
     hybrid = getattr(getattr(worker.model_runner, "drafter", None), "hybrid", None)
     if hybrid is None:
-        return 0, 0
-    return hybrid.counts.verified[LOOKUP], hybrid.counts.accepted[LOOKUP]
+        return 0, 0, 0
+    counts = hybrid.counts
+    return counts.verified[LOOKUP], counts.accepted[LOOKUP], counts.lookup_only_steps
