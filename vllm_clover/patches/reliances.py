@@ -107,9 +107,15 @@ RELIANCES = (
         ":num_tokens_no_spec[row]], the drafts the step verified in spec_token_ids, rows by "
         "req_id_to_index, prompt-embedding rows in req_prompt_embeds; runner.requests names "
         "the live requests, and _draft_token_ids is the proposer's own tensor unless the "
-        "runner drafted zeros itself",
+        "runner drafted zeros itself. In propose, before the bookkeeping (the head-loop "
+        "skip): the batch's rows are the proposer's, token_ids_cpu still ends with the token "
+        "each decoding request scheduled first, and a request's accepted drafts are its "
+        "scheduled tokens after that one up to token_indices_to_sample (prepare_inputs_padded) "
+        "or the end of its query_start_loc_cpu span (prepare_inputs, rejected ones removed)",
         "hybrid/drafter.py",
         {
+            f"{BASE}.prepare_inputs_padded": "501b9a179802",
+            f"{BASE}.prepare_inputs": "5149dfe0d6e1",
             "vllm.v1.worker.gpu_input_batch:InputBatch.add_request": "33b3f53b9b19",
             "vllm.v1.worker.gpu_input_batch:InputBatch.update_req_spec_token_ids": "44ebcd8666c2",
             f"{RUNNER}._bookkeeping_sync": "13c3e81003a7",
@@ -124,6 +130,7 @@ RELIANCES = (
             "req_prompt_embeds",
             "requests",
             "_draft_token_ids",
+            "query_start_loc_cpu",
         ),
     ),
     Entry(
