@@ -125,7 +125,7 @@ class CloverProposer(EagleProposer):
                 target_token_ids, target_positions, target_hidden_states
             )
         step = self._step_tokens(
-            target_token_ids, next_token_ids, token_indices_to_sample, common_attn_metadata
+            k, target_token_ids, next_token_ids, token_indices_to_sample, common_attn_metadata
         )
         if not self.model.layers:  # no Augmenting Block: h0 = x at the last accepted token
             last = _last_accepted(token_indices_to_sample, common_attn_metadata)
@@ -149,11 +149,14 @@ class CloverProposer(EagleProposer):
             self.hybrid.stash(drafts, self._last_draft_probs)
         return drafts
 
-    def _step_tokens(self, tokens, t0, token_indices_to_sample, metadata) -> StepTokens | None:
-        """With "lookup", the step's tokens on the host, read before the Augmenting Block pass
-        (which may rewrite the metadata), for ``HybridDrafter.lookup_takes_all``."""
-        if self.hybrid is None or self._runner is None:
-            return None
+    def _step_tokens(
+        self, num_speculative_tokens: int, tokens, t0, token_indices_to_sample, metadata
+    ) -> StepTokens | None:
+        """With "lookup" at a step that drafts, the step's tokens on the host, read before the
+        Augmenting Block pass (which may rewrite the metadata), for
+        ``HybridDrafter.lookup_takes_all``."""
+        if self.hybrid is None or self._runner is None or not num_speculative_tokens:
+            return None  # no hint to give: the step drafts nothing
         last = _last_accepted(token_indices_to_sample, metadata)
         starts = metadata.query_start_loc_cpu[: t0.shape[0]]
         host = (tokens.cpu().numpy(), starts.numpy(), last.cpu().numpy(), t0.cpu().numpy())

@@ -102,7 +102,6 @@ class HybridDrafter:
         the batch, then the drafts this step accepted, then t0 (``StepTokens``). A row whose
         first scheduled token is not its history's last (a prefill chunk) needs the heads.
         """
-        cfg = self.config
         if not k:
             return False
         for row in range(len(step.t0)):  # the proposer's rows are the batch's
@@ -114,11 +113,16 @@ class HybridDrafter:
                 return False
             accepted = step.tokens[first + 1 : last + 1]
             history = np.concatenate([history, accepted, step.t0[row : row + 1]])
-            candidate, match = prompt_lookup(history, cfg.min_n, cfg.max_n, k, self.max_model_len)
+            candidate, match = self._lookup(history, k)
             if self.choice.choose(match, len(candidate), k) != LOOKUP:
                 return False
         self.counts.lookup_only_steps += 1
         return True
+
+    def _lookup(self, history: np.ndarray, k: int) -> tuple[np.ndarray, int]:
+        """The lookup's continuation of at most k tokens and its match length (``lookup.py``)."""
+        cfg = self.config
+        return prompt_lookup(history, cfg.min_n, cfg.max_n, k, self.max_model_len)
 
     def stash(self, drafts: torch.Tensor, probs: torch.Tensor | None) -> None:
         """The proposer's step: its drafts [num_reqs, K] and their draw distributions."""
@@ -159,8 +163,7 @@ class HybridDrafter:
 
     def _choose(self, req_id, row: list[int], history, k: int, probs, index: int) -> None:
         clover = row[: row.index(-1)] if -1 in row else list(row)
-        cfg = self.config
-        candidate, match = prompt_lookup(history, cfg.min_n, cfg.max_n, k, self.max_model_len)
+        candidate, match = self._lookup(history, k)
         candidate = candidate.tolist()
         source = self.choice.choose(match, len(candidate), len(clover))
         chain = candidate if source == LOOKUP else clover
