@@ -11,6 +11,8 @@ tiny networks) are in `helpers.py`, what speculation did and the checks on it in
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import os
 from pathlib import Path
 
@@ -40,6 +42,17 @@ def pytest_configure(config) -> None:
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, share))
     os.environ["OMP_NUM_THREADS"] = str(len(share))
     torch.set_num_threads(len(share))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _return_freed_memory():
+    """After each test file, its freed heap goes back to the system. Both workers hold what
+    their files loaded (targets, teachers, engines) long after the files end, and beside the
+    engines of a server test the two then came within ~3 GB of 23 GB, and a smaller machine
+    killed a worker (CI, stop 72)."""
+    yield
+    gc.collect()
+    ctypes.CDLL(None).malloc_trim(0)
 
 
 # The three configurations the repository ships, each with its own code path in the proposer:

@@ -7,6 +7,7 @@ built on it, in spec_checks.py; everything else a test calls directly lives here
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import socket
@@ -217,7 +218,12 @@ def in_process_llm(model: Path, **engine_args):
         yield weakref.proxy(llm)
     finally:
         del llm
+        # The engine's objects were frozen out of gc's reach (start_llm) and its teardown
+        # need not undo that; then the freed heap goes back to the system, or each engine a
+        # test worker starts keeps its ~2 GB while the next one runs.
+        gc.unfreeze()
         gc.collect()
+        ctypes.CDLL(None).malloc_trim(0)
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
