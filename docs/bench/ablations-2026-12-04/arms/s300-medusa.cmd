@@ -1,0 +1,1 @@
+vllm-clover train --target smollm2-135m-instruct --out ck/s300-medusa --data all.jsonl --max-samples 300 --max-seq-len 576 --eval-fraction 0 --num-heads 4 --medusa --draft-vocab-size 8192 --hidden-loss-weight 0 --head-weight-base 0.8 --lr 1e-3 --seed 0 --batch-size 8 --dtype bfloat16 --cache-dir cache --no-progress --overwrite 
