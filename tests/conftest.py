@@ -11,14 +11,12 @@ tiny networks) are in `helpers.py`, what speculation did and the checks on it in
 
 from __future__ import annotations
 
-import ctypes
-import gc
 import os
 from pathlib import Path
 
 import pytest
 
-from helpers import make_untrained_clover
+from helpers import make_untrained_clover, return_freed_memory
 from vllm_clover.assets.data import fetch_mtbench, fetch_sharegpt
 from vllm_clover.assets.target import fetch_reference_target
 from vllm_clover.bundled import CLOVER2_HEADS, FULL_CLOVER_HEADS, REFERENCE_HEADS
@@ -51,8 +49,7 @@ def _return_freed_memory():
     engines of a server test the two then came within ~3 GB of 23 GB, and a smaller machine
     killed a worker (CI, stop 72)."""
     yield
-    gc.collect()
-    ctypes.CDLL(None).malloc_trim(0)
+    return_freed_memory()
 
 
 # The three configurations the repository ships, each with its own code path in the proposer:

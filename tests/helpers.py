@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import os
 import signal
 import socket
@@ -185,6 +186,13 @@ def make_untrained_clover(
     return save_clover(model, config, out_dir, model_card="untrained test heads")
 
 
+def return_freed_memory() -> None:
+    """Collect, then hand the freed heap back to the system (glibc keeps it otherwise): the
+    two test workers and a server test's engines share the machine's memory."""
+    gc.collect()
+    ctypes.CDLL(None).malloc_trim(0)
+
+
 @contextlib.contextmanager
 def in_process_llm(model: Path, **engine_args):
     """A vLLM engine in this process (start ~3-10 s instead of ~20 s), torn down after.
@@ -193,8 +201,6 @@ def in_process_llm(model: Path, **engine_args):
     Yields a weak proxy of the LLM: the engine is torn down when the block ends.
     Stats are on (vLLM's speculative-decoding counters), unless disable_log_stats is passed.
     """
-    import gc
-
     saved = {
         k: os.environ.get(k) for k in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_KVCACHE_SPACE")
     }
@@ -217,13 +223,13 @@ def in_process_llm(model: Path, **engine_args):
         # its teardown would run later, while the next engine uses vLLM's global state.
         yield weakref.proxy(llm)
     finally:
+        # vLLM's shutdown unfreezes the heap frozen at start (start_llm, EngineCore); left to
+        # the engine's finalizer it never runs, since the frozen engine is never collected,
+        # and each engine a test worker starts keeps its ~2 GB while the next one runs.
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()
         del llm
-        # The engine's objects were frozen out of gc's reach (start_llm) and its teardown
-        # need not undo that; then the freed heap goes back to the system, or each engine a
-        # test worker starts keeps its ~2 GB while the next one runs.
-        gc.unfreeze()
-        gc.collect()
-        ctypes.CDLL(None).malloc_trim(0)
+        return_freed_memory()
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
