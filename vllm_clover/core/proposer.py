@@ -89,7 +89,7 @@ class CloverProposer(EagleProposer):
         self.hybrid = hybrid_drafter(vllm_config, self.trees is not None)  # "lookup"
         self._runner = runner  # its input batch: the histories the lookup reads
         # Read by the draft_lengths patch: rows may end in -1 (a chain stopped, a tree pruned,
-        # a lookup chain shorter than K), and the hybrid there chooses each request's chain.
+        # a lookup chain shorter than K).
         self.stops_early = self.min_confidence is not None or pruned or self.hybrid is not None
 
     def propose(
@@ -125,7 +125,12 @@ class CloverProposer(EagleProposer):
                 target_token_ids, target_positions, target_hidden_states
             )
         step = self._step_tokens(
-            k, target_token_ids, next_token_ids, token_indices_to_sample, common_attn_metadata
+            k,
+            target_token_ids,
+            target_positions,
+            next_token_ids,
+            token_indices_to_sample,
+            common_attn_metadata,
         )
         if not self.model.layers:  # no Augmenting Block: h0 = x at the last accepted token
             last = _last_accepted(token_indices_to_sample, common_attn_metadata)
@@ -140,27 +145,32 @@ class CloverProposer(EagleProposer):
                 common_attn_metadata,
                 num_rejected_tokens_gpu,
             )
-        if step is not None and self.hybrid.lookup_takes_all(self._runner.input_batch, step, k):
-            drafts = torch.full((step.t0.shape[0], k), -1, device=h0.device)  # no head loop
+        lookups = None if step is None else self.hybrid.plan(self._runner.input_batch, step, k)
+        if lookups is not None and self.hybrid.takes_all(lookups, k):
+            drafts = torch.full((len(lookups), k), -1, device=h0.device)  # no head loop
         else:
             drafts = self._draft(h0, next_token_ids.long(), k, sampling_metadata)
         self.draft_log.record(k, drafts, target_token_ids.shape[0], self.stops_early)
-        if self.hybrid is not None:
-            self.hybrid.stash(drafts, self._last_draft_probs)
+        if lookups is not None:  # each request's chain: Clover's or the lookup's
+            self.hybrid.choose(lookups, drafts, self._last_draft_probs)
         return drafts
 
     def _step_tokens(
-        self, num_speculative_tokens: int, tokens, t0, token_indices_to_sample, metadata
+        self, num_speculative_tokens: int, tokens, positions, t0, token_indices_to_sample, metadata
     ) -> StepTokens | None:
         """With "lookup" at a step that drafts, the step's tokens on the host, read before the
-        Augmenting Block pass (which may rewrite the metadata), for
-        ``HybridDrafter.lookup_takes_all``."""
+        Augmenting Block pass (which may rewrite the metadata), for ``HybridDrafter.plan``."""
         if self.hybrid is None or self._runner is None or not num_speculative_tokens:
-            return None  # no hint to give: the step drafts nothing
+            return None  # nothing to choose: the step drafts nothing
         last = _last_accepted(token_indices_to_sample, metadata)
         starts = metadata.query_start_loc_cpu[: t0.shape[0]]
-        host = (tokens.cpu().numpy(), starts.numpy(), last.cpu().numpy(), t0.cpu().numpy())
-        return StepTokens(*host)
+        return StepTokens(
+            tokens.cpu().numpy(),
+            starts.numpy(),
+            last.cpu().numpy(),
+            (positions if positions.dim() == 1 else positions[0]).cpu().numpy()[starts.numpy()],
+            t0.cpu().numpy(),
+        )
 
     def _draft(self, h0: torch.Tensor, t0: torch.Tensor, k: int, sampling_metadata) -> torch.Tensor:
         """[num_reqs, k] drafts from h0 [num_reqs, D] and t0 (num_reqs,): none, a tree's

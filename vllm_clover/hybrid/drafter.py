@@ -1,13 +1,15 @@
-"""`HybridDrafter`: per request and step, Clover's chain or the prompt lookup's, in vLLM's runner.
+"""`HybridDrafter`: per request and step, Clover's chain or the prompt lookup's, in `propose`.
 
-vLLM's own ngram proposer drafts after the step's bookkeeping, when each request's history
-(`input_batch.token_ids_cpu[row, :num_tokens_no_spec[row]]`) holds the tokens the step
-accepted. Clover drafts before it, like EAGLE. So the hybrid acts where the runner hands the
-drafts to the scheduler (the `draft_lengths` patch, `take_draft_token_ids`, after the
-bookkeeping): for each request it settles what its last chain earned (both sources' rates
-learn, ``choice.py``), looks its history up (``lookup.py``), and keeps Clover's row or puts
-the lookup's continuation in its place, padded with -1 (cut by the patch). A lookup row
-drafted at T > 0 gets a one-hot draft distribution: it was not drawn from the heads.
+`CloverProposer.propose` hands the drafter the step's tokens on the host (`StepTokens`), read
+before the Augmenting Block pass. For each request the drafter rebuilds its history as it
+stands after the step (the batch's tokens before the step's span, the span up to its last
+accepted token, then t0; the same whether vLLM's bookkeeping wrote the step's tokens yet or
+not), settles what its last chain earned (both sources' rates learn, ``choice.py``) and looks
+the history up (``lookup.py``): ``plan``. Where every request would take the lookup over a
+full chain from the heads, the head loop does not run (``takes_all``); otherwise each
+request keeps Clover's row or gets the lookup's continuation in its place, padded with -1
+(cut by the `draft_lengths` patch): ``choose``. A lookup row drafted at T > 0 gets a one-hot
+draft distribution: it was not drawn from the heads.
 
 Example, K = 3: Clover's row [12, 7, -1] (a confidence stop) against a lookup match of n = 4
 with continuation [40, 41, 42]: with the lookup's rates at 0.8 it is worth 1.95 accepted
@@ -61,14 +63,41 @@ class Pending:
 
 
 @dataclass(frozen=True)
+class Lookup:
+    """One request's history looked up at this step."""
+
+    req_id: str
+    candidate: list[int]  # at most K tokens
+    match: int  # n-gram length matched, 0: none
+    start: int  # its history's length
+
+
+@dataclass(frozen=True)
 class StepTokens:
     """A step's tokens as the proposer sees them, on the host: every scheduled token
-    (tokens), each request's first scheduled and last accepted index into them, and t0."""
+    (tokens), each request's first scheduled and last accepted index into them, the position
+    of its first scheduled token, and t0."""
 
     tokens: np.ndarray  # [num_tokens]
     starts: np.ndarray  # [num_reqs]
     lasts: np.ndarray  # [num_reqs]
+    positions: np.ndarray  # [num_reqs]
     t0: np.ndarray  # [num_reqs]
+
+    def history(self, batch: Any, row: int) -> np.ndarray | None:
+        """Request `row`'s tokens up to t0: the batch's before the step's span, the span up to
+        its last accepted token, t0. None for a prefill chunk with prompt still to come (its
+        drafts are discarded) or a row the batch does not match."""
+        first, last, begin = self.starts[row], self.lasts[row], self.positions[row]
+        end = begin + last - first + 1  # t0's position
+        known = batch.num_tokens_no_spec[row]  # ends at t0 once vLLM's bookkeeping ran
+        tokens = batch.token_ids_cpu[row]
+        if begin > known or end + 1 < known or end + 1 < batch.num_prompt_tokens[row]:
+            return None
+        if end < known and tokens[end] != self.t0[row]:
+            return None
+        span = self.tokens[first : last + 1]
+        return np.concatenate([tokens[:begin], span, self.t0[row : row + 1]])
 
 
 @dataclass
@@ -82,7 +111,7 @@ class SourceCounts:
 
 
 class HybridDrafter:
-    """The lookup beside Clover in one engine: its step's stash, pending chains, rates, counts."""
+    """The lookup beside Clover in one engine: pending chains, rates, counts."""
 
     def __init__(self, config: LookupConfig, depth: int, max_model_len: int) -> None:
         self.config = config
@@ -90,94 +119,78 @@ class HybridDrafter:
         self.choice = SourceChoice(depth, config.max_n)
         self.counts = SourceCounts()
         self.pending: dict[str, Pending] = {}
-        self._stash: tuple[torch.Tensor, torch.Tensor | None] | None = None
 
-    def lookup_takes_all(self, batch, step: StepTokens, k: int) -> bool:
-        """Whether the lookup will be chosen for every request of this step over a chain of
-        k drafts from the heads, so that the head loop need not run (a hint: ``finish``
-        chooses on the history after the bookkeeping; where the two disagree, a request
-        drafts less this step, nothing else changes).
-
-        Called in ``propose``, before vLLM's bookkeeping: a request's history is the one in
-        the batch, then the drafts this step accepted, then t0 (``StepTokens``). A row whose
-        first scheduled token is not its history's last (a prefill chunk) needs the heads.
-        """
-        if not k:
-            return False
-        for row in range(len(step.t0)):  # the proposer's rows are the batch's
-            if row in batch.req_prompt_embeds:
-                return False
-            history = batch.token_ids_cpu[row, : batch.num_tokens_no_spec[row]]
-            first, last = step.starts[row], step.lasts[row]
-            if not history.size or step.tokens[first] != history[-1]:
-                return False
-            accepted = step.tokens[first + 1 : last + 1]
-            history = np.concatenate([history, accepted, step.t0[row : row + 1]])
+    def plan(self, batch: Any, step: StepTokens, k: int) -> list[Lookup | None]:
+        """Per request (the proposer's rows are the batch's): settle its last chain against
+        the tokens since, and look its history up for k drafts. None: the heads draft it."""
+        pending, self.pending = self.pending, {}  # requests gone from the batch drop out
+        lookups: list[Lookup | None] = []
+        for row, req_id in enumerate(batch.req_ids[: len(step.t0)]):
+            history = None if row in batch.req_prompt_embeds else step.history(batch, row)
+            if history is None:
+                lookups.append(None)
+                continue
+            last = pending.get(req_id)
+            if last is not None and last.start == step.positions[row] + 1:  # verified now
+                self._settle(last, history, len(batch.spec_token_ids[row]))
             candidate, match = self._lookup(history, k)
-            if self.choice.choose(match, len(candidate), k) != LOOKUP:
-                return False
-        self.counts.lookup_only_steps += 1
-        return True
+            lookups.append(Lookup(req_id, candidate.tolist(), match, len(history)))
+        return lookups
+
+    def takes_all(self, lookups: list[Lookup | None], k: int) -> bool:
+        """Whether every request takes the lookup even over a full chain of k from the
+        heads (a shorter chain is worth less), so that the head loop need not run."""
+        every = bool(k) and all(
+            x is not None and self.choice.choose(x.match, len(x.candidate), k) == LOOKUP
+            for x in lookups
+        )
+        self.counts.lookup_only_steps += every
+        return every
+
+    def choose(self, lookups: list[Lookup | None], drafts: torch.Tensor, probs) -> None:
+        """Keep each request's Clover row or put the lookup's continuation in its place
+        (drafts [num_reqs, K] and their draw distributions, in place)."""
+        for index, (lookup, row) in enumerate(zip(lookups, drafts.tolist(), strict=True)):
+            if lookup is None:
+                continue
+            clover = row[: row.index(-1)] if -1 in row else row
+            candidate = lookup.candidate
+            source = self.choice.choose(lookup.match, len(candidate), len(clover))
+            if source == LOOKUP:
+                _put(drafts, probs, index, candidate)
+            chain = candidate if source == LOOKUP else clover
+            if chain:
+                self.counts.chains[source] += 1
+                self.pending[lookup.req_id] = Pending(
+                    source, chain, lookup.start, candidate, lookup.match
+                )
 
     def _lookup(self, history: np.ndarray, k: int) -> tuple[np.ndarray, int]:
         """The lookup's continuation of at most k tokens and its match length (``lookup.py``)."""
         cfg = self.config
         return prompt_lookup(history, cfg.min_n, cfg.max_n, k, self.max_model_len)
 
-    def stash(self, drafts: torch.Tensor, probs: torch.Tensor | None) -> None:
-        """The proposer's step: its drafts [num_reqs, K] and their draw distributions."""
-        self._stash = (drafts, probs)
-
-    def finish(self, runner: Any, rows: list[list[int]], req_ids: list[str]) -> None:
-        """Settle, look up and choose for every request the runner hands over (in place)."""
-        stash, self._stash = self._stash, None
-        if stash is None or runner._draft_token_ids is not stash[0]:
-            return  # the runner drafted nothing itself (near max_model_len): nothing of ours
-        drafts, probs = stash
-        batch = runner.input_batch
-        for gone in set(self.pending) - set(runner.requests):
-            del self.pending[gone]
-        for row, req_id in enumerate(req_ids):
-            index = batch.req_id_to_index.get(req_id)
-            if index is None:
-                continue
-            history = batch.token_ids_cpu[index, : batch.num_tokens_no_spec[index]]
-            self._settle(req_id, history, len(batch.spec_token_ids[index]))
-            if index not in batch.req_prompt_embeds:
-                self._choose(req_id, rows[row], history, drafts.shape[1], probs, row)
-
-    def _settle(self, req_id: str, history, scheduled: int) -> None:
-        """Score the request's last chain (and the lookup's candidate) against the tokens
-        the target emitted since; `scheduled`: how many of the chain vLLM verified."""
-        last = self.pending.pop(req_id, None)
-        emitted = history[last.start :].tolist() if last else []
-        if not emitted:
-            return
+    def _settle(self, last: Pending, history: np.ndarray, scheduled: int) -> None:
+        """Score a request's last chain (and the lookup's candidate) against the tokens the
+        target emitted since; `scheduled`: how many of the chain vLLM verified."""
+        emitted = history[last.start :].tolist()
         chain = last.chain[:scheduled]
         rates = self.choice.clover if last.source == CLOVER else self.choice.lookup[last.match]
-        accepted = rates.observe(chain, emitted)
         self.counts.verified[last.source] += len(chain)
-        self.counts.accepted[last.source] += accepted
+        self.counts.accepted[last.source] += rates.observe(chain, emitted)
         if last.source != LOOKUP and last.match:  # the candidate not chosen, scored all the same
             self.choice.lookup[last.match].observe(last.candidate, emitted)
 
-    def _choose(self, req_id, row: list[int], history, k: int, probs, index: int) -> None:
-        clover = row[: row.index(-1)] if -1 in row else list(row)
-        candidate, match = self._lookup(history, k)
-        candidate = candidate.tolist()
-        source = self.choice.choose(match, len(candidate), len(clover))
-        chain = candidate if source == LOOKUP else clover
-        if source == LOOKUP:
-            row[:] = candidate + [-1] * (len(row) - len(candidate))
-            if probs is not None:  # a fixed draft: one-hot, as vLLM verifies an ngram draft
-                # the proposer made probs under inference mode; the runner hands drafts over
-                # outside it, where an in-place write to such a tensor is refused
-                with torch.inference_mode():
-                    probs[index].zero_()
-                    probs[index, torch.arange(len(candidate)), torch.tensor(candidate)] = 1.0
-        if chain:
-            self.counts.chains[source] += 1
-            self.pending[req_id] = Pending(source, chain, len(history), candidate, match)
+
+def _put(drafts: torch.Tensor, probs: torch.Tensor | None, index: int, chain: list[int]) -> None:
+    """Row `index` becomes `chain` padded with -1; at T > 0 its draft distribution one-hot,
+    as vLLM verifies an ngram draft."""
+    tokens = torch.tensor(chain, device=drafts.device)
+    drafts[index] = -1
+    drafts[index, : len(chain)] = tokens
+    if probs is not None:
+        probs[index].zero_()
+        probs[index, torch.arange(len(chain), device=probs.device), tokens] = 1.0
 
 
 def hybrid_drafter(vllm_config: Any, trees: bool) -> HybridDrafter | None:

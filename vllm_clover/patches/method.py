@@ -378,8 +378,6 @@ def patch_draft_lengths() -> None:
         drafts = original(self)
         drafter = getattr(self, "drafter", None)
         if drafts is not None and getattr(drafter, "stops_early", False):
-            if getattr(drafter, "hybrid", None) is not None:  # the lookup's chains, chosen
-                drafter.hybrid.finish(self, drafts.draft_token_ids, drafts.req_ids)
             for row in drafts.draft_token_ids:
                 if -1 in row:
                     del row[row.index(-1) :]

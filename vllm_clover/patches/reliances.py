@@ -101,17 +101,15 @@ RELIANCES = (
     Entry(
         "hybrid_history",
         "relies",
-        'with "lookup", each request\'s history is read where the runner hands its drafts to '
-        "the scheduler (take_draft_token_ids, wrapped by draft_lengths), after the step's "
-        "bookkeeping wrote the accepted tokens: input_batch.token_ids_cpu[row, "
-        ":num_tokens_no_spec[row]], the drafts the step verified in spec_token_ids, rows by "
-        "req_id_to_index, prompt-embedding rows in req_prompt_embeds; runner.requests names "
-        "the live requests, and _draft_token_ids is the proposer's own tensor unless the "
-        "runner drafted zeros itself. In propose, before the bookkeeping (the head-loop "
-        "skip): the batch's rows are the proposer's, token_ids_cpu still ends with the token "
-        "each decoding request scheduled first, and a request's accepted drafts are its "
-        "scheduled tokens after that one up to token_indices_to_sample (prepare_inputs_padded) "
-        "or the end of its query_start_loc_cpu span (prepare_inputs, rejected ones removed)",
+        'with "lookup", each request\'s history is rebuilt in propose from the batch: the '
+        "batch's rows are the proposer's (req_ids), token_ids_cpu[row, :p] holds its tokens "
+        "before the step's span (p: the span's first position), num_tokens_no_spec[row] ends "
+        "at p + 1 before vLLM's bookkeeping and at t0 after it (disable_padded_drafter_batch), "
+        "num_prompt_tokens tells a prefill chunk with prompt still to come; a request's "
+        "accepted drafts are its scheduled tokens up to token_indices_to_sample "
+        "(prepare_inputs_padded) or the end of its query_start_loc_cpu span (prepare_inputs, "
+        "rejected ones removed); spec_token_ids holds the drafts the step verified, "
+        "req_prompt_embeds the prompt-embedding rows",
         "hybrid/drafter.py",
         {
             f"{BASE}.prepare_inputs_padded": "501b9a179802",
@@ -119,17 +117,15 @@ RELIANCES = (
             "vllm.v1.worker.gpu_input_batch:InputBatch.add_request": "33b3f53b9b19",
             "vllm.v1.worker.gpu_input_batch:InputBatch.update_req_spec_token_ids": "44ebcd8666c2",
             f"{RUNNER}._bookkeeping_sync": "13c3e81003a7",
-            f"{RUNNER}.take_draft_token_ids": "21e3697c8c5f",
         },
         attributes=(
             "input_batch",
+            "req_ids",
             "token_ids_cpu",
             "num_tokens_no_spec",
+            "num_prompt_tokens",
             "spec_token_ids",
-            "req_id_to_index",
             "req_prompt_embeds",
-            "requests",
-            "_draft_token_ids",
             "query_start_loc_cpu",
         ),
     ),
