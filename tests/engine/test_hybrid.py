@@ -77,12 +77,17 @@ def vanilla(reference_target) -> list[list[int]]:
         return _tokens(llm.chat(_chats(range(16)), _greedy(), use_tqdm=False))
 
 
-# after_bookkeeping: vLLM drafts after the step's bookkeeping (disable_padded_drafter_batch),
-# where the batch already holds the step's tokens when the lookup reads it
-@pytest.mark.parametrize(("max_num_seqs", "after_bookkeeping"), [(1, 0), (4, 0), (16, 0), (4, 1)])
-def test_greedy_output_equals_vanilla(reference_target, vanilla, max_num_seqs, after_bookkeeping):
+# "after": vLLM drafts after the step's bookkeeping (disable_padded_drafter_batch), where the
+# batch already holds the step's tokens when the lookup reads them; "goodput": the draft
+# budget chooses K per step (0 among them: such a step still settles the lookup's rates)
+@pytest.mark.parametrize(
+    ("max_num_seqs", "variant"), [(1, None), (4, None), (16, None), (4, "after"), (4, "goodput")]
+)
+def test_greedy_output_equals_vanilla(reference_target, vanilla, max_num_seqs, variant):
     rows = ALONE if max_num_seqs == 1 else range(16)
-    spec = _spec(disable_padded_drafter_batch=bool(after_bookkeeping))
+    spec = _spec(disable_padded_drafter_batch=variant == "after")
+    if variant == "goodput":
+        spec["draft_budget"] = "goodput"
     with in_process_llm(
         reference_target, speculative_config=spec, max_num_seqs=max_num_seqs
     ) as llm:
@@ -92,6 +97,8 @@ def test_greedy_output_equals_vanilla(reference_target, vanilla, max_num_seqs, a
     assert outputs == [vanilla[i] for i in rows]
     if max_num_seqs == 1:  # steps whose one request copies skip the head loop
         assert lookup_only > 0
+    if variant == "goodput":
+        assert len(stats.steps_by_k) > 1, stats  # the budget varied K
     assert_clover_speculated(stats, k=4)  # lookup chains shorter than K cut some short
 
 

@@ -82,6 +82,16 @@ def test_the_next_step_settles_what_each_chain_earned(order):
     assert lookups[0].start == len(REPEATED) + 3  # a's history: + 7 5 1
 
 
+def test_a_step_that_drafts_nothing_still_settles_the_chains_it_verified():
+    hybrid = HybridDrafter(LookupConfig(min_n=2, max_n=3), depth=3, max_model_len=64)
+    batch, step = decode({"a": (REPEATED[:-1], [], 0, 2)}, "before")
+    hybrid.choose(hybrid.plan(batch, step, k=3), torch.tensor([[11, 12, 13]]), None)
+    lookups = hybrid.plan(*decode({"a": (REPEATED, [7, 5, 9], 3, 4)}, "before"), k=0)
+    hybrid.choose(lookups, torch.zeros((1, 0), dtype=torch.long), None)
+    assert hybrid.counts.verified == {LOOKUP: 3} and hybrid.counts.accepted == {LOOKUP: 3}
+    assert hybrid.pending == {}  # nothing drafted: nothing to settle next
+
+
 def test_requests_gone_and_chains_not_verified_are_dropped_unscored():
     hybrid = HybridDrafter(LookupConfig(), depth=3, max_model_len=64)
     batch, step = decode({"a": (REPEATED[:-1], [], 0, 2), "b": (FRESH[:-1], [], 0, 4)}, "before")

@@ -125,7 +125,6 @@ class CloverProposer(EagleProposer):
                 target_token_ids, target_positions, target_hidden_states
             )
         step = self._step_tokens(
-            k,
             target_token_ids,
             target_positions,
             next_token_ids,
@@ -156,12 +155,13 @@ class CloverProposer(EagleProposer):
         return drafts
 
     def _step_tokens(
-        self, num_speculative_tokens: int, tokens, positions, t0, token_indices_to_sample, metadata
+        self, tokens, positions, t0, token_indices_to_sample, metadata
     ) -> StepTokens | None:
-        """With "lookup" at a step that drafts, the step's tokens on the host, read before the
-        Augmenting Block pass (which may rewrite the metadata), for ``HybridDrafter.plan``."""
-        if self.hybrid is None or self._runner is None or not num_speculative_tokens:
-            return None  # nothing to choose: the step drafts nothing
+        """With "lookup", the step's tokens on the host, read before the Augmenting Block pass
+        (which may rewrite the metadata), for ``HybridDrafter.plan`` (which also settles the
+        chains verified at a step that drafts nothing)."""
+        if self.hybrid is None or self._runner is None:
+            return None
         last = _last_accepted(token_indices_to_sample, metadata)
         starts = metadata.query_start_loc_cpu[: t0.shape[0]]
         return StepTokens(
