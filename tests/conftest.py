@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from helpers import make_untrained_clover, return_freed_memory
+from helpers import make_untrained_clover
 from vllm_clover.assets.data import fetch_mtbench, fetch_sharegpt
 from vllm_clover.assets.target import fetch_reference_target
 from vllm_clover.bundled import CLOVER2_HEADS, FULL_CLOVER_HEADS, REFERENCE_HEADS
 from vllm_clover.modeling.checkpoint import read_config_json
+from vllm_clover.training.runtime import return_freed_memory
 
 
 def pytest_configure(config) -> None:

@@ -7,8 +7,6 @@ built on it, in spec_checks.py; everything else a test calls directly lives here
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import gc
 import os
 import signal
 import socket
@@ -24,6 +22,7 @@ import torch
 
 from vllm_clover.modeling import CloverConfig, CloverModel
 from vllm_clover.modeling.checkpoint import read_config_json
+from vllm_clover.training.runtime import return_freed_memory
 
 REPO = Path(__file__).resolve().parents[1]
 SERVER_STARTUP_TIMEOUT_S = 240
@@ -184,13 +183,6 @@ def make_untrained_clover(
     if draft_vocab_size:
         model.tables.set_draft_vocab(torch.arange(draft_vocab_size) * (49152 // draft_vocab_size))
     return save_clover(model, config, out_dir, model_card="untrained test heads")
-
-
-def return_freed_memory() -> None:
-    """Collect, then hand the freed heap back to the system (glibc keeps it otherwise): the
-    two test workers and a server test's engines share the machine's memory."""
-    gc.collect()
-    ctypes.CDLL(None).malloc_trim(0)
 
 
 @contextlib.contextmanager

@@ -38,7 +38,7 @@ from vllm_clover.training.data import (
     token_counts,
     tokenize_all,
 )
-from vllm_clover.training.runtime import Runtime
+from vllm_clover.training.runtime import Runtime, return_freed_memory
 from vllm_clover.training.stream import STREAM_ABOVE_GIB, TeacherStream
 from vllm_clover.training.teacher import Teacher, load_teacher, teacher_forward
 
@@ -291,6 +291,8 @@ def fill_cache(
         cache.fill(mine, forward, spec.teacher_batch_tokens, bar.update, bucket)
     finally:
         bar.close()
+    if mine:
+        return_freed_memory()
     runtime.barrier()
     cache.refresh()
     absent = len(cache.missing(sequences))
