@@ -63,6 +63,12 @@ def _sources(llm, stats) -> tuple[int, int, int, int]:
     return verified, accepted, stats.accepted - accepted, lookup_only
 
 
+def _drafts_after_bookkeeping(worker) -> bool:
+    """Whether the worker's runner proposes after its bookkeeping (vLLM's sample_tokens:
+    disable_padded_drafter_batch, as the engine resolved it)."""
+    return worker.model_runner.speculative_config.disable_padded_drafter_batch
+
+
 def assert_both_sources_drafted_and_were_accepted(llm, stats) -> int:
     """Returns the steps drafted from the lookup alone (the head loop skipped)."""
     verified, accepted, clover, lookup_only = _sources(llm, stats)
@@ -94,9 +100,12 @@ def test_greedy_output_equals_vanilla(reference_target, vanilla, max_num_seqs, v
         outputs = _tokens(llm.chat(_chats(rows), _greedy(), use_tqdm=False))
         stats = speculation(llm)
         lookup_only = assert_both_sources_drafted_and_were_accepted(llm, stats)
+        after_bookkeeping = llm.collective_rpc(_drafts_after_bookkeeping)
     assert outputs == [vanilla[i] for i in rows]
     if max_num_seqs == 1:  # steps whose one request copies skip the head loop
         assert lookup_only > 0
+    if variant == "after":  # as the engine resolved it: vLLM then drafts after bookkeeping
+        assert after_bookkeeping == [True]
     if variant == "goodput":
         assert len(stats.steps_by_k) > 1, stats  # the budget varied K
     assert_clover_speculated(stats, k=4)  # lookup chains shorter than K cut some short
