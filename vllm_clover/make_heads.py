@@ -90,8 +90,8 @@ def train_config(cfg: MakeHeadsConfig, vocab_size: int | None = None) -> TrainCo
 
 
 def training_dtype(choice: str) -> str:
-    """--dtype auto resolved: bfloat16 where it multiplies in hardware, float32 elsewhere (on an
-    AVX2-only EPYC the teacher and training ran ~12x slower in bfloat16: docs/training.md)."""
+    """--dtype auto resolved: bfloat16 where it multiplies in hardware, float32 elsewhere (where
+    bfloat16 is emulated, the teacher and training run far slower in it: docs/training.md)."""
     import torch
 
     from vllm_clover.cpu.isa import cpu_flags, isa_family
