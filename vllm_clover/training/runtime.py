@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from vllm_clover.cpu.malloc import keep_large_blocks
 from vllm_clover.training.config import TrainingError
 
 
@@ -57,10 +58,14 @@ def resolve_device(arg: str, local_rank: int = 0) -> torch.device:
 
 
 def init_runtime(device_arg: str) -> Runtime:
-    """Join torchrun's process group if launched by it; otherwise a single process."""
+    """Join torchrun's process group if launched by it; otherwise a single process. On CPU,
+    freed large blocks stay in the heap (`vllm_clover.cpu.malloc`): each training step
+    allocates and frees the same large activations and gradients."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     device = resolve_device(device_arg, local)
+    if device.type == "cpu":
+        keep_large_blocks()
     if world > 1 and not dist.is_initialized():
         if device.type == "cuda":
             torch.cuda.set_device(device)

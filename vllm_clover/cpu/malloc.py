@@ -1,0 +1,43 @@
+"""Keep freed large buffers in the process heap (glibc's ``mallopt``), for CPU processes that
+allocate and free the same large tensors at every step.
+
+glibc serves a block above its mmap threshold with a fresh ``mmap`` and unmaps it on free, so
+a step that allocates tens of MB of activations, logits or gradients page-faults all of it in
+again, zeroed, at every step: kernel time beside the arithmetic. Two tunables keep such blocks
+in the heap instead (what a preloaded tcmalloc or jemalloc would do):
+
+    M_MMAP_MAX = 0             large blocks come from the heap, not from fresh mappings
+    M_TRIM_THRESHOLD = 2 GiB   freed heap memory is kept for the next step, not returned
+
+Used by vLLM engines on CPU (the ledger's ``cpu_malloc``) and by the trainers on CPU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+
+M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # glibc's <malloc.h> parameter numbers
+TRIM_THRESHOLD = (1 << 31) - 1  # mallopt takes an int: the largest, about 2 GiB
+
+
+def malloc_settings() -> dict[int, int]:
+    """{mallopt parameter: value} that keep large blocks in the heap."""
+    return {M_MMAP_MAX: 0, M_TRIM_THRESHOLD: TRIM_THRESHOLD}
+
+
+def set_mallopt(settings: dict[int, int]) -> bool:
+    """Call the C library's mallopt for each setting; False where there is none (not glibc)
+    or a setting is refused."""
+    name = ctypes.util.find_library("c")
+    try:
+        mallopt = ctypes.CDLL(name).mallopt
+    except (OSError, AttributeError, TypeError):
+        return False
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    return all(mallopt(param, value) == 1 for param, value in settings.items())
+
+
+def keep_large_blocks() -> bool:
+    """Apply `malloc_settings` to this process; False where the C library has no mallopt."""
+    return set_mallopt(malloc_settings())
