@@ -8,6 +8,7 @@ vllm-clover train --target DIR_OR_ID --out DIR [--data FILE] [options]   (also u
 vllm-clover generate-data --target DIR_OR_ID --out FILE.jsonl [--data FILE] [options]
 vllm-clover eval-heads --target DIR_OR_ID --heads DIR [DIR ...] [--data FILE] [options]
 vllm-clover make-heads --target DIR_OR_ID --out DIR [options]   (all of the three, checked)
+vllm-clover search-tree --heads DIR --prompts FILE [--write-default N] [options]
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from vllm_clover.assets.target import REFERENCE_TARGET, fetch_reference_target
 from vllm_clover.assets.wheels import AssetError
 from vllm_clover.bench.arguments import add_arguments as add_bench_arguments
 from vllm_clover.bench.config import BenchError
+from vllm_clover.bench.tree_search import TreeSearchConfig
 from vllm_clover.eagle3.config import Eagle3TrainConfig
 from vllm_clover.make_heads import MakeHeadsConfig
 from vllm_clover.training.config import (
@@ -95,6 +97,12 @@ def build_parser() -> argparse.ArgumentParser:
         "on the same prompts: throughput, tau, acceptance, equality",
     )
     add_bench_arguments(bench)
+    search = commands.add_parser(
+        "search-tree",
+        help="measure a wide token tree's node acceptance through vLLM; the best subtree of "
+        "each size, optionally written as the heads' default tree",
+    )
+    add_arguments(search, TreeSearchConfig)
     add_training_commands(commands)
 
     add_export_medusa_command(commands)
@@ -194,6 +202,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from vllm_clover.bench.runner import bench_command
 
             bench_command(args, argv)
+        elif args.command == "search-tree":
+            from vllm_clover.bench.tree_search import search_tree
+
+            search_tree(from_args(args, TreeSearchConfig))
         else:
             run_training_command(args)
     except TrainingError as err:
@@ -203,7 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"vllm-clover: error: {err}", file=sys.stderr)
         return 2
     except BenchError as err:
-        print(f"vllm-clover bench: error: {err}", file=sys.stderr)
+        print(f"vllm-clover {args.command}: error: {err}", file=sys.stderr)
         return 2
     return 0
 

@@ -317,7 +317,7 @@ def _variant_tree(label: str, text: str, folder: str, heads: int) -> TokenTree:
         if text is None:
             raise BenchError(
                 f'{label}: speculative_token_tree "default": {folder} records no token_tree '
-                "(benchmarks/tree_search.py --write-default writes one)"
+                "(vllm-clover search-tree --write-default writes one)"
             )
     try:
         tree = TokenTree.parse(text)

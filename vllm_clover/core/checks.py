@@ -240,7 +240,7 @@ def resolve_token_tree(spec_config, config: CloverConfig) -> None:
             raise CloverCheckpointError(
                 f'speculative_token_tree "default": {spec_config.model} records no token_tree '
                 "in its config.json; give a tree, or write the measured best one with "
-                "benchmarks/tree_search.py --write-default"
+                "vllm-clover search-tree --write-default"
             )
     tree = TokenTree.parse(text)
     tree.check_fits(config.num_heads, config.draft_vocab_size or config.vocab_size)

@@ -65,8 +65,8 @@ class CloverConfig(PretrainedConfig):
         token_tree: the checkpoint's default token tree, in ``speculative_token_tree``'s
             format (rank paths, one head per depth), used when a speculative_config asks
             for ``"speculative_token_tree": "default"``; None = no default. Chosen from
-            the heads' measured node acceptance by ``benchmarks/tree_search.py
-            --write-default`` (docs/history/benchmarks-2026-11.md, "Token trees").
+            the heads' measured node acceptance by ``vllm-clover search-tree
+            --write-default`` (``bench/tree_search.py``).
         intermediate_size, num_attention_heads, num_key_value_heads, head_dim,
         rms_norm_eps, rope_theta, max_position_embeddings, hidden_act,
         attention_bias, qkv_bias: shape of the augmenting decoder layers, copied

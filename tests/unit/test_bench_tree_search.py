@@ -1,0 +1,64 @@
+"""`vllm-clover search-tree` without an engine: its flags' checks, the candidate tree cut to
+the heads' depth, the best subtrees and their predicted tau, and writing the default tree.
+Through the real engine: tests/engine/test_bench_tree_search.py."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from vllm_clover.bench.config import BenchError
+from vllm_clover.bench.tree_search import (
+    CANDIDATE,
+    TreeSearchConfig,
+    best_trees,
+    candidate_tree,
+    write_default,
+)
+from vllm_clover.bundled import REFERENCE_HEADS
+from vllm_clover.cli import main
+from vllm_clover.tree import TokenTree
+
+pytestmark = pytest.mark.unit
+
+
+def test_bad_flags_are_named_before_any_engine(tmp_path, capsys):
+    with pytest.raises(BenchError, match="no Clover checkpoint"):
+        TreeSearchConfig(heads=str(tmp_path), prompts="p.jsonl")
+    with pytest.raises(BenchError, match="--write-default 6 must be one of --sizes"):
+        TreeSearchConfig(heads=str(REFERENCE_HEADS), prompts="p.jsonl", write_default=6)
+    args = ["search-tree", "--heads", str(REFERENCE_HEADS), "--prompts", "p.jsonl"]
+    assert main([*args, "--sizes", "0"]) == 2
+    assert "--sizes, --num-prompts and --max-tokens must be >= 1" in capsys.readouterr().err
+
+
+def test_the_candidate_is_cut_to_the_heads_depth():
+    assert candidate_tree(4).num_nodes == len(CANDIDATE) == 79
+    shallow = candidate_tree(2)
+    assert shallow.num_nodes == 12 + 36
+    assert max(map(len, shallow.paths)) == 2
+
+
+def test_best_trees_sum_their_nodes_rates_and_beat_the_chain():
+    tree = TokenTree.from_paths([(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)])
+    chances = [0.5, 0.3, 0.25, 0.2, 0.1, 0.05]  # node i's acceptance rate
+    trees = best_trees({"candidate": str(tree), "chances": chances}, (2, 3, 9))
+    assert trees["chain"]["predicted_tau"] == pytest.approx(1 + 0.5 + 0.25 + 0.05)
+    assert TokenTree.parse(trees["tree-2"]["tree"]).paths == ((0,), (1,))
+    assert trees["tree-3"]["predicted_tau"] == pytest.approx(1 + 0.5 + 0.3 + 0.25)
+    assert trees["tree-9"]["predicted_tau"] == pytest.approx(1 + sum(chances))  # all 6 nodes
+
+
+def test_write_default_keeps_the_other_fields_and_refuses_a_tree_too_deep(tmp_path):
+    heads = tmp_path / "heads"
+    shutil.copytree(REFERENCE_HEADS, heads)
+    before = json.loads((heads / "config.json").read_text())
+    write_default(heads, "[(0,), (1,), (0, 0)]")
+    after = json.loads((heads / "config.json").read_text())
+    assert after == {**before, "token_tree": "[(0,), (1,), (0, 0)]"}
+    too_deep = str(TokenTree.from_paths([(0,) * k for k in range(1, before["num_heads"] + 2)]))
+    with pytest.raises(ValueError, match="token_tree"):
+        write_default(heads, too_deep)
+    assert json.loads((heads / "config.json").read_text()) == after  # untouched

@@ -1,0 +1,157 @@
+"""`vllm-clover search-tree`: which token tree to draft, measured through vLLM.
+
+The target decodes the given prompts greedily while the heads draft a wide candidate tree
+(``CANDIDATE``: 12 ranks at depth 1, 6 x 6 at depth 2, 27 nodes at depth 3, 4 at depth 4,
+cut to the heads' depth), and the tree verifier counts how often each node was accepted. A
+node's greedy acceptance depends on its own path only, so its rate holds in every subtree
+that keeps the path, and the best subtree of N nodes is the N most accepted ones
+(``tree.design.best_subtree``); its predicted tau is 1 + the sum of their rates. The chain's
+(the rank-0 nodes) is read off the same run. ``--write-default N`` records the best N-node
+tree in the heads' config.json (``token_tree``), which ``"speculative_token_tree":
+"default"`` then drafts; time it against the chain with ``vllm-clover bench --clover-variant
+tree='{"speculative_token_tree": "default"}'`` on other prompts than the search's.
+
+Example: ``vllm-clover search-tree --heads my-heads --prompts held-out.jsonl --sizes 4 8
+--write-default 8`` prints ``chain`` and ``tree-4``, ``tree-8`` with their predicted tau and
+writes ``my-heads/tree_search.json``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vllm_clover.bench.config import BenchError
+from vllm_clover.training.flags import opt
+
+CANDIDATE = (
+    [(r,) for r in range(12)]
+    + [(a, r) for a in range(6) for r in range(6)]
+    + [(a, b, r) for a in range(3) for b in range(3) for r in range(3)]
+    + [(a, 0, 0, r) for a in range(2) for r in range(2)]
+)
+
+
+DEFAULT_SIZES = (4, 8, 12, 16)
+
+
+@dataclass(frozen=True)
+class TreeSearchConfig:
+    """The command's flags (one per field, ``training/flags.py``)."""
+
+    heads: str = opt("", "Clover checkpoint folder whose trees are searched", required=True)
+    prompts: str = opt(
+        "",
+        "prompts of the workload (JSONL/JSON as bench --prompts reads): never the test set "
+        "the chosen tree is then judged on",
+        required=True,
+    )
+    target: str = opt("smollm2-135m-instruct", "target model (folder, HF id or the reference)")
+    sizes: list[int] | None = opt(None, "tree sizes to report (default: 4 8 12 16)", nargs="+")
+    num_prompts: int = opt(40, "prompts decoded (cycled if the file holds fewer)")
+    max_tokens: int = opt(64, "new tokens per prompt")
+    write_default: int | None = opt(
+        None,
+        "record the best tree of this size (one of --sizes) as the checkpoint's default token_tree",
+    )
+    out: str | None = opt(None, "report JSON (default: <heads>/tree_search.json)")
+
+    def __post_init__(self) -> None:
+        if not (Path(self.heads) / "config.json").is_file():
+            raise BenchError(f"--heads {self.heads}: no Clover checkpoint (config.json) there")
+        if min(self.tree_sizes) < 1 or self.num_prompts < 1 or self.max_tokens < 1:
+            raise BenchError("--sizes, --num-prompts and --max-tokens must be >= 1")
+        if self.write_default is not None and self.write_default not in self.tree_sizes:
+            raise BenchError(f"--write-default {self.write_default} must be one of --sizes")
+
+    @property
+    def tree_sizes(self) -> tuple[int, ...]:
+        return tuple(self.sizes or DEFAULT_SIZES)
+
+
+def candidate_tree(num_heads: int):
+    """The candidate tree cut to paths the heads can draft (depth <= num_heads)."""
+    from vllm_clover.tree import TokenTree
+
+    return TokenTree.from_paths([p for p in CANDIDATE if len(p) <= num_heads])
+
+
+def node_chances(target: str, heads: Path, tree, prompts: list, max_tokens: int) -> dict:
+    """Decode `prompts` greedily drafting `tree`: verified trees, each node's acceptance rate."""
+    from vllm import SamplingParams
+
+    from vllm_clover.bench.measure import engine
+    from vllm_clover.patches.channel import RunnerChannel, channel_of
+
+    def counts(worker) -> tuple[int, tuple[int, ...]]:
+        trees = channel_of(worker.model_runner, RunnerChannel).trees
+        return trees.verified, tuple(trees.accepted_by_node)
+
+    spec = {"method": "clover", "model": str(heads), "speculative_token_tree": str(tree)}
+    with engine(target, spec, 4) as llm:
+        llm.chat(prompts, SamplingParams(temperature=0, max_tokens=max_tokens), use_tqdm=False)
+        ((verified, accepted),) = set(llm.collective_rpc(counts))
+    if not verified:
+        raise BenchError("no tree was verified: the prompts produced no decoding step")
+    return {
+        "candidate": str(tree),
+        "verified": verified,
+        "chances": [a / verified for a in accepted],
+    }
+
+
+def best_trees(found: dict, sizes: tuple[int, ...]) -> dict[str, dict[str, Any]]:
+    """The chain's and each size's best subtree, with predicted tau (1 + their nodes' rates)."""
+    from vllm_clover.tree import TokenTree
+    from vllm_clover.tree.design import best_subtree
+
+    tree, chances = TokenTree.parse(found["candidate"]), found["chances"]
+    index = {p: i for i, p in enumerate(tree.paths)}
+    chain = [i for p, i in index.items() if all(r == 0 for r in p)]
+    out = {"chain": {"tree": None, "predicted_tau": 1 + sum(chances[i] for i in chain)}}
+    for size in sizes:
+        sub = best_subtree(tree, chances, min(size, tree.num_nodes))
+        tau = 1 + sum(chances[index[p]] for p in sub.paths)
+        out[f"tree-{size}"] = {"tree": str(sub), "predicted_tau": tau}
+    return out
+
+
+def write_default(heads: Path, tree: str) -> None:
+    """Record ``tree`` as the checkpoint's default (config.json ``token_tree``), keeping the
+    file's other fields; the config is validated before the file is written."""
+    from vllm_clover.modeling.config import CloverConfig
+
+    path = heads / "config.json"
+    config = json.loads(path.read_text())
+    config["token_tree"] = tree
+    CloverConfig.from_dict(config)  # ValueError naming the problem, the file untouched
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def search_tree(cfg: TreeSearchConfig) -> dict[str, Any]:
+    """Run the search, print and write its report, and the default tree if asked."""
+    from vllm_clover.bench.prompts import load_prompts, take_prompts
+    from vllm_clover.modeling.config import CloverConfig
+
+    folder = Path(cfg.heads)
+    chats = take_prompts(load_prompts(cfg.prompts), cfg.num_prompts)
+    heads = CloverConfig.from_dict(json.loads((folder / "config.json").read_text()))
+    tree = candidate_tree(heads.num_heads)
+    found = node_chances(target_path(cfg.target), folder, tree, chats, cfg.max_tokens)
+    trees = best_trees(found, cfg.tree_sizes)
+    for name, entry in trees.items():
+        print(f"{name:8} predicted tau {entry['predicted_tau']:.3f}  {entry['tree'] or ''}")
+    report = {"search": found, "trees": trees, "prompts": str(cfg.prompts), "count": len(chats)}
+    Path(cfg.out or folder / "tree_search.json").write_text(json.dumps(report, indent=1) + "\n")
+    if cfg.write_default is not None:
+        write_default(folder, trees[f"tree-{cfg.write_default}"]["tree"])
+    return report
+
+
+def target_path(target: str) -> str:
+    """The reference target's folder (fetched on first use), or a folder or HF id as given."""
+    from vllm_clover.assets.target import REFERENCE_TARGET, fetch_reference_target
+
+    return str(fetch_reference_target()) if target == REFERENCE_TARGET else target
