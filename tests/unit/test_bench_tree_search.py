@@ -1,6 +1,6 @@
 """`vllm-clover search-tree` without an engine: its flags' checks, the candidate tree cut to
 the heads' depth, the best subtrees and their predicted tau, and writing the default tree.
-Through the real engine: tests/engine/test_bench_tree_search.py."""
+Through the real engine: tests/engine/test_tree_search_engine.py."""
 
 from __future__ import annotations
 
@@ -62,3 +62,11 @@ def test_write_default_keeps_the_other_fields_and_refuses_a_tree_too_deep(tmp_pa
     with pytest.raises(ValueError, match="token_tree"):
         write_default(heads, too_deep)
     assert json.loads((heads / "config.json").read_text()) == after  # untouched
+
+
+def test_prompts_that_leave_no_room_to_decode_are_named(reference_target, tmp_path, capsys):
+    prompts = tmp_path / "long.jsonl"
+    prompts.write_text(json.dumps({"prompt": "word " * 3000}) + "\n")  # past the 2,048 context
+    args = ["search-tree", "--heads", str(REFERENCE_HEADS), "--prompts", str(prompts)]
+    assert main(args) == 2
+    assert "--prompts: none leaves 64 tokens of the context" in capsys.readouterr().err

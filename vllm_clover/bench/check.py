@@ -49,14 +49,9 @@ def serve_check(
     """Run the first `count` of `chats` that fit the engine's context with `max_tokens` more
     through vLLM, without and with the heads (vLLM's speculative `method` with them: clover,
     or eagle3 for a train-eagle3 folder, whose K vLLM needs given); the figures."""
-    from transformers import AutoTokenizer
-    from vllm import TokensPrompt
-
-    ids = prompt_ids(AutoTokenizer.from_pretrained(target), chats)  # as generate-data asked
-    room = min(REFERENCE_ENGINE_ARGS["max_model_len"], position_limit(target)) - max_tokens
-    prompts = [TokensPrompt(prompt_token_ids=x) for x in ids if len(x) <= room][:count]
+    prompts = fitting_prompts(target, chats, max_tokens)[:count]
     if not prompts:
-        raise TrainingError(f"no held-out prompt fits {room} tokens to check the heads on")
+        raise TrainingError(f"no held-out prompt leaves {max_tokens} tokens of the context")
     vanilla = _timed(target, prompts, max_tokens, None)
     spec = {"method": method, "model": str(heads)}
     if num_speculative_tokens is not None:
@@ -71,6 +66,17 @@ def serve_check(
         vanilla_tokens_per_s=vanilla.tokens_per_second,
         clover_tokens_per_s=clover.tokens_per_second,
     )
+
+
+def fitting_prompts(target: str, chats: list[list[dict[str, str]]], max_tokens: int) -> list:
+    """`chats` as token prompts, templated as generate-data templates them, keeping those that
+    leave `max_tokens` of the engine's context (the reference engine's, within the target's)."""
+    from transformers import AutoTokenizer
+    from vllm import TokensPrompt
+
+    ids = prompt_ids(AutoTokenizer.from_pretrained(target), chats)
+    room = min(REFERENCE_ENGINE_ARGS["max_model_len"], position_limit(target)) - max_tokens
+    return [TokensPrompt(prompt_token_ids=x) for x in ids if len(x) <= room]
 
 
 def _timed(target: str, prompts: list, max_tokens: int, spec: dict | None) -> Run:

@@ -79,7 +79,8 @@ def candidate_tree(num_heads: int):
 
 
 def node_chances(target: str, heads: Path, tree, prompts: list, max_tokens: int) -> dict:
-    """Decode `prompts` greedily drafting `tree`: verified trees, each node's acceptance rate."""
+    """Decode `prompts` (token prompts) greedily drafting `tree`: verified trees, each node's
+    acceptance rate."""
     from vllm import SamplingParams
 
     from vllm_clover.bench.measure import engine
@@ -91,7 +92,8 @@ def node_chances(target: str, heads: Path, tree, prompts: list, max_tokens: int)
 
     spec = {"method": "clover", "model": str(heads), "speculative_token_tree": str(tree)}
     with engine(target, spec, 4) as llm:
-        llm.chat(prompts, SamplingParams(temperature=0, max_tokens=max_tokens), use_tqdm=False)
+        greedy = SamplingParams(temperature=0, max_tokens=max_tokens)
+        llm.generate(prompts, greedy, use_tqdm=False)
         ((verified, accepted),) = set(llm.collective_rpc(counts))
     if not verified:
         raise BenchError("no tree was verified: the prompts produced no decoding step")
@@ -132,18 +134,22 @@ def write_default(heads: Path, tree: str) -> None:
 
 def search_tree(cfg: TreeSearchConfig) -> dict[str, Any]:
     """Run the search, print and write its report, and the default tree if asked."""
+    from vllm_clover.bench.check import fitting_prompts
     from vllm_clover.bench.prompts import load_prompts, take_prompts
     from vllm_clover.modeling.config import CloverConfig
 
-    folder = Path(cfg.heads)
-    chats = take_prompts(load_prompts(cfg.prompts), cfg.num_prompts)
+    folder, target = Path(cfg.heads), target_path(cfg.target)
+    fitting = fitting_prompts(target, load_prompts(cfg.prompts), cfg.max_tokens)
+    if not fitting:
+        raise BenchError(f"--prompts: none leaves {cfg.max_tokens} tokens of the context")
+    prompts = take_prompts(fitting, cfg.num_prompts)
     heads = CloverConfig.from_dict(json.loads((folder / "config.json").read_text()))
     tree = candidate_tree(heads.num_heads)
-    found = node_chances(target_path(cfg.target), folder, tree, chats, cfg.max_tokens)
+    found = node_chances(target, folder, tree, prompts, cfg.max_tokens)
     trees = best_trees(found, cfg.tree_sizes)
     for name, entry in trees.items():
         print(f"{name:8} predicted tau {entry['predicted_tau']:.3f}  {entry['tree'] or ''}")
-    report = {"search": found, "trees": trees, "prompts": str(cfg.prompts), "count": len(chats)}
+    report = {"search": found, "trees": trees, "prompts": str(cfg.prompts), "count": len(prompts)}
     Path(cfg.out or folder / "tree_search.json").write_text(json.dumps(report, indent=1) + "\n")
     if cfg.write_default is not None:
         write_default(folder, trees[f"tree-{cfg.write_default}"]["tree"])
