@@ -9,7 +9,10 @@ in the heap instead (what a preloaded tcmalloc or jemalloc would do):
     M_MMAP_MAX = 0             large blocks come from the heap, not from fresh mappings
     M_TRIM_THRESHOLD = 2 GiB   freed heap memory is kept for the next step, not returned
 
-Used by vLLM engines on CPU (the ledger's ``cpu_malloc``) and by the trainers on CPU.
+Used by vLLM engines on CPU (the ledger's ``cpu_malloc``) and by the trainers on CPU. A
+trainer's tensors change size from step to step (sequence lengths), so the heap fragments:
+freed holes stay resident and the heap grows past the live set. ``trim_heap`` hands the
+holes' pages back (glibc's ``malloc_trim``); the trainers call it every few steps.
 """
 
 from __future__ import annotations
@@ -41,3 +44,15 @@ def set_mallopt(settings: dict[int, int]) -> bool:
 def keep_large_blocks() -> bool:
     """Apply `malloc_settings` to this process; False where the C library has no mallopt."""
     return set_mallopt(malloc_settings())
+
+
+def trim_heap() -> bool:
+    """Hand the heap's free pages back to the system (glibc's ``malloc_trim(0)``, which also
+    releases whole free pages inside the heap); False where the C library has none."""
+    try:
+        trim = ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim
+    except (OSError, AttributeError, TypeError):
+        return False
+    trim.argtypes, trim.restype = (ctypes.c_size_t,), ctypes.c_int
+    trim(0)
+    return True

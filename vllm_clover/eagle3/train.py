@@ -25,7 +25,12 @@ from vllm_clover.training.config import TrainingError
 from vllm_clover.training.data import plan_steps
 from vllm_clover.training.flags import to_command_line
 from vllm_clover.training.pipeline import DataSpec, Prepared, prepare
-from vllm_clover.training.runtime import init_runtime, seed_everything, shutdown_runtime
+from vllm_clover.training.runtime import (
+    init_runtime,
+    seed_everything,
+    shutdown_runtime,
+    trim_heap_after,
+)
 from vllm_clover.training.schedule import warmup_cosine
 
 
@@ -91,7 +96,7 @@ def fit(cfg: Eagle3TrainConfig, prepared: Prepared, drafter: Eagle3Drafter, devi
     optimizer = torch.optim.AdamW(trained, lr=cfg.lr, betas=(0.9, 0.999))
     scheduler = warmup_cosine(optimizer, plan, cfg.warmup_fraction)
     tokens, losses, started = 0, [], time.perf_counter()
-    for ids in plan:
+    for step, ids in enumerate(plan, 1):
         batch = prepared.batch([prepared.train[i] for i in ids]).to(device)
         with torch.autocast(device.type, torch.bfloat16, enabled=cfg.dtype == "bfloat16"):
             loss, _ = eagle3_loss(drafter, batch, cfg.step_decay)
@@ -103,6 +108,7 @@ def fit(cfg: Eagle3TrainConfig, prepared: Prepared, drafter: Eagle3Drafter, devi
         optimizer.zero_grad(set_to_none=True)
         tokens += int(batch.attention_mask.sum())
         losses.append(float(loss.detach()))
+        trim_heap_after(step, device)
     seconds = time.perf_counter() - started
     return {
         "steps": len(plan),

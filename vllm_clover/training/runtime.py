@@ -6,7 +6,6 @@ sets RANK / WORLD_SIZE / LOCAL_RANK and we join a process group (NCCL on CUDA, g
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import os
 import random
@@ -16,7 +15,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from vllm_clover.cpu.malloc import keep_large_blocks
+from vllm_clover.cpu.malloc import keep_large_blocks, trim_heap
 from vllm_clover.training.config import TrainingError
 
 
@@ -125,15 +124,24 @@ def peak_memory_bytes(device: torch.device) -> int | None:
     return _proc_status_bytes("VmHWM:")
 
 
+HEAP_TRIM_EVERY = 100  # steps between two trims of a CPU trainer's heap
+
+
+def trim_heap_after(step: int, device: torch.device) -> None:
+    """On CPU, every HEAP_TRIM_EVERY steps, hand back the pages of the heap's free holes
+    (``vllm_clover.cpu.malloc``): tensors whose sizes change from step to step leave them,
+    and kept, they grow the process past its live set."""
+    if device.type == "cpu" and step % HEAP_TRIM_EVERY == 0:
+        trim_heap()
+
+
 def return_freed_memory() -> None:
     """Collect, then hand the freed heap back to the system where the C library can (glibc's
     ``malloc_trim``; elsewhere a no-op). glibc otherwise keeps what large tensors freed, e.g.
     the signal a cache fill held before writing each shard, and training then runs with that
     much less page cache for the shards it reads."""
     gc.collect()
-    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
-    if trim is not None:
-        trim(0)
+    trim_heap()
 
 
 def _proc_status_bytes(field: str) -> int | None:

@@ -48,6 +48,7 @@ from vllm_clover.training.runtime import (
     seed_everything,
     set_rng_state,
     shutdown_runtime,
+    trim_heap_after,
 )
 from vllm_clover.training.schedule import TimeBudget, warmup_cosine
 from vllm_clover.training.state import load_state, save_state
@@ -348,8 +349,10 @@ class TrainLoop:
     def between_steps(
         self, step: int, stop: int, modules: dict[str, Any], tokens_seen: int, bar: Any
     ) -> dict[str, Any] | None:
-        """Periodic held-out evaluation (returned) and resumable state, after `step` steps."""
+        """Periodic held-out evaluation (returned), resumable state and heap trim, after `step`
+        steps."""
         cfg, evaluation = self.cfg, None
+        trim_heap_after(step, self.runtime.device)
         if cfg.eval_every and step % cfg.eval_every == 0 and step < len(self.plan):
             evaluation = self.evaluate()
             if evaluation:
