@@ -59,3 +59,51 @@ def test_the_trainers_keep_large_blocks_on_cpu_only_there():
     from_runtime = "from vllm_clover.training.runtime import init_runtime; init_runtime('{}')"
     assert page_faults(from_runtime.format("cpu")) < PAGES // 10
     assert page_faults("import vllm_clover.training.runtime") > 4 * PAGES
+
+
+# A 64 MB hole below a small live block (the heap's top): kept with the settings above, handed
+# back by trim_heap. Prints the resident anonymous MB before and after the trim.
+HOLE = """
+import ctypes, ctypes.util
+from vllm_clover.cpu import malloc
+assert malloc.keep_large_blocks()
+libc = ctypes.CDLL(ctypes.util.find_library("c"))
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+def anon_mb():
+    line = next(x for x in open("/proc/self/status") if x.startswith("RssAnon:"))
+    return int(line.split()[1]) // 1024
+hole = libc.malloc(SIZE)
+ctypes.memset(hole, 1, SIZE)
+top = libc.malloc(1 << 20)
+ctypes.memset(top, 1, 1 << 20)
+libc.free(hole)
+before = anon_mb()
+assert malloc.trim_heap()
+print(before, anon_mb())
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads /proc (Linux)")
+def test_trim_heap_hands_back_a_hole_inside_the_heap():
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    code = HOLE.replace("SIZE", str(SIZE))
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+    )
+    before, after = map(int, out.stdout.split())
+    assert before - after > 48  # most of the 64 MB hole's pages went back
+
+
+def test_trainers_trim_every_few_steps_on_cpu_only(monkeypatch):
+    import torch
+
+    from vllm_clover.training import runtime
+
+    trims = []
+    monkeypatch.setattr(runtime, "trim_heap", lambda: trims.append(1))
+    every = runtime.HEAP_TRIM_EVERY
+    for step in range(1, 2 * every + 1):
+        runtime.trim_heap_after(step, torch.device("cpu"))
+        runtime.trim_heap_after(step, torch.device("cuda"))
+    assert len(trims) == 2
