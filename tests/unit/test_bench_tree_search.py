@@ -1,11 +1,10 @@
 """`vllm-clover search-tree` without an engine: its flags' checks, the candidate tree cut to
-the heads' depth, the best subtrees and their predicted tau, and writing the default tree.
-Through the real engine: tests/engine/test_tree_search_engine.py."""
+the heads' depth, the best subtrees and their predicted tau (writing the default tree:
+test_checkpoint.py). Through the real engine: tests/engine/test_tree_search_engine.py."""
 
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 
@@ -15,7 +14,6 @@ from vllm_clover.bench.tree_search import (
     TreeSearchConfig,
     best_trees,
     candidate_tree,
-    write_default,
 )
 from vllm_clover.bundled import REFERENCE_HEADS
 from vllm_clover.cli import main
@@ -49,19 +47,6 @@ def test_best_trees_sum_their_nodes_rates_and_beat_the_chain():
     assert TokenTree.parse(trees["tree-2"]["tree"]).paths == ((0,), (1,))
     assert trees["tree-3"]["predicted_tau"] == pytest.approx(1 + 0.5 + 0.3 + 0.25)
     assert trees["tree-9"]["predicted_tau"] == pytest.approx(1 + sum(chances))  # all 6 nodes
-
-
-def test_write_default_keeps_the_other_fields_and_refuses_a_tree_too_deep(tmp_path):
-    heads = tmp_path / "heads"
-    shutil.copytree(REFERENCE_HEADS, heads)
-    before = json.loads((heads / "config.json").read_text())
-    write_default(heads, "[(0,), (1,), (0, 0)]")
-    after = json.loads((heads / "config.json").read_text())
-    assert after == {**before, "token_tree": "[(0,), (1,), (0, 0)]"}
-    too_deep = str(TokenTree.from_paths([(0,) * k for k in range(1, before["num_heads"] + 2)]))
-    with pytest.raises(ValueError, match="token_tree"):
-        write_default(heads, too_deep)
-    assert json.loads((heads / "config.json").read_text()) == after  # untouched
 
 
 def test_prompts_that_leave_no_room_to_decode_are_named(reference_target, tmp_path, capsys):

@@ -4,6 +4,7 @@ checkpoints written before the network was split into its three parts."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,8 @@ from vllm_clover.modeling import (
     shift_tokens_for_heads,
 )
 from vllm_clover.modeling import checkpoint as checkpoint_module
-from vllm_clover.modeling.checkpoint import read_config_json
+from vllm_clover.modeling.checkpoint import read_config_json, set_config_field
+from vllm_clover.tree import TokenTree
 
 pytestmark = pytest.mark.unit
 
@@ -289,3 +291,16 @@ def test_checkpoints_written_by_the_single_module_network_load(
     again = save_clover(model, model.config, tmp_path / "again", dtype=torch.bfloat16)
     resaved = load_file(again / "model.safetensors")
     assert all(torch.equal(resaved[n], t) for n, t in stored.items())
+
+
+def test_set_config_field_keeps_the_other_fields_and_refuses_a_tree_too_deep(tmp_path):
+    heads = tmp_path / "heads"
+    shutil.copytree(REFERENCE_HEADS, heads)
+    before = json.loads((heads / "config.json").read_text())
+    set_config_field(heads, "token_tree", "[(0,), (1,), (0, 0)]")
+    after = json.loads((heads / "config.json").read_text())
+    assert after == {**before, "token_tree": "[(0,), (1,), (0, 0)]"}
+    too_deep = str(TokenTree.from_paths([(0,) * k for k in range(1, before["num_heads"] + 2)]))
+    with pytest.raises(ValueError, match="token_tree"):
+        set_config_field(heads, "token_tree", too_deep)
+    assert json.loads((heads / "config.json").read_text()) == after  # untouched

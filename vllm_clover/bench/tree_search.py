@@ -59,8 +59,12 @@ class TreeSearchConfig:
     out: str | None = opt(None, "report JSON (default: <heads>/tree_search.json)")
 
     def __post_init__(self) -> None:
-        if not (Path(self.heads) / "config.json").is_file():
-            raise BenchError(f"--heads {self.heads}: no Clover checkpoint (config.json) there")
+        from vllm_clover.modeling.checkpoint import CloverCheckpointError, read_config_json
+
+        try:
+            read_config_json(self.heads)
+        except CloverCheckpointError as err:
+            raise BenchError(f"--heads {self.heads}: no Clover checkpoint there ({err})") from err
         if min(self.tree_sizes) < 1 or self.num_prompts < 1 or self.max_tokens < 1:
             raise BenchError("--sizes, --num-prompts and --max-tokens must be >= 1")
         if self.write_default is not None and self.write_default not in self.tree_sizes:
@@ -120,31 +124,18 @@ def best_trees(found: dict, sizes: tuple[int, ...]) -> dict[str, dict[str, Any]]
     return out
 
 
-def write_default(heads: Path, tree: str) -> None:
-    """Record ``tree`` as the checkpoint's default (config.json ``token_tree``), keeping the
-    file's other fields; the config is validated before the file is written."""
-    from vllm_clover.modeling.config import CloverConfig
-
-    path = heads / "config.json"
-    config = json.loads(path.read_text())
-    config["token_tree"] = tree
-    CloverConfig.from_dict(config)  # ValueError naming the problem, the file untouched
-    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-
-
 def search_tree(cfg: TreeSearchConfig) -> dict[str, Any]:
     """Run the search, print and write its report, and the default tree if asked."""
     from vllm_clover.bench.check import fitting_prompts
     from vllm_clover.bench.prompts import load_prompts, take_prompts
-    from vllm_clover.modeling.config import CloverConfig
+    from vllm_clover.modeling.checkpoint import load_clover_config, set_config_field
 
     folder, target = Path(cfg.heads), target_path(cfg.target)
     fitting = fitting_prompts(target, load_prompts(cfg.prompts), cfg.max_tokens)
     if not fitting:
         raise BenchError(f"--prompts: none leaves {cfg.max_tokens} tokens of the context")
     prompts = take_prompts(fitting, cfg.num_prompts)
-    heads = CloverConfig.from_dict(json.loads((folder / "config.json").read_text()))
-    tree = candidate_tree(heads.num_heads)
+    tree = candidate_tree(load_clover_config(folder).num_heads)
     found = node_chances(target, folder, tree, prompts, cfg.max_tokens)
     trees = best_trees(found, cfg.tree_sizes)
     for name, entry in trees.items():
@@ -152,7 +143,7 @@ def search_tree(cfg: TreeSearchConfig) -> dict[str, Any]:
     report = {"search": found, "trees": trees, "prompts": str(cfg.prompts), "count": len(prompts)}
     Path(cfg.out or folder / "tree_search.json").write_text(json.dumps(report, indent=1) + "\n")
     if cfg.write_default is not None:
-        write_default(folder, trees[f"tree-{cfg.write_default}"]["tree"])
+        set_config_field(folder, "token_tree", trees[f"tree-{cfg.write_default}"]["tree"])
     return report
 
 

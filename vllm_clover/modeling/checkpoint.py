@@ -18,6 +18,7 @@ import json
 import os
 import warnings
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -167,15 +168,16 @@ def read_config_json(path: str | os.PathLike, model_type: str | None = "clover")
     return raw
 
 
-def set_draft_confidence(path: str | os.PathLike, thresholds: list[float] | None) -> None:
-    """Write ``draft_confidence`` into a Clover checkpoint's config.json, every other field
-    kept as it is; validated like a loaded config first, written atomically."""
+def set_config_field(path: str | os.PathLike, name: str, value: Any) -> None:
+    """Write one field (``draft_confidence``, ``token_tree``) into a Clover checkpoint's
+    config.json, every other field kept as it is; validated like a loaded config first,
+    written atomically (CloverCheckpointError, the file untouched, if it does not validate)."""
     raw = read_config_json(path)
-    raw["draft_confidence"] = thresholds
+    raw[name] = value
     try:
         CloverConfig.from_dict(raw)
     except (TypeError, ValueError) as err:
-        raise CloverCheckpointError(f"{path}: cannot set draft_confidence: {err}") from err
+        raise CloverCheckpointError(f"{path}: cannot set {name}: {err}") from err
     text = json.dumps(raw, indent=2, sort_keys=True) + "\n"
     atomic_write_bytes(Path(path) / CONFIG_NAME, text.encode())
 

@@ -36,7 +36,7 @@ from vllm_clover.modeling import CloverModel, HeadTokens, load_clover, shift_tok
 from vllm_clover.modeling.checkpoint import (
     CloverCheckpointError,
     read_config_json,
-    set_draft_confidence,
+    set_config_field,
 )
 from vllm_clover.modeling.layer_fusion import signal_columns
 from vllm_clover.training.calibrate import calibrate_confidence, chain_value
@@ -264,7 +264,7 @@ def calibrate(result: EvalResult, path: str, cfg: EvalConfig) -> dict[str, objec
     always = chain_value(result.confidence, result.hits, torch.zeros(len(thresholds)), cost)
     if cfg.write_confidence:
         try:
-            set_draft_confidence(path, thresholds)
+            set_config_field(path, "draft_confidence", thresholds)
         except CloverCheckpointError as err:
             raise TrainingError(str(err)) from err
     return {
