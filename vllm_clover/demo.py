@@ -10,17 +10,20 @@ many tokens each verification step yields (tau), and the speedup.
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
 from vllm_clover.assets.cache import cache_root
 from vllm_clover.assets.data import fetch_mtbench, mtbench_questions
 from vllm_clover.assets.target import fetch_reference_target
+from vllm_clover.bench.config import BenchError
 from vllm_clover.bench.measure import Run, engine, identical_outputs, timed_chat
 from vllm_clover.bench.ties import NEAR_TIE, Parting, rounding_bug, vanilla_partings
 from vllm_clover.bundled import CLOVER2_HEADS
 from vllm_clover.console import quiet_output
 from vllm_clover.cpu.isa import cpu_flags, cpu_model, isa_family
+from vllm_clover.training.flags import opt
 
 TIE_NOTE = (
     "verification scores several tokens at once, where rounding may swap two near-equal "
@@ -106,41 +109,47 @@ def _equality(same: int, total: int, partings: list[Parting], dtype: str) -> str
     return line + (f"; {others} part elsewhere (below)" if others else "")
 
 
-def run_demo(
-    num_prompts: int,
-    max_tokens: int,
-    cache_dir: str | None = None,
-    heads: str | None = None,
-    batch_size: int = 1,
-    verbose: bool = False,
-    dtype: str = "auto",
-) -> None:
+@dataclass(frozen=True)
+class DemoConfig:
+    """The command's flags (one per field, ``training/flags.py``)."""
+
+    num_prompts: int = opt(8, "MT-Bench first turns")
+    max_tokens: int = opt(128, "new tokens per prompt")
+    batch_size: int = opt(1, "vLLM max_num_seqs")
+    heads: str | None = opt(None, "Clover checkpoint (default: the bundled Clover-2 heads)")
+    cache_dir: str | None = opt(None, "asset cache (default: $CLOVER_CACHE_DIR or ~/.cache)")
+    verbose: bool = opt(False, "show vLLM's own output here (default: in <cache>/logs/demo.log)")
+    dtype: str = opt(
+        "auto",
+        "target dtype (auto: the target's own, bfloat16; float32: token-exact)",
+        choices=("auto", "float32", "bfloat16"),
+    )
+
+    def __post_init__(self) -> None:
+        if min(self.num_prompts, self.max_tokens, self.batch_size) < 1:
+            raise BenchError("--num-prompts, --max-tokens and --batch-size must be >= 1")
+
+
+def run_demo(cfg: DemoConfig) -> None:
     """The main job, in the target's own dtype unless `dtype` says otherwise, with Clover's
     defaults (what `vllm-clover serve` and `LLM(...)` do without flags). Only the result
     reaches the terminal: vLLM's own output goes to a log file unless `verbose`; a --heads
     folder that is not a Clover checkpoint is an error before any engine starts."""
-    heads_dir = Path(heads) if heads else CLOVER2_HEADS  # the best bundled heads
-    num_heads = _num_heads(heads_dir) if heads or (heads_dir / "config.json").is_file() else 0
-    log = None if verbose else cache_root(cache_dir) / "logs" / "demo.log"
+    heads_dir = Path(cfg.heads) if cfg.heads else CLOVER2_HEADS  # the best bundled heads
+    has_heads = cfg.heads or (heads_dir / "config.json").is_file()
+    num_heads = _num_heads(heads_dir) if has_heads else 0
+    log = None if cfg.verbose else cache_root(cfg.cache_dir) / "logs" / "demo.log"
     with quiet_output(log) as out:
-        _demo(out, num_prompts, max_tokens, cache_dir, heads_dir, num_heads, batch_size, dtype)
+        _demo(out, cfg, heads_dir, num_heads)
         if log is not None:
             print(f"vLLM's own output: {log} (--verbose shows it here)", file=out)
 
 
-def _demo(
-    out: TextIO,
-    num_prompts: int,
-    max_tokens: int,
-    cache_dir: str | None,
-    heads_dir: Path,
-    num_heads: int,
-    batch_size: int,
-    dtype: str,
-) -> None:
-    target = fetch_reference_target(cache_dir)
-    questions = mtbench_questions(fetch_mtbench(cache_dir))[:num_prompts]
+def _demo(out: TextIO, cfg: DemoConfig, heads_dir: Path, num_heads: int) -> None:
+    target = fetch_reference_target(cfg.cache_dir)
+    questions = mtbench_questions(fetch_mtbench(cfg.cache_dir))[: cfg.num_prompts]
     chats = [[{"role": "user", "content": q.turns[0]}] for q in questions]
+    dtype, batch_size, max_tokens = cfg.dtype, cfg.batch_size, cfg.max_tokens
     shown = "bfloat16, the target's own" if dtype == "auto" else dtype
     print(
         f"Clover demo: SmolLM2-135M-Instruct ({shown}) on {cpu_model()} "

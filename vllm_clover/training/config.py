@@ -328,3 +328,18 @@ RUN_ONLY_FIELDS = (
     "out",
     "device",
 )
+
+
+@dataclass(frozen=True)
+class ExportMedusaConfig:
+    """`vllm-clover export-medusa`: heads trained with --medusa, in vLLM's Medusa format."""
+
+    heads: str = opt("", "checkpoint written by train --medusa", required=True)
+    target: str = opt("", "the target they were trained for", required=True)
+    out: str = opt("", "the folder to write", required=True)
+    dtype: str = opt(
+        "bfloat16",
+        "dtype of the written weights (vLLM casts to the serving dtype)",
+        choices=("float32", "bfloat16"),
+    )
+    overwrite: bool = opt(False, "replace an existing --out folder")

@@ -36,7 +36,8 @@ from vllm_clover.modeling.checkpoint import (
     read_config_json,
     stored_tensor,
 )
-from vllm_clover.training.config import TrainingError
+from vllm_clover.training.config import ExportMedusaConfig, TrainingError
+from vllm_clover.training.flags import to_command_line
 
 
 def export_medusa(
@@ -169,27 +170,26 @@ LLM(
 {source}"""
 
 
-def export_medusa_command(heads: str, target: str, out: str, overwrite: bool, dtype: str) -> Path:
+def export_medusa_command(cfg: ExportMedusaConfig) -> Path:
     """`vllm-clover export-medusa`: load the heads for the target, write the folder + card."""
     from vllm_clover.training.teacher import load_teacher
 
-    teacher = load_teacher(target, torch.device("cpu"), torch.float32)
+    teacher = load_teacher(cfg.target, torch.device("cpu"), torch.float32)
     try:  # CloverCheckpointError is a ValueError, as is "not a Medusa configuration"
-        model = load_clover(heads, teacher.lm_head)
-        export_medusa(model, out, teacher.lm_head, overwrite=overwrite, dtype=getattr(torch, dtype))
+        model = load_clover(cfg.heads, teacher.lm_head)
+        dtype = getattr(torch, cfg.dtype)
+        export_medusa(model, cfg.out, teacher.lm_head, overwrite=cfg.overwrite, dtype=dtype)
     except (ValueError, FileExistsError) as err:
         raise TrainingError(str(err)) from err
-    source_card = Path(heads, MODEL_CARD_NAME)
-    command = (
-        f"vllm-clover export-medusa --heads {heads} --target {target} --out {out} --dtype {dtype}"
-    )
-    Path(out, MODEL_CARD_NAME).write_text(
+    source_card = Path(cfg.heads, MODEL_CARD_NAME)
+    Path(cfg.out, MODEL_CARD_NAME).write_text(
         medusa_model_card(
             source_card.read_text() if source_card.is_file() else None,
-            command,
-            target,
+            to_command_line(cfg, "vllm-clover export-medusa"),
+            cfg.target,
             model.config.num_heads,
         ),
         encoding="utf-8",
     )
-    return Path(out)
+    print(f"wrote vLLM Medusa heads to {cfg.out}")
+    return Path(cfg.out)
