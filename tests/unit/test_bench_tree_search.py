@@ -55,3 +55,16 @@ def test_prompts_that_leave_no_room_to_decode_are_named(reference_target, tmp_pa
     args = ["search-tree", "--heads", str(REFERENCE_HEADS), "--prompts", str(prompts)]
     assert main(args) == 2
     assert "--prompts: none leaves 64 tokens of the context" in capsys.readouterr().err
+
+
+def test_best_subtree_keeps_the_most_accepted_nodes():
+    from vllm_clover.bench.tree_search import best_subtree
+    from vllm_clover.tree import TokenTree
+
+    tree = TokenTree.parse("[(0,), (1,), (2,), (0, 0), (1, 0), (0, 0, 0)]")
+    chances = [0.4, 0.2, 0.05, 0.12, 0.06, 0.03]
+    assert str(best_subtree(tree, chances, 2)) == "[(0,), (1,)]"
+    assert str(best_subtree(tree, chances, 4)) == "[(0,), (1,), (0, 0), (1, 0)]"
+    assert best_subtree(tree, chances, 6) == tree
+    zero = [0.4, 0.0, 0.0, 0.0, 0.0, 0.0]  # ties at zero: parents before children
+    assert str(best_subtree(tree, zero, 3)) == "[(0,), (1,), (2,)]"

@@ -5,7 +5,7 @@ The target decodes the given prompts greedily while the heads draft a wide candi
 cut to the heads' depth), and the tree verifier counts how often each node was accepted. A
 node's greedy acceptance depends on its own path only, so its rate holds in every subtree
 that keeps the path, and the best subtree of N nodes is the N most accepted ones
-(``tree.design.best_subtree``); its predicted tau is 1 + the sum of their rates. The chain's
+(``best_subtree``); its predicted tau is 1 + the sum of their rates. The chain's
 (the rank-0 nodes) is read off the same run. ``--write-default N`` records the best N-node
 tree in the heads' config.json (``token_tree``), which ``"speculative_token_tree":
 "default"`` then drafts; time it against the chain with ``vllm-clover bench --clover-variant
@@ -19,12 +19,16 @@ writes ``my-heads/tree_search.json``.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm_clover.bench.config import BenchError
 from vllm_clover.training.flags import opt
+
+if TYPE_CHECKING:
+    from vllm_clover.tree import TokenTree
 
 CANDIDATE = (
     [(r,) for r in range(12)]
@@ -108,10 +112,27 @@ def node_chances(target: str, heads: Path, tree, prompts: list, max_tokens: int)
     }
 
 
+def best_subtree(tree: TokenTree, chances: Sequence[float], num_nodes: int) -> TokenTree:
+    """The ``num_nodes`` nodes of ``tree`` most often accepted, as measured: ``chances[i]``
+    is how often node i was accepted when the whole tree was verified. A child is never
+    accepted without its parent, so the best nodes form a tree.
+    Example: chances (0.4, 0.2, 0.12) for [(0,), (1,), (0, 0)] and 2 nodes: [(0,), (1,)]."""
+    from vllm_clover.tree import TokenTree
+
+    order = sorted(range(tree.num_nodes), key=lambda i: (-chances[i], tree.depths[i], i))
+    chosen = set(order[:num_nodes])
+    for i in chosen:  # ties at zero may pick a child without its parent: keep parents first
+        parent = tree.parents[i]
+        if parent >= 0 and parent not in chosen:
+            raise ValueError(
+                f"node {tree.paths[i]} chosen without its parent: chances not measured on one tree"
+            )
+    return TokenTree.from_paths([tree.paths[i] for i in sorted(chosen)])
+
+
 def best_trees(found: dict, sizes: tuple[int, ...]) -> dict[str, dict[str, Any]]:
     """The chain's and each size's best subtree, with predicted tau (1 + their nodes' rates)."""
     from vllm_clover.tree import TokenTree
-    from vllm_clover.tree.design import best_subtree
 
     tree, chances = TokenTree.parse(found["candidate"]), found["chances"]
     index = {p: i for i, p in enumerate(tree.paths)}
