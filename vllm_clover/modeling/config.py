@@ -32,60 +32,8 @@ CLOVER_ARCHITECTURE = "CloverModel"
 class CloverConfig(PretrainedConfig):
     """Configuration of the Clover heads (Augmenting Block + Attention Decoder + heads).
 
-    Args:
-        hidden_size: D, hidden size of the target (and of every Clover tensor).
-        vocab_size: V, vocabulary size of the target LM head.
-        num_heads: K, number of trained heads = max number of drafted tokens.
-        use_augmenting_block: run ``num_augmenting_layers`` decoder layers over H.
-        num_augmenting_layers: depth of the Augmenting Block (>= 1 when it is on).
-        use_attention_decoder: recurrent cosine-gated attention decoder.
-        decoder_num_heads: attention-decoder heads (must divide hidden_size);
-            None = num_attention_heads.
-        use_regressive_connection: feed the embedding of the previous token.
-        regressive_embedding: "lm_head", the only value: the Regressive Connection
-            embeds a token with its RMS-normalised row of the target's LM head, as in the
-            paper (the field stays so that older checkpoints, which all say "lm_head", load).
-        fuse_next_token: Clover-2's order: before the Augmenting Block, an attention-decoder
-            step fuses H_t with the embedding of the next token t0 = x_{t+1} (as EAGLE
-            feeds its layer), so the block reads the token and head 0 makes no decoder
-            step of its own. Needs the Augmenting Block and the Regressive Connection.
-        head_projection: what turns a head's state h_i into its feature z_i: "residual"
-            (Medusa's ``h + SiLU(W h + b)``, the paper) or "linear" (Clover-2: a plain
-            projection ``W_i [h_i ; e_i] + b_i`` of the state and the embedding of the
-            token the head read).
-        augmenting_gate: a learned per-channel gate g around the Augmenting Block,
-            ``h0 = x + g * (block(x) - x)``, zero at initialisation: training starts
-            from the heads without the block and moves away only where the block helps.
-        draft_vocab_size: N, size of the draft vocabulary; None = full vocab.
-        draft_confidence: one threshold per head, in [0, 1]: a request's draft chain
-            stops at the first head whose best token has a lower probability (the head's
-            softmax over the draft vocabulary); None = always draft K tokens. Calibrated
-            on held-out data by ``vllm-clover eval-heads --draft-token-cost``;
-            ``speculative_config["draft_confidence"]`` overrides it (docs/heads.md).
-        token_tree: the checkpoint's default token tree, in ``speculative_token_tree``'s
-            format (rank paths, one head per depth), used when a speculative_config asks
-            for ``"speculative_token_tree": "default"``; None = no default. Chosen from
-            the heads' measured node acceptance by ``vllm-clover search-tree
-            --write-default`` (``bench/tree_search.py``).
-        intermediate_size, num_attention_heads, num_key_value_heads, head_dim,
-        rms_norm_eps, rope_theta, max_position_embeddings, hidden_act,
-        attention_bias, qkv_bias: shape of the augmenting decoder layers, copied
-            from the target (Llama semantics: ``attention_bias`` puts a bias on
-            q/k/v/o, ``qkv_bias`` overrides it for q/k/v only, as in vLLM's
-            LlamaDecoderLayer; Qwen2 = attention_bias False, qkv_bias True).
-        target_layers: target decoder layers whose residual stream the heads read besides H
-            (EAGLE-3's auxiliary layers), fused into the heads' input as
-            ``x = H + sum_j W_j rmsnorm_j(L_j)`` with W_j zero at initialisation
-            (``LayerFusion``). Layer j is the input of the target's decoder layer j: Hugging
-            Face's ``hidden_states[j]`` and vLLM's auxiliary hidden state j. Strictly
-            increasing, each in [1, target_num_hidden_layers - 1]; None = H alone.
-        target_num_hidden_layers: the target's number of decoder layers (0 = unknown),
-            recorded to check ``target_layers`` against it.
-        target_name: name or path of the target model the heads were trained for.
-        target_hidden_size, target_vocab_size: recorded target shape (default:
-            hidden_size, vocab_size; must agree with them).
-        target_lm_head_fingerprint: ``lm_head_fingerprint(W_lm)`` of the target
-            ("" = unknown, not checked at load time).
+    One keyword per config.json field; docs/checkpoint-format.md gives each field's type,
+    default and meaning, and the constraints ``_validate`` enforces.
     """
 
     model_type = "clover"

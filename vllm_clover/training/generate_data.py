@@ -14,9 +14,9 @@ engine's context ends its conversation after the previous reply; a conversation 
 any assistant turn is dropped. Output: our ``{"id", "messages"}`` JSONL, written atomically.
 
 Backends: ``vllm`` (default; fast, batched; vLLM is imported only inside ``vllm_generator``)
-and ``hf`` (transformers, ``generate`` in batches of similar prompt length or continuous
-batching; for machines without vLLM, such as a GPU box with PyTorch alone: its speed is in
-docs/training.md).
+and ``hf`` (transformers, for machines without vLLM such as a GPU box with PyTorch alone:
+``--hf-batching static``, the target's own layers over a static KV cache, or ``padded``,
+``generate`` in batches of similar prompt length; their speed is in docs/training.md).
 """
 
 from __future__ import annotations
