@@ -43,5 +43,7 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ] || ! "$VENV/bin/python" -c "impo
     echo "$want" > "$STAMP"
     echo "setup: installed in $((SECONDS - start)) s, venv size $(du -sh "$VENV" | cut -f1)"
 fi
+# TQDM_DISABLE: transformers' GGUF conversion draws a progress bar that no flag turns off,
+# a screen of bars over a few seconds in front of the demo's result.
 # shellcheck disable=SC2086  # a list of asset names
-"$VENV/bin/vllm-clover" fetch ${CLOVER_ASSETS:-all}
+TQDM_DISABLE=1 "$VENV/bin/vllm-clover" fetch ${CLOVER_ASSETS:-all}
