@@ -20,8 +20,10 @@ CLOVER = Run(
 def test_partings_at_ties_are_explained(capsys):
     report(VANILLA, CLOVER, 4, "bfloat16", [Parting(1, 1, 0.0), Parting(2, 2, 0.125)])
     out = capsys.readouterr().out
-    assert "outputs: 1/3 token-identical to vanilla; 2 part where vanilla's two best tokens "
-    assert "were a bfloat16 rounding tie (top-2 logit gap 0, 0.125; a tie is <= 0.5" in out
+    assert (
+        "outputs: 1/3 token-identical to vanilla; 2 part where vanilla's two best tokens "
+        "were a bfloat16 rounding tie (top-2 logit gap 0, 0.125; a tie is <= 0.5"
+    ) in out
     assert "tau 1.75 tokens per verification step" in out and "2.00x vanilla" in out
     assert "4.0 drafts per step of at most 4, accepted per position: 0.50 0.25 0.00 0.00" in out
 
@@ -50,3 +52,10 @@ def test_a_parting_beyond_rounding_fails_the_demo_after_the_figures(capsys, dtyp
     assert "x vanilla" in out  # the figures came first
     assert "prompt 2 parts from vanilla at token 2" in str(failed.value)
     assert f"more than {dtype} rounding" in str(failed.value)
+
+
+def test_bad_sizes_are_refused_before_any_engine(capsys):
+    from vllm_clover.cli import main
+
+    assert main(["demo", "--num-prompts", "0"]) == 2
+    assert "--num-prompts, --max-tokens and --batch-size must be >= 1" in capsys.readouterr().err
