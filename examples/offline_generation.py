@@ -13,7 +13,7 @@ import argparse
 from vllm import LLM, SamplingParams
 
 from vllm_clover.assets.target import REFERENCE_TARGET, fetch_reference_target
-from vllm_clover.bundled import REFERENCE_HEADS
+from vllm_clover.bundled import CLOVER2_HEADS
 from vllm_clover.engine import set_cpu_env_defaults
 
 PROMPTS = [
@@ -27,7 +27,7 @@ PROMPTS = [
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", default=REFERENCE_TARGET, help="model folder or id")
-    parser.add_argument("--heads", default=str(REFERENCE_HEADS), help="Clover checkpoint")
+    parser.add_argument("--heads", default=str(CLOVER2_HEADS), help="Clover checkpoint")
     args = parser.parse_args()
     # The reference target is downloaded and converted on first use, then cached.
     target = str(fetch_reference_target()) if args.target == REFERENCE_TARGET else args.target

@@ -20,7 +20,7 @@ from vllm_clover.bench.config import (
     BenchConfig,
     resolve_methods,
 )
-from vllm_clover.bundled import REFERENCE_HEADS, REFERENCE_MEDUSA
+from vllm_clover.bundled import CLOVER2_HEADS, REFERENCE_MEDUSA
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -76,7 +76,12 @@ def _add_method_arguments(parser: argparse.ArgumentParser) -> None:
         'such as "[(0,), (1,), (0, 0)]"; draft_confidence C or draft_budget "goodput" prune '
         "it per request)",
     )
-    parser.add_argument("--clover-heads", default=str(REFERENCE_HEADS))
+    parser.add_argument(
+        "--clover-heads",
+        default=str(CLOVER2_HEADS),
+        help="the Clover checkpoint of the clover method (default: the bundled Clover-2 heads, "
+        "as the demo)",
+    )
     parser.add_argument("--medusa-heads", default=str(REFERENCE_MEDUSA))
     parser.add_argument(
         "--eagle3-drafter", help="an EAGLE-3 drafter folder (speculators format) for eagle3"
