@@ -25,10 +25,10 @@ from vllm_clover.assets.target import REFERENCE_TARGET, fetch_reference_target
 from vllm_clover.assets.wheels import AssetError
 from vllm_clover.bench.arguments import add_arguments as add_bench_arguments
 from vllm_clover.bench.config import BenchError
-from vllm_clover.bench.tree_search import TreeSearchConfig
-from vllm_clover.demo import DemoConfig
+from vllm_clover.bench.tree_search import TreeSearchConfig, search_tree
+from vllm_clover.demo import DemoConfig, run_demo
 from vllm_clover.eagle3.config import Eagle3TrainConfig
-from vllm_clover.make_heads import MakeHeadsConfig
+from vllm_clover.make_heads import MakeHeadsConfig, make_heads
 from vllm_clover.training.config import (
     EvalConfig,
     ExportMedusaConfig,
@@ -46,7 +46,8 @@ FETCHERS: dict[str, Callable[..., Path]] = {
 
 
 def _run(module: str, function: str) -> Callable[[Any], None]:
-    """The command's function, imported when it runs: `--help` and errors stay fast."""
+    """The command's function from a module that imports torch, imported when it runs, so
+    that `--help` and flag errors stay fast (the config modules above import neither)."""
     return lambda config: getattr(importlib.import_module(module), function)(config)
 
 
@@ -68,19 +69,19 @@ COMMANDS: dict[str, tuple[type, str, Callable[[Any], None]]] = {
         DemoConfig,
         "Clover vs vanilla on MT-Bench with the reference target: output equality, "
         "acceptance, speedup",
-        _run("vllm_clover.demo", "run_demo"),
+        run_demo,
     ),
     "make-heads": (
         MakeHeadsConfig,
         "one command from a target to served heads: self-distil, train, evaluate, check "
         "through vLLM (resumable)",
-        _run("vllm_clover.make_heads", "make_heads"),
+        make_heads,
     ),
     "search-tree": (
         TreeSearchConfig,
         "measure a wide token tree's node acceptance through vLLM; the best subtree of each "
         "size, optionally written as the heads' default tree",
-        _run("vllm_clover.bench.tree_search", "search_tree"),
+        search_tree,
     ),
     "train": (TrainConfig, "distil Clover (or --medusa) heads from a frozen target", _print_train),
     "generate-data": (
