@@ -114,7 +114,7 @@ class CloverProposer(EagleProposer):
         """Draft a chain of K = `num_speculative_tokens` per request: [num_reqs, K] int64.
 
         K may change from step to step (dynamic speculation) and may be 0; a step at K = 0
-        still runs the Augmenting Block, so that its KV cache stays in sync.
+        still writes the Augmenting Block's KV cache, so that it stays in sync.
         """
         self.num_speculative_tokens = k = num_speculative_tokens
         self._last_draft_probs = None  # vLLM treats drafts as one-hot unless _propose_chain sets it
@@ -131,10 +131,9 @@ class CloverProposer(EagleProposer):
             token_indices_to_sample,
             common_attn_metadata,
         )
-        if not self.model.layers:  # no Augmenting Block: h0 = x at the last accepted token
-            last = _last_accepted(token_indices_to_sample, common_attn_metadata)
-            h0 = self.model.fuse(target_hidden_states[last])
-        else:
+        lookups = None if step is None else self.hybrid.plan(self._runner.input_batch, step, k)
+        heads_draft = bool(k) and not (lookups is not None and self.hybrid.takes_all(lookups, k))
+        if self.model.layers:  # the block's pass writes its KV cache whether h0 is read or not
             h0 = self._augmenting_pass(
                 target_token_ids,
                 target_positions,
@@ -143,12 +142,15 @@ class CloverProposer(EagleProposer):
                 token_indices_to_sample,
                 common_attn_metadata,
                 num_rejected_tokens_gpu,
+                heads_draft,
             )
-        lookups = None if step is None else self.hybrid.plan(self._runner.input_batch, step, k)
-        if lookups is not None and self.hybrid.takes_all(lookups, k):
-            drafts = torch.full((len(lookups), k), -1, device=h0.device)  # no head loop
-        else:
+        else:  # no Augmenting Block: h0 = x at the last accepted token
+            last = _last_accepted(token_indices_to_sample, common_attn_metadata)
+            h0 = self.model.fuse(target_hidden_states[last if heads_draft else last[:0]])
+        if heads_draft:
             drafts = self._draft(h0, next_token_ids.long(), k, sampling_metadata)
+        else:  # K = 0, or every request takes the lookup: no head loop
+            drafts = torch.full((next_token_ids.shape[0], k), -1, device=h0.device)
         self.draft_log.record(k, drafts, target_token_ids.shape[0], self.stops_early)
         if lookups is not None:  # each request's chain: Clover's or the lookup's
             self.hybrid.choose(lookups, drafts, self._last_draft_probs)
@@ -173,10 +175,8 @@ class CloverProposer(EagleProposer):
         )
 
     def _draft(self, h0: torch.Tensor, t0: torch.Tensor, k: int, sampling_metadata) -> torch.Tensor:
-        """[num_reqs, k] drafts from h0 [num_reqs, D] and t0 (num_reqs,): none, a tree's
+        """[num_reqs, k >= 1] drafts from h0 [num_reqs, D] and t0 (num_reqs,): a tree's
         first k nodes, or a chain."""
-        if k == 0:
-            return t0.new_empty((t0.shape[0], 0))
         if self.trees is not None:
             return self._propose_tree(h0, t0, k)
         return self._propose_chain(h0, t0, k, sampling_metadata)
@@ -238,9 +238,11 @@ class CloverProposer(EagleProposer):
         token_indices_to_sample,
         common_attn_metadata,
         num_rejected_tokens_gpu,
+        needed: bool,
     ) -> torch.Tensor:
         """The Augmenting Block over every scheduled token, writing its paged KV cache:
-        h0 at each request's last accepted token, [num_reqs, hidden_size].
+        h0 at each request's last accepted token, [num_reqs, hidden_size] (or [0,
+        hidden_size] when not `needed`: then only the K and V are computed).
 
         EAGLE's first draft pass (`SpecDecodeBaseProposer.propose`, up to its first sample),
         without the branches Clover never takes (EAGLE-3/DFlash hidden-state combining,
@@ -262,6 +264,8 @@ class CloverProposer(EagleProposer):
         model_kwargs, num_slots = self.build_model_inputs_first_pass(
             num_tokens, num_input_tokens, None
         )
+        if not needed:
+            rows = rows[:0]
         with set_forward_context(
             per_layer_metadata,
             self.vllm_config,
@@ -270,8 +274,8 @@ class CloverProposer(EagleProposer):
             cudagraph_runtime_mode=graph_mode,
             slot_mapping=self._get_slot_mapping(num_slots, metadata.slot_mapping),
         ):
-            h0, _ = self.model(**model_kwargs)
-        return h0[rows]
+            h0, _ = self.model(**model_kwargs, rows=rows)
+        return h0
 
     def initialize_attn_backend(self, kv_cache_config, kernel_block_sizes=None) -> None:
         """Attention groups for the Augmenting Block's layers; none without the block.
