@@ -2,7 +2,8 @@
  *
  * For CPUs without bfloat16 units, where oneDNN creates no bf16 matmul and PyTorch's own
  * bf16 matmul costs one pass over W per row of x. This kernel widens each W element to
- * float32 once and multiplies it into up to ROWS rows of x: W is read once for all rows.
+ * float32 once for up to ROWS rows of x, WIDE rows of W at a time: W is read from memory
+ * once for all rows, and the WIDE * ROWS sums in flight keep both FMA units busy.
  * Each output element is the same sequence of FMAs (8 lanes over k, then a fixed lane sum)
  * whatever M is, so a row's result does not depend on the rows beside it.
  * Built and loaded by bf16_gemm.py.
@@ -12,7 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define ROWS 4    /* rows of x per pass over a pair of W rows: 8 accumulators */
+#define ROWS 3    /* rows of x per pass */
+#define WIDE 4    /* rows of W per pass: with ROWS, 12 sums in registers */
 #define CHAINS 8  /* ATen's accumulator registers per dot product (kF32RegistersPerIteration) */
 #define BLOCK 64  /* columns per ATen main-loop iteration: CHAINS x 8 lanes */
 
@@ -51,42 +53,27 @@ static inline float chains_sum(__m256 part[CHAINS]) {
     return lane_sum(_mm256_add_ps(part[0], part[1]));
 }
 
-/* Chain c of the sums of W rows w0, w1 against ROWS rows of x from xr (row stride K): the
- * lanes k = 8c .. 8c + 7 of every BLOCK, as one of ATen's 8 accumulator registers. */
-static void full_chain(const float* xr, const uint16_t* w0, const uint16_t* w1, int64_t K,
-                       int64_t main, int c, __m256 p0[ROWS][CHAINS], __m256 p1[ROWS][CHAINS]) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+/* Chain c of the sums of WIDE rows of W (w[j]) against R rows of x from xr (row stride K):
+ * the lanes k = 8c .. 8c + 7 of every BLOCK, as one of ATen's 8 accumulator registers.
+ * Each W element is widened once for all R rows, and each output's sum is the FMAs a single
+ * row would make, in the same order. Called with a constant R, so that the compiler keeps
+ * the WIDE * R sums in registers: enough independent sums to hide the FMA latency. */
+static inline __attribute__((always_inline)) void chain(
+    const float* xr, const uint16_t* const w[WIDE], int64_t K, int64_t main, int c, const int R,
+    __m256 p[WIDE][ROWS][CHAINS]) {
+    __m256 a[WIDE][ROWS];
+    for (int j = 0; j < WIDE; j++)
+        for (int r = 0; r < R; r++) a[j][r] = _mm256_setzero_ps();
     for (int64_t k = 8 * c; k < main; k += BLOCK) {
-        const __m256 wa = load8(w0 + k), wb = load8(w1 + k);
-        __m256 xv = _mm256_loadu_ps(xr + k);
-        a0 = _mm256_fmadd_ps(xv, wa, a0);
-        b0 = _mm256_fmadd_ps(xv, wb, b0);
-        xv = _mm256_loadu_ps(xr + K + k);
-        a1 = _mm256_fmadd_ps(xv, wa, a1);
-        b1 = _mm256_fmadd_ps(xv, wb, b1);
-        xv = _mm256_loadu_ps(xr + 2 * K + k);
-        a2 = _mm256_fmadd_ps(xv, wa, a2);
-        b2 = _mm256_fmadd_ps(xv, wb, b2);
-        xv = _mm256_loadu_ps(xr + 3 * K + k);
-        a3 = _mm256_fmadd_ps(xv, wa, a3);
-        b3 = _mm256_fmadd_ps(xv, wb, b3);
+        __m256 wv[WIDE];
+        for (int j = 0; j < WIDE; j++) wv[j] = load8(w[j] + k);
+        for (int r = 0; r < R; r++) {
+            const __m256 xv = _mm256_loadu_ps(xr + r * K + k);
+            for (int j = 0; j < WIDE; j++) a[j][r] = _mm256_fmadd_ps(xv, wv[j], a[j][r]);
+        }
     }
-    p0[0][c] = a0, p0[1][c] = a1, p0[2][c] = a2, p0[3][c] = a3;
-    p1[0][c] = b0, p1[1][c] = b1, p1[2][c] = b2, p1[3][c] = b3;
-}
-
-/* The same chain for one row of x. */
-static void row_chain(const float* x, const uint16_t* w0, const uint16_t* w1, int64_t main,
-                      int c, __m256* p0, __m256* p1) {
-    __m256 a = _mm256_setzero_ps(), b = a;
-    for (int64_t k = 8 * c; k < main; k += BLOCK) {
-        const __m256 xv = _mm256_loadu_ps(x + k);
-        a = _mm256_fmadd_ps(xv, load8(w0 + k), a);
-        b = _mm256_fmadd_ps(xv, load8(w1 + k), b);
-    }
-    *p0 = a;
-    *p1 = b;
+    for (int j = 0; j < WIDE; j++)
+        for (int r = 0; r < R; r++) p[j][r][c] = a[j][r];
 }
 
 /* x . w after the main loop's sums: ATen's tail, 16 columns at a time into one register
@@ -103,31 +90,28 @@ static float finish(const float* x, const uint16_t* w, int64_t K, int64_t main, 
     return sum;
 }
 
-/* Rows m0 .. m0 + rows - 1 of y for W rows n and n2 (n2 == n when N is odd at the end). */
-static void pass(const float* xf, const uint16_t* W, const float* bias, uint16_t* y,
-                 int64_t m0, int64_t rows, int64_t n, int64_t n2, int64_t N, int64_t K) {
-    const uint16_t* w0 = W + n * K;
-    const uint16_t* w1 = W + n2 * K;
-    const int64_t main = K - K % BLOCK;
-    __m256 p0[ROWS][CHAINS], p1[ROWS][CHAINS];
-    for (int c = 0; c < CHAINS; c++) {
-        if (rows == ROWS) {
-            full_chain(xf + m0 * K, w0, w1, K, main, c, p0, p1);
-        } else {
-            for (int64_t r = 0; r < rows; r++)
-                row_chain(xf + (m0 + r) * K, w0, w1, main, c, &p0[r][c], &p1[r][c]);
-        }
+/* Rows m0 .. m0 + R - 1 of y for the WIDE rows of W from n (clamped to N - 1 at the end,
+ * where a row is then computed twice into the same place). */
+static inline __attribute__((always_inline)) void pass(const float* xf, const uint16_t* W,
+                                                      const float* bias, uint16_t* y,
+                                                      int64_t m0, const int R, int64_t n,
+                                                      int64_t N, int64_t K) {
+    const uint16_t* w[WIDE];
+    int64_t col[WIDE];
+    for (int j = 0; j < WIDE; j++) {
+        col[j] = n + j < N ? n + j : N - 1;
+        w[j] = W + col[j] * K;
     }
-    for (int64_t r = 0; r < rows; r++) {
+    const int64_t main = K - K % BLOCK;
+    __m256 p[WIDE][ROWS][CHAINS];
+    for (int c = 0; c < CHAINS; c++) chain(xf + m0 * K, w, K, main, c, R, p);
+    for (int r = 0; r < R; r++) {
         const float* x = xf + (m0 + r) * K;
-        float s0 = finish(x, w0, K, main, chains_sum(p0[r]));
-        float s1 = finish(x, w1, K, main, chains_sum(p1[r]));
-        if (bias) {
-            s0 += bias[n];
-            s1 += bias[n2];
+        for (int j = 0; j < WIDE; j++) {
+            float s = finish(x, w[j], K, main, chains_sum(p[j][r]));
+            if (bias) s += bias[col[j]];
+            y[(m0 + r) * N + col[j]] = f32_to_bf16(s);
         }
-        y[(m0 + r) * N + n] = f32_to_bf16(s0);
-        y[(m0 + r) * N + n2] = f32_to_bf16(s1);
     }
 }
 
@@ -138,10 +122,13 @@ int clover_bf16_linear(const uint16_t* x, const uint16_t* W, const float* bias, 
     if (!xf) return -1;
     for (int64_t i = 0; i < M * K; i++) xf[i] = bf16_to_f32(x[i]);
 #pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < N; n += 2) {
-        const int64_t n2 = n + 1 < N ? n + 1 : n;
+    for (int64_t n = 0; n < N; n += WIDE) {
         for (int64_t m0 = 0; m0 < M; m0 += ROWS) {
-            pass(xf, W, bias, y, m0, M - m0 < ROWS ? M - m0 : ROWS, n, n2, N, K);
+            switch (M - m0) { /* a constant R for each pass */
+                case 1: pass(xf, W, bias, y, m0, 1, n, N, K); break;
+                case 2: pass(xf, W, bias, y, m0, 2, n, N, K); break;
+                default: pass(xf, W, bias, y, m0, ROWS, n, N, K); break;
+            }
         }
     }
     free(xf);
