@@ -16,10 +16,11 @@ import pytest
 from scheduling_cases import BLOCK, MAX_TOKENS, generate
 from spec_checks import assert_clover_speculated, speculation, target_compilation
 
-from helpers import in_process_llm, run_with_aborts
+from helpers import fixed_budget_spec, in_process_llm, run_with_aborts
 from vllm_clover.bench.measure import metric_total
 from vllm_clover.bundled import CLOVER2_HEADS
 from vllm_clover.modeling.checkpoint import read_config_json
+from vllm_clover.patches.channel import SchedulerChannel, channel_of
 
 pytestmark = pytest.mark.engine
 
@@ -143,6 +144,53 @@ def test_dynamic_speculation_down_to_k_zero(reference_target, clover_spec, sched
     assert outputs == expected
     assert {0, 2, k} <= set(stats.steps_by_k), stats.steps_by_k
     assert stats.drafts > 0 and stats.accepted > 0 and stats.drafter == "CloverProposer"
+
+
+def _worker_rests(worker) -> int:
+    return worker.model_runner.drafter.rest.rested
+
+
+def test_the_block_rests_where_k_stays_zero(reference_target, scheduling_cases):
+    """Clover-2 heads, K = 0 above 4 running requests (a table; the goodput budget makes the
+    same choice under load). After 22 steps of 16 requests without drafts the Augmenting
+    Block rests (patches/block_rest.py): the proposer skips its pass and the scheduler,
+    deciding alike, marks the requests stale. Requests that arrive while it rests are stale
+    from their first step: their drafts at the K > 0 steps of a shrinking batch are dropped,
+    and their prompt pages leave the prefix cache. The same prompts later at batch 4 hit
+    none of those pages, draft, and are accepted."""
+    plain, plain_params, plain_expected = scheduling_cases["plain"]
+    _, mixed_params, mixed_expected = scheduling_cases["mixed"]
+    shared, shared_params, shared_expected = scheduling_cases["shared_prefix"]
+    spec = fixed_budget_spec(CLOVER2_HEADS)
+    k = spec["num_speculative_tokens"]
+    spec["num_speculative_tokens_per_batch_size"] = [[1, 4, k], [5, 256, 0]]
+    with in_process_llm(
+        reference_target,
+        speculative_config=spec,
+        max_num_seqs=16,
+        enable_prefix_caching=True,
+        block_size=BLOCK,
+    ) as llm:
+        rest = channel_of(llm.llm_engine.engine_core.engine_core.scheduler, SchedulerChannel).rest
+        outputs = [generate(llm, plain, plain_params)]  # 16 at K = 0: the block comes to rest
+        rested_idle = rest.rule.rested
+        before = speculation(llm)
+        outputs.append(generate(llm, plain, mixed_params))  # stale; the last ones at K = k
+        stale_tail = speculation(llm) - before
+        outputs.append(generate(llm, shared, shared_params))  # stale, pages evicted
+        hits_before = metric_total(llm, "vllm:prefix_cache_hits")
+        before = speculation(llm)
+        outputs.append(generate(llm, shared[:4], shared_params[:4]))  # fresh at batch 4
+        fresh = speculation(llm) - before
+        hits = metric_total(llm, "vllm:prefix_cache_hits") - hits_before
+        (worker_rests,) = llm.collective_rpc(_worker_rests)
+    assert outputs == [plain_expected, mixed_expected, shared_expected, shared_expected[:4]]
+    assert rested_idle > 0 and rest.rule.buckets == (16,)
+    assert worker_rests == rest.rule.rested  # the proposer skipped the pass where it rested
+    assert stale_tail.steps_by_k.get(k, 0) > 0 and stale_tail.drafts == 0
+    full_blocks = sum((len(p["prompt_token_ids"]) - 1) // BLOCK for p in shared[:4])
+    assert rest.book.evicted > 0 and hits < BLOCK * full_blocks
+    assert fresh.drafts > 0 and fresh.accepted > 0 and fresh.drafter == "CloverProposer"
 
 
 def test_compiled_mode(reference_target, clover_spec, scheduling_cases, monkeypatch):

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from vllm_clover import patches
+from vllm_clover.patches.block_rest import SchedulerRest
 from vllm_clover.patches.channel import SchedulerChannel
 from vllm_clover.patches.scheduling import (
     GoodputLookup,
@@ -95,6 +96,28 @@ def test_a_step_teaches_the_controller_its_time_k_and_verified_drafts():
     assert controller.acceptance.offered.tolist() == [3, 3, 0, 0]  # every request offered 2
     assert controller.last_k == 0 and controller.cost.observations == 1
     assert controller.measured[(4, 0)] == 1  # a decode step of batch 3 (bucket 4) at K = 0
+
+
+def test_stale_requests_teach_the_controller_nothing():
+    """b is stale (the block rested under it): its step without drafts is left out, as if
+    it had not decoded; a's 2 drafts (1 accepted) count."""
+    controller = goodput_controller(vllm_config())
+    controller.last_k = 2
+    rest = SchedulerRest(block_size=4)
+    rest.book.stale.add("b")
+    channel = SchedulerChannel(controller, step_started=time.perf_counter() - 0.05, rest=rest)
+    step = SimpleNamespace(
+        num_scheduled_tokens={"a": 3, "b": 1},
+        scheduled_spec_decode_tokens={"a": [5, 6]},
+        total_num_scheduled_tokens=4,
+        num_spec_tokens_to_schedule=2,
+    )
+    output = SimpleNamespace(req_id_to_index={"a": 0, "b": 1}, sampled_token_ids=[[5, 9], [4]])
+    controller.acceptance.offered[:] = 0
+    controller.acceptance.reached[:] = 0
+    observe_step(channel, step, output)
+    assert controller.acceptance.offered.tolist() == [1, 1, 0, 0]
+    assert controller.acceptance.reached.tolist() == [1, 1, 0, 0]
 
 
 def test_the_patch_is_applied_once_and_keeps_vllms_methods_underneath():

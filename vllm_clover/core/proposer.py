@@ -28,10 +28,12 @@ from vllm.forward_context import set_forward_context
 from vllm.logger import init_logger
 from vllm.v1.spec_decode.eagle import EagleProposer
 
+from vllm_clover.core.block_rest import RestRule
 from vllm_clover.core.checks import confidence_thresholds
 from vllm_clover.core.target_tables import attach_target_tables
 from vllm_clover.hybrid.drafter import StepTokens, hybrid_drafter
 from vllm_clover.modeling.draft_sampling import DraftSampler
+from vllm_clover.patches.block_rest import rest_applies
 from vllm_clover.patches.channel import RunnerChannel, channel_of
 from vllm_clover.tree.draft import propose_confident_tree, propose_tree
 from vllm_clover.tree.subset import pack
@@ -88,6 +90,8 @@ class CloverProposer(EagleProposer):
         pruned = self.trees is not None and self.trees.subsets is not None
         self.hybrid = hybrid_drafter(vllm_config, self.trees is not None)  # "lookup"
         self._runner = runner  # its input batch: the histories the lookup reads
+        # The scheduler's twin decides alike (patches/block_rest.py); set with the KV config.
+        self.rest: RestRule | None = None
         # Read by the draft_lengths patch: rows may end in -1 (a chain stopped, a tree pruned,
         # a lookup chain shorter than K).
         self.stops_early = self.min_confidence is not None or pruned or self.hybrid is not None
@@ -114,7 +118,9 @@ class CloverProposer(EagleProposer):
         """Draft a chain of K = `num_speculative_tokens` per request: [num_reqs, K] int64.
 
         K may change from step to step (dynamic speculation) and may be 0; a step at K = 0
-        still writes the Augmenting Block's KV cache, so that it stays in sync.
+        still writes the Augmenting Block's KV cache, so that it stays in sync, unless the
+        block rests where the budget stopped drafting (``RestRule``): then the scheduler
+        drops every later draft of the step's requests (patches/block_rest.py).
         """
         self.num_speculative_tokens = k = num_speculative_tokens
         self._last_draft_probs = None  # vLLM treats drafts as one-hot unless _propose_chain sets it
@@ -132,8 +138,10 @@ class CloverProposer(EagleProposer):
             common_attn_metadata,
         )
         lookups = None if step is None else self.hybrid.plan(self._runner.input_batch, step, k)
-        heads_draft = bool(k) and not (lookups is not None and self.hybrid.takes_all(lookups, k))
-        if self.model.layers:  # the block's pass writes its KV cache whether h0 is read or not
+        resting = self.rest is not None and self.rest.rests(k, common_attn_metadata.num_reqs)
+        takes_all = lookups is not None and self.hybrid.takes_all(lookups, k)
+        heads_draft = bool(k) and not takes_all  # K = 0 where the block rests
+        if self.model.layers and not resting:  # the pass writes the block's KV, h0 read or not
             h0 = self._augmenting_pass(
                 target_token_ids,
                 target_positions,
@@ -144,13 +152,13 @@ class CloverProposer(EagleProposer):
                 num_rejected_tokens_gpu,
                 heads_draft,
             )
-        else:  # no Augmenting Block: h0 = x at the last accepted token
+        elif heads_draft:  # no Augmenting Block: h0 = x at the last accepted token
             last = _last_accepted(token_indices_to_sample, common_attn_metadata)
-            h0 = self.model.fuse(target_hidden_states[last if heads_draft else last[:0]])
+            h0 = self.model.fuse(target_hidden_states[last])
         if heads_draft:
             drafts = self._draft(h0, next_token_ids.long(), k, sampling_metadata)
         else:  # K = 0, or every request takes the lookup: no head loop
-            drafts = torch.full((next_token_ids.shape[0], k), -1, device=h0.device)
+            drafts = torch.full((next_token_ids.shape[0], k), -1, device=next_token_ids.device)
         self.draft_log.record(k, drafts, target_token_ids.shape[0], self.stops_early)
         if lookups is not None:  # each request's chain: Clover's or the lookup's
             self.hybrid.choose(lookups, drafts, self._last_draft_probs)
@@ -287,6 +295,8 @@ class CloverProposer(EagleProposer):
         """
         if self._draft_attn_layer_names:
             super().initialize_attn_backend(kv_cache_config, kernel_block_sizes)
+            if rest_applies(self.vllm_config, kv_cache_config):
+                self.rest = RestRule()
         else:
             self.kv_cache_gid = 0
 

@@ -6,7 +6,7 @@ metadata that carries it to the attention backend. Each is one dataclass below, 
 the vLLM object under the one attribute name ``CHANNEL``; the patches read it back with
 ``channel_of``. Nothing else of the plugin's is set on vLLM's objects (a test checks it).
 
-Example: the goodput patch does ``attach(scheduler, SchedulerChannel(budget))``; later
+Example: the goodput patch does ``scheduler_channel(scheduler).budget = budget``; later
 ``channel_of(scheduler, SchedulerChannel).budget`` is that controller, and
 ``channel_of(scheduler, RunnerChannel)`` is None.
 """
@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from vllm_clover.budget.goodput import GoodputController
+    from vllm_clover.patches.block_rest import SchedulerRest
     from vllm_clover.tree.step import TreeStep, TreeVerifier
 
 CHANNEL = "clover"  # the attribute name, on vLLM's Scheduler, model runner, attention metadata
@@ -26,10 +27,12 @@ T = TypeVar("T")
 
 @dataclass
 class SchedulerChannel:
-    """Beside a Clover engine's Scheduler: the budget that picks each step's K."""
+    """Beside a Clover engine's Scheduler: the budget that picks each step's K (None: vLLM's
+    K) and the resting block's book (None: the block never rests)."""
 
-    budget: GoodputController
+    budget: GoodputController | None = None
     step_started: float = 0.0  # perf_counter() when the step's schedule() began
+    rest: SchedulerRest | None = None
 
 
 @dataclass
@@ -50,6 +53,11 @@ def attach(obj: Any, channel: T) -> T:
     """Attach `channel` to the vLLM object `obj`; returns it."""
     setattr(obj, CHANNEL, channel)
     return channel
+
+
+def scheduler_channel(scheduler: Any) -> SchedulerChannel:
+    """The scheduler's SchedulerChannel, attached first if it has none (two patches fill it)."""
+    return channel_of(scheduler, SchedulerChannel) or attach(scheduler, SchedulerChannel())
 
 
 def channel_of(obj: Any, kind: type[T]) -> T | None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from vllm_clover.patches import (
+    block_rest,
     cpu_memory,
     fixes,
     method,
@@ -268,6 +269,32 @@ PATCHES = (
         },
         attributes=("kv_cache_manager", "coordinator", "all_token_ids", "request_id"),
         apply=prefix_cache.patch_prefix_block_drop,
+    ),
+    Entry(
+        "block_rest",
+        "patch",
+        "where the budget stopped drafting, the proposer skips the Augmenting Block's pass "
+        "(RestRule on each step's num_spec_tokens_to_schedule and number of scheduled "
+        "requests, which the runner hands propose as K and the batch); the scheduler runs "
+        "the same rule after schedule() (which has advanced num_computed_tokens by the "
+        "step's tokens), marks stale requests and holed KV blocks, evicts holed blocks vLLM "
+        "has cached (evict_blocks keeps them allocated), and drops stale requests' drafts "
+        "in update_draft_token_ids, which the engine core calls once per step",
+        "patches/block_rest.py, core/block_rest.py, core/proposer.py",
+        {
+            f"{SCHEDULER}.__init__": "c02680245672",
+            f"{SCHEDULER}.schedule": "da4f2cf2fc39",
+            f"{SCHEDULER}.update_draft_token_ids": "f05dcf1d7891",
+            f"{SCHEDULER}._update_after_schedule": "2b527eb8070d",
+            "vllm.v1.core.block_pool:BlockPool.evict_blocks": "0aa2e3002a37",
+            "vllm.v1.core.kv_cache_utils:KVCacheBlock": "c059877cdb7f",
+            "vllm.v1.core.kv_cache_coordinator:KVCacheCoordinator.get_blocks": "ac7a98f7734f",
+            "vllm.v1.outputs:DraftTokenIds": "695352e02c33",
+            "vllm.v1.engine.core:EngineCore.post_step": "dfda901ee36b",
+            f"{RUNNER}.propose_draft_token_ids": "a60269aca9de",
+        },
+        attributes=("requests", "num_computed_tokens", "block_pool", "blocks", "block_hash"),
+        apply=block_rest.patch_block_rest,
     ),
     Entry(
         "cpu_malloc",

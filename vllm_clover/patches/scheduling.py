@@ -18,7 +18,7 @@ import time
 from vllm.logger import init_logger
 
 from vllm_clover.budget.goodput import GoodputConfig, GoodputController
-from vllm_clover.patches.channel import SchedulerChannel, attach, channel_of
+from vllm_clover.patches.channel import SchedulerChannel, channel_of, scheduler_channel
 from vllm_clover.patches.marking import CLOVER_METHOD, is_patched, mark
 
 logger = init_logger("vllm.clover.patches")
@@ -90,9 +90,12 @@ def verified_drafts(scheduler_output, model_runner_output) -> list[tuple[str, in
 
 
 def observe_step(channel: SchedulerChannel, scheduler_output, model_runner_output) -> None:
-    """Teach the controller one step: its time, its K and the drafts it verified."""
+    """Teach the controller one step: its time, its K and the drafts it verified (those of
+    stale requests left out: the block's rest, not the heads, left them without drafts)."""
     budget = channel.budget
     verified = verified_drafts(scheduler_output, model_runner_output)
+    if channel.rest is not None and channel.rest.book.stale:
+        verified = [v for v in verified if v[0] not in channel.rest.book.stale]
     budget.observe_step(
         seconds=time.perf_counter() - channel.step_started,
         tokens=scheduler_output.total_num_scheduled_tokens,
@@ -120,7 +123,7 @@ def patch_goodput_budget() -> None:
         init(self, vllm_config, *args, **kwargs)
         budget = goodput_controller(vllm_config)
         if budget is not None:
-            attach(self, SchedulerChannel(budget))
+            scheduler_channel(self).budget = budget
             self.dynamic_sd_lookup = GoodputLookup(budget)
 
     @functools.wraps(schedule)
@@ -133,7 +136,8 @@ def patch_goodput_budget() -> None:
     @functools.wraps(update)
     def update_from_output(self, scheduler_output, model_runner_output):
         channel = channel_of(self, SchedulerChannel)
-        if channel is not None and scheduler_output.total_num_scheduled_tokens > 0:
+        tokens = scheduler_output.total_num_scheduled_tokens
+        if channel is not None and channel.budget is not None and tokens > 0:
             observe_step(channel, scheduler_output, model_runner_output)
         return update(self, scheduler_output, model_runner_output)
 
