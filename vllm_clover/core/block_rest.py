@@ -12,7 +12,11 @@ batch bucket (the budget's: 33-64 requests is one), an exponential average of th
 its steps that drafted, starting at 1; the block rests at a K = 0 step of a bucket whose
 share is below `max_share`. With memory 0.9 and max_share 0.1, that is after 22
 non-drafting steps in a row, and it stays so while the budget explores K > 0 about one step
-in 16.
+in 16. One exception: vLLM skips `propose` at a step whose input does not fit the drafter
+(near max_model_len), so there the proposer's rule misses a step the scheduler's counted,
+and the two may disagree for a few steps. The harm is speed only: a pass skipped that the
+book does not know of leaves holes a later hit may draft from (and be rejected); the reverse
+runs a pass nobody reads.
 
 `StaleBook` is the scheduler's record of what a rest leaves behind. Every request scheduled
 at a resting step is *stale* from then on: its draft KV has a hole, and the scheduler drops
