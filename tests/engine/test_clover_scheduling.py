@@ -155,9 +155,10 @@ def test_the_block_rests_where_k_stays_zero(reference_target, scheduling_cases):
     same choice under load). After 22 steps of 16 requests without drafts the Augmenting
     Block rests (patches/block_rest.py): the proposer skips its pass and the scheduler,
     deciding alike, marks the requests stale. Requests that arrive while it rests are stale
-    from their first step: their drafts at the K > 0 steps of a shrinking batch are dropped,
-    and their prompt pages leave the prefix cache. The same prompts later at batch 4 hit
-    none of those pages, draft, and are accepted."""
+    from their first step: where the table gives K > 0 as their batch shrinks to 4 (before
+    this rule, such steps drafted and had every draft dropped), no step drafts,
+    since every draft would be dropped; their prompt pages leave the prefix cache. The same
+    prompts later at batch 4 hit none of those pages, draft, and are accepted."""
     plain, plain_params, plain_expected = scheduling_cases["plain"]
     _, mixed_params, mixed_expected = scheduling_cases["mixed"]
     shared, shared_params, shared_expected = scheduling_cases["shared_prefix"]
@@ -187,7 +188,7 @@ def test_the_block_rests_where_k_stays_zero(reference_target, scheduling_cases):
     assert outputs == [plain_expected, mixed_expected, shared_expected, shared_expected[:4]]
     assert rested_idle > 0 and rest.rule.buckets == (16,)
     assert worker_rests == rest.rule.rested  # the proposer skipped the pass where it rested
-    assert stale_tail.steps_by_k.get(k, 0) > 0 and stale_tail.drafts == 0
+    assert stale_tail.steps_by_k.get(k, 0) == 0 and stale_tail.drafts == 0
     full_blocks = sum((len(p["prompt_token_ids"]) - 1) // BLOCK for p in shared[:4])
     assert rest.book.evicted > 0 and hits < BLOCK * full_blocks
     assert fresh.drafts > 0 and fresh.accepted > 0 and fresh.drafter == "CloverProposer"

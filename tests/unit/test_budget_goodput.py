@@ -50,9 +50,45 @@ def simulate(controller, acceptance, step_time, batches, steps=800, seed=0, nois
     return controller
 
 
+def warm_up(controller: GoodputController) -> None:
+    """One decode step of batch 1 at the warm-up's K = max_k (the tests below set
+    warmup_steps=1), so that no K of the batch sizes they test is measured."""
+    k = controller.choose(1)
+    controller.observe_step(0.05, 1, k, 1, [(0, 0)])
+
+
 def test_warmup_visits_every_k_extremes_first():
-    assert [_warmup_k(s, 4) for s in range(5)] == [4, 0, 3, 1, 2]
-    assert sorted(_warmup_k(s, 3) for s in range(4)) == [0, 1, 2, 3]
+    assert [_warmup_k(s, 4) for s in range(6)] == [4, 0, 0, 3, 1, 2]
+    assert sorted(_warmup_k(s, 3) for s in range(5)) == [0, 0, 1, 2, 3]
+    assert [_warmup_k(s, 1) for s in range(3)] == [1, 0, 0]
+
+
+def test_large_batches_warm_up_with_k_one():
+    """A step verifying K drafts per request costs K + 1 decode steps where the target is
+    compute-bound: at batch 64 the cycle is K = 1, 0, 0, where batch 1 tries every K."""
+    config = GoodputConfig(max_k=4)
+    assert [config.warmup_top(b) for b in (1, 2, 4, 5, 8, 64)] == [4, 4, 3, 2, 1, 1]
+    for batch, cycle in ((64, [1, 0, 0]), (1, [4, 0, 0, 3, 1, 2])):
+        controller = GoodputController(config)
+        picks = []
+        for _ in range(len(cycle)):
+            picks.append(controller.choose(batch))
+            controller.observe_step(0.05, batch, picks[-1], batch, [(0, 0)] * batch)
+        assert picks == cycle and sum(controller.log.warmup.values()) == len(cycle)
+
+
+def test_warmup_advances_on_decode_steps_only():
+    """A fresh engine's first steps only prefill: they verify nothing and measure no K, so
+    the cycle waits for the first step that decodes; its second K = 0 step is the first to
+    neither verify nor draft."""
+    controller = GoodputController(GoodputConfig(max_k=2))
+    picks = []
+    for verified in ([], [], [(0, 0)] * 4, [(2, 1)] * 4, [(0, 0)] * 4, [(0, 0)] * 4):
+        picks.append(controller.choose(4))
+        tokens = 4 + sum(n for n, _ in verified)
+        controller.observe_step(0.05, tokens, picks[-1], 4, verified)
+    assert picks == [2, 2, 2, 0, 0, 1]
+    assert sum(controller.log.warmup.values()) == 6 and controller.decode_steps == 4
 
 
 def test_acceptance_counts_follow_the_docstring_example():
@@ -73,7 +109,9 @@ def test_speculates_at_batch_one_and_not_at_batch_64_on_a_cpu_like_engine():
     assert controller.best_k(64) == 0
     picked = controller.log.k_by_batch()
     assert picked[64].get(0, 0) > 0.9 * sum(picked[64].values())
-    assert controller.log.explored and sum(controller.log.warmup.values()) == 5
+    # the cycle's length follows the batch: 6 steps at batch 1, 3 at 16; here it ends at
+    # the first step of batch 16, the fourth
+    assert controller.log.explored and sum(controller.log.warmup.values()) == 4
     best = {k for _, k in controller.log.chosen}
     assert all(any(abs(k - b) == 1 for b in best) for k in controller.log.explored)
 
@@ -137,13 +175,15 @@ def test_config_refuses_nonsense():
 
 
 def test_explores_a_neighbour_only_when_it_is_a_close_call(monkeypatch):
-    """K = 1 predicted at 90% of the best K = 0 is tried about one step in 16 (it is the only
-    neighbour of 0); predicted at 50%, never (once measured: min_measured 0 here)."""
-    for predicted, expected in (([1.0, 0.9, 0.2], (40, 90)), ([1.0, 0.5, 0.2], (0, 0))):
+    """K = 1 predicted at 95% of the best K = 0 is tried about one step in 16 (it is the only
+    neighbour of 0); predicted at 85% or 50%, never (once measured: min_measured 0 here)."""
+    cases = ([1.0, 0.95, 0.2], (40, 90)), ([1.0, 0.85, 0.2], (0, 0)), ([1.0, 0.5, 0.2], (0, 0))
+    for predicted, expected in cases:
         config = GoodputConfig(max_k=2, warmup_steps=1, seed=3, min_measured=0)
         controller = GoodputController(config)
         monkeypatch.setattr(controller, "predicted_goodput", lambda b, *_, p=predicted: np.array(p))
-        picks = [controller.choose(8) for _ in range(1001)][1:]
+        warm_up(controller)
+        picks = [controller.choose(8) for _ in range(1000)]
         low, high = expected
         assert low <= picks.count(1) <= high, picks.count(1)
         assert picks.count(2) == 0 and picks.count(0) == 1000 - picks.count(1)
@@ -155,7 +195,7 @@ def test_an_unmeasured_neighbour_is_explored_first(monkeypatch):
     controller = GoodputController(GoodputConfig(max_k=2, warmup_steps=1, seed=3))
     monkeypatch.setattr(controller, "predicted_goodput", lambda b, *_: np.array([0.9, 1.0, 0.95]))
     controller.measured[(1, 2)] = 100
-    controller.choose(1)  # the warm-up step
+    warm_up(controller)
     picks = []
     while controller.measured[(1, 0)] < 8 and len(picks) < 400:
         picks.append(controller.choose(1))
@@ -164,18 +204,18 @@ def test_an_unmeasured_neighbour_is_explored_first(monkeypatch):
 
 
 def test_close_calls_are_tried_about_one_step_in_sixteen(monkeypatch):
-    """K = 1 predicted at 90% of K = 0, already measured, batch 8: K = 0 is chosen, and
+    """K = 1 predicted at 95% of K = 0, already measured, batch 8: K = 0 is chosen, and
     K = 1 tried as a close call on about one step in 16 (explore)."""
     config = GoodputConfig(max_k=2, warmup_steps=1, seed=3, min_measured=0)
     controller = GoodputController(config)
-    monkeypatch.setattr(controller, "predicted_goodput", lambda b, *_: np.array([1.0, 0.9, 0.2]))
+    monkeypatch.setattr(controller, "predicted_goodput", lambda b, *_: np.array([1.0, 0.95, 0.2]))
     picks = []
     for _ in range(1001):
         k = controller.choose(8)
         controller.observe_step(0.05 + 0.02 * k, 8 * (1 + k), k, 8, [(0, 0)] * 8)
         picks.append(k)
     assert 40 <= picks[1:].count(1) <= 90, picks.count(1)
-    assert picks.count(2) == 1  # the warm-up step only
+    assert picks[0] == 1 and picks.count(2) == 0  # at batch 8 the warm-up tries K = 1 only
 
 
 def test_a_k_priced_only_by_the_warm_up_is_measured_before_it_is_ruled_out(monkeypatch):
@@ -184,7 +224,7 @@ def test_a_k_priced_only_by_the_warm_up_is_measured_before_it_is_ruled_out(monke
     consecutive steps, then never; a prefill step at K = 1 does not count as a measurement."""
     controller = GoodputController(GoodputConfig(max_k=2, warmup_steps=1, seed=3))
     monkeypatch.setattr(controller, "predicted_goodput", lambda b, *_: np.array([1.0, 0.5, 0.2]))
-    controller.choose(16)  # the warm-up step
+    warm_up(controller)
     controller.observe_step(0.3, 500, 1, 16, [])  # K = 1 on a prefill step
     picks = []
     for _ in range(1000):
@@ -204,7 +244,7 @@ def test_batch_sizes_of_one_bucket_share_their_trials(monkeypatch):
     size within the bucket (one catch-up); batch 16 is a bucket of its own."""
     controller = GoodputController(GoodputConfig(max_k=2, warmup_steps=1, seed=3))
     monkeypatch.setattr(controller, "predicted_goodput", lambda b, *_: np.array([1.0, 0.5, 0.2]))
-    controller.choose(64)  # the warm-up step
+    warm_up(controller)
     picks = []
     for step in range(2000):
         batch = 64 - step % 8
@@ -224,7 +264,7 @@ def test_a_burst_ends_with_its_bucket_and_after_twice_its_length(monkeypatch):
     nothing, stops after 16 steps instead of running on."""
     controller = GoodputController(GoodputConfig(max_k=2, warmup_steps=1, seed=3))
     monkeypatch.setattr(controller, "predicted_goodput", lambda b, *_: np.array([1.0, 0.5, 0.2]))
-    controller.choose(64)  # the warm-up step
+    warm_up(controller)
     picks = [0]
     while picks[-1] == 0:  # steps of K = 0 until a burst starts
         picks.append(controller.choose(64))
@@ -235,7 +275,7 @@ def test_a_burst_ends_with_its_bucket_and_after_twice_its_length(monkeypatch):
 
     controller = GoodputController(GoodputConfig(max_k=2, warmup_steps=1, seed=3))
     monkeypatch.setattr(controller, "predicted_goodput", lambda b, *_: np.array([1.0, 0.5, 0.2]))
-    controller.choose(64)
+    warm_up(controller)
     picks = []
     for _ in range(400):
         picks.append(controller.choose(64))

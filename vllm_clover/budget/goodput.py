@@ -53,10 +53,12 @@ class GoodputConfig:
     max_k: int  # the most drafts per request (num_speculative_tokens)
     max_tokens: int = 8192  # the largest step (max_num_batched_tokens): the last cost knot
     explore: float = 1 / 16  # share of steps that try (or start a burst on) the best K -+ 1 ...
-    explore_margin: float = 0.2  # ... if predicted within this fraction of the best goodput
+    explore_margin: float = 0.1  # ... if predicted within this fraction of the best goodput
     min_measured: int = 8  # ... or if fewer decode steps of this batch bucket measured that K
     optimism: float = 1.0  # z of the acceptance's upper confidence bound the choice reads
-    warmup_steps: int = 0  # first steps cycle K = max_k, 0, max_k - 1, ... (0: max_k + 1)
+    warmup_steps: int = 0  # first decode steps cycle K = top, 0, 0, top - 1, 1, ...
+    #                        (0: top + 2 steps, every K up to top once and K = 0 twice)
+    warmup_tokens: int = 16  # top: max_k, or less where a step would verify more tokens
     cost_memory: float = 0.998  # per-step forgetting of the cost fit (about 500 steps)
     acceptance_memory: float = 0.995  # forgetting per step that verifies drafts
     smoothness: float = 1e-3  # weight of the prior that f is linear between knots
@@ -70,9 +72,14 @@ class GoodputConfig:
         if not 0 <= self.explore < 1:
             raise ValueError(f"explore must be in [0, 1), got {self.explore}")
 
-    @property
-    def warmup(self) -> int:
-        return self.warmup_steps or self.max_k + 1
+    def warmup_top(self, batch: int) -> int:
+        """The largest K the warm-up tries at `batch` requests: a step verifying K drafts
+        for each costs about K + 1 decode steps where the target is compute-bound, so
+        large batches try K = 1 only (max_k 4, 16 tokens: batch 1 -> 4, 4 -> 3, 8+ -> 1)."""
+        return min(self.max_k, max(1, self.warmup_tokens // batch - 1))
+
+    def warmup(self, batch: int) -> int:
+        return self.warmup_steps or self.warmup_top(batch) + 2
 
 
 class AcceptanceModel:
@@ -179,6 +186,7 @@ class GoodputController:
         # (batch_bucket(batch), K) -> decode steps run
         self.measured: Counter[tuple[int, int]] = Counter()
         self.steps = 0  # choices made
+        self.decode_steps = 0  # steps observed that verified (decoded) at least one request
         self.last_k = config.max_k  # the K of the step observed last (its drafts verify next)
         self._random = random.Random(config.seed)
         self._trial: tuple[int, int] | None = None  # (bucket, K) of the burst under way
@@ -190,8 +198,8 @@ class GoodputController:
         """The K for a step of `batch` requests: a step of the warm-up cycle, an exploration
         (``_explore``), or the K of the highest predicted goodput."""
         self.steps += 1
-        if self.steps <= self.config.warmup:
-            k = _warmup_k(self.steps - 1, self.config.max_k)
+        if self.decode_steps < self.config.warmup(batch):  # prefill alone does not advance it
+            k = _warmup_k(self.decode_steps, self.config.warmup_top(batch))
             self.log.warmup[k] += 1
             return k
         goodput = self.predicted_goodput(batch)
@@ -270,14 +278,23 @@ class GoodputController:
         return goodput
 
     def observe_step(
-        self, seconds: float, tokens: int, k: int, batch: int, verified: list[tuple[int, int]]
+        self,
+        seconds: float,
+        tokens: int,
+        k: int,
+        batch: int,
+        verified: list[tuple[int, int]],
+        decoded: bool | None = None,
     ) -> None:
         """One executed step: its wall time, scheduled tokens, its K and batch, and for each
         request that decoded, its drafts made in the previous step (under that step's K) as
-        (drafted, accepted), (0, 0) without drafts; prefill chunks are not listed."""
+        (drafted, accepted), (0, 0) without drafts; prefill chunks are not listed. `decoded`
+        (default: any verified) says whether any request decoded, where the caller leaves
+        some out of `verified` (the resting block's stale requests)."""
         self.cost.observe(seconds, tokens, k, batch)
-        if len(verified) == batch:  # every request decoded: no prefill in the step
+        if bool(verified) if decoded is None else decoded:  # prefill alone measures no K
             self.measured[(batch_bucket(batch), k)] += 1
+            self.decode_steps += 1
         self.acceptance.observe([(self.last_k, n, m) for n, m in verified])
         self.last_k = k
 
@@ -297,6 +314,13 @@ def batch_bucket(batch: int) -> int:
 
 
 def _warmup_k(step: int, max_k: int) -> int:
-    """max_k, 0, max_k - 1, 1, ... : the extremes first, so both ends of the cost are seen."""
-    i = step % (max_k + 1)
+    """max_k, 0, 0, max_k - 1, 1, max_k - 2, ... : the extremes first, so both ends of the
+    cost are seen, and K = 0 twice: a step verifies the drafts of the step before, so only
+    the second K = 0 prices a step that neither verifies nor drafts, which the prices of
+    drafting are read against (without it the first decisions at batch 64 took drafting's
+    price for the target's and drafted where it lost)."""
+    i = step % (max_k + 2)
+    if i < 3:
+        return (max_k, 0, 0)[i]
+    i -= 1  # max_k - 1, 1, max_k - 2, 2, ...
     return max_k - i // 2 if i % 2 == 0 else i // 2

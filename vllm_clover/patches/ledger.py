@@ -232,7 +232,8 @@ PATCHES = (
         "patch",
         "the scheduler's per-step K comes only from a hand-written batch-size table "
         "(dynamic_sd_lookup); Clover's default asks a GoodputController, timed and taught "
-        "from each step's output",
+        "from each step's output, unless every request in Scheduler.running (which "
+        "schedule() has filled before the lookup) is stale under the resting block",
         "patches/scheduling.py",
         {
             f"{SCHEDULER}.__init__": "c02680245672",
@@ -279,7 +280,10 @@ PATCHES = (
         "the same rule after schedule() (which has advanced num_computed_tokens by the "
         "step's tokens), marks stale requests and holed KV blocks, evicts holed blocks vLLM "
         "has cached (evict_blocks keeps them allocated), and drops stale requests' drafts "
-        "in update_draft_token_ids, which the engine core calls once per step",
+        "in update_draft_token_ids, which the engine core calls once per step; where every "
+        "scheduled request is stale it sets the SchedulerOutput's num_spec_tokens_to_schedule "
+        "to 0 (only the runner reads it after schedule(); the goodput lookup, which reads "
+        "Scheduler.running, already says 0 there)",
         "patches/block_rest.py, core/block_rest.py, core/proposer.py",
         {
             f"{SCHEDULER}.__init__": "c02680245672",

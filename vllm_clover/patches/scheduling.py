@@ -28,12 +28,19 @@ SUMMARY_EVERY = 1000  # steps between the controller's log lines
 
 class GoodputLookup:
     """Stands in for the scheduler's dense batch-size -> K table: `lookup[B]` asks the
-    controller for the K of a step with B requests."""
+    controller for the K of a step with B requests, unless every running request is stale
+    (the resting block's book): their drafts would be dropped, so K = 0 and the controller
+    neither explores nor counts the step."""
 
-    def __init__(self, controller: GoodputController) -> None:
+    def __init__(self, controller: GoodputController, scheduler) -> None:
         self.controller = controller
+        self.scheduler = scheduler
 
     def __getitem__(self, batch_size: int) -> int:
+        channel = channel_of(self.scheduler, SchedulerChannel)
+        stale = channel.rest.book.stale if channel is not None and channel.rest else ()
+        if stale and all(request.request_id in stale for request in self.scheduler.running):
+            return 0
         return self.controller.choose(batch_size)
 
 
@@ -93,7 +100,7 @@ def observe_step(channel: SchedulerChannel, scheduler_output, model_runner_outpu
     """Teach the controller one step: its time, its K and the drafts it verified (those of
     stale requests left out: the block's rest, not the heads, left them without drafts)."""
     budget = channel.budget
-    verified = verified_drafts(scheduler_output, model_runner_output)
+    verified = decoded = verified_drafts(scheduler_output, model_runner_output)
     if channel.rest is not None and channel.rest.book.stale:
         verified = [v for v in verified if v[0] not in channel.rest.book.stale]
     budget.observe_step(
@@ -102,6 +109,7 @@ def observe_step(channel: SchedulerChannel, scheduler_output, model_runner_outpu
         k=scheduler_output.num_spec_tokens_to_schedule,
         batch=len(scheduler_output.num_scheduled_tokens),
         verified=[(drafted, accepted) for _, drafted, accepted in verified],
+        decoded=bool(decoded),
     )
     while budget.notices:
         logger.info("Clover: %s", budget.notices.pop(0))
@@ -124,7 +132,7 @@ def patch_goodput_budget() -> None:
         budget = goodput_controller(vllm_config)
         if budget is not None:
             scheduler_channel(self).budget = budget
-            self.dynamic_sd_lookup = GoodputLookup(budget)
+            self.dynamic_sd_lookup = GoodputLookup(budget, self)
 
     @functools.wraps(schedule)
     def timed_schedule(self, *args, **kwargs):
