@@ -74,3 +74,11 @@ def test_nothing_is_marked_while_the_block_runs_for_fresh_requests():
     evicted = []
     book.evict_cached(lambda page: True, evicted.extend)
     assert evicted == [] and book.evicted == 0
+
+
+def test_all_stale_needs_every_request_stale():
+    book = StaleBook(BLOCK)
+    assert not book.all_stale([]) and not book.all_stale(["a"])  # nothing stale yet
+    book.step(True, [Write("a", 8, 1, [1, 2, 3]), Write("b", 4, 1, [5, 6])])
+    assert book.all_stale(["a", "b"]) and book.all_stale(iter(["b"]))
+    assert not book.all_stale(["a", "c"])  # c arrived after the rest: it drafts

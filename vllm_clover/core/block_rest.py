@@ -104,6 +104,11 @@ class StaleBook:
                 refilled = write.pages[-(-write.start // size) : last + 1]  # from slot 0
                 self.holed.difference_update(refilled)
 
+    def all_stale(self, req_ids: Iterable[str]) -> bool:
+        """Whether there are stale requests and every one of `req_ids` is among them: a step
+        of such requests would draft only what the scheduler drops."""
+        return bool(self.stale) and all(req_id in self.stale for req_id in req_ids)
+
     def evict_cached(self, cached: Callable[[int], bool], evict: Callable[[set[int]], None]):
         """Evict the holed pages vLLM has cached (`cached(page)`) from its prefix cache."""
         pages = {page for page in self.holed if cached(page)}

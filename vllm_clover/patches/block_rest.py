@@ -55,8 +55,7 @@ class SchedulerRest:
         batch = len(output.num_scheduled_tokens)
         if batch == 0:  # the runner proposes nothing: the proposer's rule skips it too
             return
-        stale = self.book.stale
-        if stale and all(req_id in stale for req_id in output.num_scheduled_tokens):
+        if self.book.all_stale(output.num_scheduled_tokens):
             output.num_spec_tokens_to_schedule = 0  # every draft would be dropped: none made
         buckets = self.rule.buckets
         resting = self.rule.rests(output.num_spec_tokens_to_schedule, batch)

@@ -38,8 +38,8 @@ class GoodputLookup:
 
     def __getitem__(self, batch_size: int) -> int:
         channel = channel_of(self.scheduler, SchedulerChannel)
-        stale = channel.rest.book.stale if channel is not None and channel.rest else ()
-        if stale and all(request.request_id in stale for request in self.scheduler.running):
+        running = (request.request_id for request in self.scheduler.running)
+        if channel is not None and channel.rest and channel.rest.book.all_stale(running):
             return 0
         return self.controller.choose(batch_size)
 
