@@ -175,9 +175,10 @@ def test_the_block_rests_where_k_stays_zero(reference_target, scheduling_cases):
         rest = channel_of(llm.llm_engine.engine_core.engine_core.scheduler, SchedulerChannel).rest
         outputs = [generate(llm, plain, plain_params)]  # 16 at K = 0: the block comes to rest
         rested_idle = rest.rule.rested
-        before = speculation(llm)
+        before, undrafted = speculation(llm), rest.undrafted
         outputs.append(generate(llm, plain, mixed_params))  # stale; the last ones at K = k
         stale_tail = speculation(llm) - before
+        undrafted = rest.undrafted - undrafted
         outputs.append(generate(llm, shared, shared_params))  # stale, pages evicted
         hits_before = metric_total(llm, "vllm:prefix_cache_hits")
         before = speculation(llm)
@@ -188,7 +189,8 @@ def test_the_block_rests_where_k_stays_zero(reference_target, scheduling_cases):
     assert outputs == [plain_expected, mixed_expected, shared_expected, shared_expected[:4]]
     assert rested_idle > 0 and rest.rule.buckets == (16,)
     assert worker_rests == rest.rule.rested  # the proposer skipped the pass where it rested
-    assert stale_tail.steps_by_k.get(k, 0) == 0 and stale_tail.drafts == 0
+    assert undrafted > 0  # the table gave K = k there ...
+    assert stale_tail.steps_by_k.get(k, 0) == 0 and stale_tail.drafts == 0  # ... none ran
     full_blocks = sum((len(p["prompt_token_ids"]) - 1) // BLOCK for p in shared[:4])
     assert rest.book.evicted > 0 and hits < BLOCK * full_blocks
     assert fresh.drafts > 0 and fresh.accepted > 0 and fresh.drafter == "CloverProposer"

@@ -81,6 +81,7 @@ def test_after_a_rest_the_scheduler_marks_and_evicts():
     drafting = scheduler.schedule(2, {"a": 1})  # a table's K > 0 where only a runs ...
     rest.after_schedule(scheduler, drafting)
     assert drafting.num_spec_tokens_to_schedule == 0  # ... drafts nothing it would drop
+    assert rest.undrafted == 1
 
 
 def test_the_scheduler_drops_the_drafts_of_stale_requests():

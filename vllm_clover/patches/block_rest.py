@@ -49,14 +49,16 @@ class SchedulerRest:
     def __init__(self, block_size: int) -> None:
         self.rule = RestRule()
         self.book = StaleBook(block_size)
+        self.undrafted = 0  # steps whose K > 0 became 0: every request was stale
 
     def after_schedule(self, scheduler, output) -> None:
         """Run the rule on the step just scheduled and mark what it leaves."""
         batch = len(output.num_scheduled_tokens)
         if batch == 0:  # the runner proposes nothing: the proposer's rule skips it too
             return
-        if self.book.all_stale(output.num_scheduled_tokens):
+        if output.num_spec_tokens_to_schedule and self.book.all_stale(output.num_scheduled_tokens):
             output.num_spec_tokens_to_schedule = 0  # every draft would be dropped: none made
+            self.undrafted += 1
         buckets = self.rule.buckets
         resting = self.rule.rests(output.num_spec_tokens_to_schedule, batch)
         if self.rule.buckets != buckets:
