@@ -146,14 +146,16 @@ def test_dynamic_speculation_down_to_k_zero(reference_target, clover_spec, sched
     assert stats.drafts > 0 and stats.accepted > 0 and stats.drafter == "CloverProposer"
 
 
-def _worker_rests(worker) -> int:
-    return worker.model_runner.drafter.rest.rested
+def _worker_rests(worker) -> tuple[int, int]:
+    drafter = worker.model_runner.drafter
+    return drafter.rest.rested, drafter.draft_log.idle
 
 
 def test_the_block_rests_where_k_stays_zero(reference_target, scheduling_cases):
     """Clover-2 heads, K = 0 above 4 running requests (a table; the goodput budget makes the
     same choice under load). After 22 steps of 16 requests without drafts the Augmenting
-    Block rests (patches/block_rest.py): the proposer skips its pass and the scheduler,
+    Block rests (patches/block_rest.py): the proposer skips its pass (answering the runner
+    before it prepares propose's inputs) and the scheduler,
     deciding alike, marks the requests stale. Requests that arrive while it rests are stale
     from their first step: where the table gives K > 0 as their batch shrinks to 4 (before
     this rule, such steps drafted and had every draft dropped), no step drafts,
@@ -185,10 +187,11 @@ def test_the_block_rests_where_k_stays_zero(reference_target, scheduling_cases):
         outputs.append(generate(llm, shared[:4], shared_params[:4]))  # fresh at batch 4
         fresh = speculation(llm) - before
         hits = metric_total(llm, "vllm:prefix_cache_hits") - hits_before
-        (worker_rests,) = llm.collective_rpc(_worker_rests)
+        ((worker_rests, idle),) = llm.collective_rpc(_worker_rests)
     assert outputs == [plain_expected, mixed_expected, shared_expected, shared_expected[:4]]
     assert rested_idle > 0 and rest.rule.buckets == (16,)
     assert worker_rests == rest.rule.rested  # the proposer skipped the pass where it rested
+    assert idle == worker_rests  # ... answering before the runner prepared propose's inputs
     assert undrafted > 0  # the table gave K = k there ...
     assert stale_tail.steps_by_k.get(k, 0) == 0 and stale_tail.drafts == 0  # ... none ran
     full_blocks = sum((len(p["prompt_token_ids"]) - 1) // BLOCK for p in shared[:4])

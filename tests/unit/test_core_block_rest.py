@@ -20,6 +20,15 @@ def test_rests_after_22_idle_steps_and_not_while_drafting():
     assert not any(drafting.rests(2, 1) for _ in range(40)) and drafting.buckets == ()
 
 
+def test_would_rest_answers_as_rests_without_recording():
+    rule, probe = RestRule(), RestRule()
+    for k in [0] * 25 + [1] + [0] * 8:
+        answer = probe.would_rest(k, 8)
+        assert probe.would_rest(k, 8) == answer  # asking twice records nothing
+        assert rule.rests(k, 8) == answer == probe.rests(k, 8)
+    assert probe.rested == rule.rested > 0
+
+
 def test_occasional_exploration_keeps_the_rest():
     rule = RestRule()
     ks = [0] * 22 + [1 if i % 16 == 0 else 0 for i in range(64)]

@@ -102,3 +102,37 @@ def test_the_scheduler_drops_the_drafts_of_stale_requests():
     attach(scheduler, SchedulerChannel(rest=rest))
     Scheduler.update_draft_token_ids(scheduler, DraftTokenIds(["a", "b"], [[5, 6], [7]]))
     assert requests["a"].spec_token_ids == [] and requests["b"].spec_token_ids == [7]
+
+
+def test_an_idle_drafter_answers_before_the_runner_prepares_propose(monkeypatch):
+    """The runner's propose_draft_token_ids asks the drafter's idle_step (K, requests,
+    tokens) first and returns its drafts; where it answers None, or the drafter has none,
+    vLLM's own method runs."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    from vllm_clover.patches.block_rest import patch_idle_propose
+
+    def vllm_propose(runner, scheduler_output, *args):
+        return ("vllm", args)
+
+    monkeypatch.setattr(GPUModelRunner, "propose_draft_token_ids", vllm_propose)
+    patch_idle_propose()
+    asked = []
+
+    def idle_step(k, num_reqs, num_tokens):
+        asked.append((k, num_reqs, num_tokens))
+        return "idle" if k == 0 else None
+
+    output = SimpleNamespace(num_spec_tokens_to_schedule=0, total_num_scheduled_tokens=12)
+    runner = SimpleNamespace(
+        drafter=SimpleNamespace(idle_step=idle_step), input_batch=SimpleNamespace(num_reqs=3)
+    )
+    assert GPUModelRunner.propose_draft_token_ids(runner, output, "sampled") == "idle"
+    output.num_spec_tokens_to_schedule = 2
+    assert GPUModelRunner.propose_draft_token_ids(runner, output, "sampled") == (
+        "vllm",
+        ("sampled",),
+    )
+    assert asked == [(0, 3, 12), (2, 3, 12)]
+    other = SimpleNamespace(drafter=object(), input_batch=runner.input_batch)
+    assert GPUModelRunner.propose_draft_token_ids(other, output, "x") == ("vllm", ("x",))

@@ -58,14 +58,21 @@ class RestRule:
     def rests(self, k: int, batch: int) -> bool:
         """Record a step of `batch` requests drafting K each; True if its pass rests."""
         bucket = batch_bucket(batch)
-        memory = self.config.memory
-        share = memory * self._share.get(bucket, 1.0) + (1 - memory) * (k > 0)
+        share = self._next_share(k, bucket)
         self._share[bucket] = share
         resting = k == 0 and share < self.config.max_share
         self.rested += resting
         if resting and bucket not in self.buckets:
             self.buckets = (*self.buckets, bucket)
         return resting
+
+    def would_rest(self, k: int, batch: int) -> bool:
+        """What `rests` would answer for this step, recording nothing."""
+        return k == 0 and self._next_share(k, batch_bucket(batch)) < self.config.max_share
+
+    def _next_share(self, k: int, bucket: int) -> float:
+        memory = self.config.memory
+        return memory * self._share.get(bucket, 1.0) + (1 - memory) * (k > 0)
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,7 @@ class DraftLog:
     max_step_tokens: int = 0  # the most tokens the target's forward of a step scheduled
     drawn: int = 0  # requests whose drafts were drawn at random (draft_sample_method)
     cut_short: int = 0  # chains the confidence stop ended after 1 to K - 1 drafts
+    idle: int = 0  # K = 0 steps answered by idle_step, before the runner prepared propose
     keep_drafts: bool = False
     drafts: list[list[list[int]]] = field(default_factory=list)
     signal_width: int = 0  # columns of the target rows: D, or (1 + A) * D with target layers
@@ -162,6 +163,25 @@ class CloverProposer(EagleProposer):
         self.draft_log.record(k, drafts, target_token_ids.shape[0], self.stops_early)
         if lookups is not None:  # each request's chain: Clover's or the lookup's
             self.hybrid.choose(lookups, drafts, self._last_draft_probs)
+        return drafts
+
+    def idle_step(self, k: int, num_reqs: int, num_tokens: int) -> torch.Tensor | None:
+        """[num_reqs, 0] drafts for a step with nothing to draft or write, else None (then
+        `propose` runs): K = 0 for a chain with no lookup, where the block rests (``RestRule``,
+        recorded here as `propose` would) or there is none. The block_rest patch asks first,
+        so that the runner skips what it prepares for `propose` (the next tokens, the
+        target's rows) at the steps of a bucket where drafting stopped."""
+        if k or self.hybrid is not None or self.trees is not None:
+            return None
+        if self.model.layers:
+            if self.rest is None or not self.rest.would_rest(0, num_reqs):
+                return None
+            self.rest.rests(0, num_reqs)
+        self.num_speculative_tokens = 0
+        self._last_draft_probs = None
+        drafts = torch.empty((num_reqs, 0), dtype=torch.int64, device=self.device)
+        self.draft_log.record(0, drafts, num_tokens, self.stops_early)
+        self.draft_log.idle += 1
         return drafts
 
     def _step_tokens(

@@ -9,7 +9,9 @@ rule on the same (K, batch) of every step, and after each `schedule`
 - evicts holed pages that vLLM has cached from the prefix cache (`BlockPool.evict_blocks`),
 
 and `update_draft_token_ids` drops the drafts of stale requests (drafted from holes, they
-would only be rejected); the goodput patch leaves them out of what the budget learns.
+would only be rejected); the goodput patch leaves them out of what the budget learns. The
+runner's `propose_draft_token_ids` asks the proposer first whether the step is idle (K = 0
+where the block rests), and then skips what it would prepare for `propose`.
 """
 
 from __future__ import annotations
@@ -83,9 +85,12 @@ class SchedulerRest:
 
 
 def patch_block_rest() -> None:
-    """Wrap `Scheduler.__init__`, `schedule` and `update_draft_token_ids`."""
+    """Wrap `Scheduler.__init__`, `schedule` and `update_draft_token_ids`, and the runner's
+    `propose_draft_token_ids` (``patch_idle_propose``)."""
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.outputs import DraftTokenIds
+
+    patch_idle_propose()
 
     if is_patched_in_chain(Scheduler.__init__, "block_rest"):
         return
@@ -123,3 +128,29 @@ def patch_block_rest() -> None:
     Scheduler.__init__ = mark(__init__, "block_rest")
     Scheduler.schedule = mark(rested_schedule, "block_rest")
     Scheduler.update_draft_token_ids = mark(update_draft_token_ids, "block_rest")
+
+
+def patch_idle_propose() -> None:
+    """Let a Clover drafter answer a step with nothing to draft or write before the runner
+    prepares its inputs (``CloverProposer.idle_step``): at K = 0 where the block rests, the
+    runner would still gather the next tokens and the target's rows for every request."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    original = GPUModelRunner.propose_draft_token_ids
+    if is_patched_in_chain(original, "block_rest"):
+        return
+
+    @functools.wraps(original)
+    def propose_draft_token_ids(self, scheduler_output, *args, **kwargs):
+        idle_step = getattr(getattr(self, "drafter", None), "idle_step", None)
+        if idle_step is not None:
+            drafts = idle_step(
+                scheduler_output.num_spec_tokens_to_schedule,
+                self.input_batch.num_reqs,
+                scheduler_output.total_num_scheduled_tokens,
+            )
+            if drafts is not None:
+                return drafts
+        return original(self, scheduler_output, *args, **kwargs)
+
+    GPUModelRunner.propose_draft_token_ids = mark(propose_draft_token_ids, "block_rest")

@@ -283,7 +283,11 @@ PATCHES = (
         "in update_draft_token_ids, which the engine core calls once per step; where every "
         "scheduled request is stale it sets the SchedulerOutput's num_spec_tokens_to_schedule "
         "to 0 (only the runner reads it after schedule(); the goodput lookup, which reads "
-        "Scheduler.running, already says 0 there)",
+        "Scheduler.running, already says 0 there); the runner's propose_draft_token_ids "
+        "(called with the SchedulerOutput first, after sampling) asks the proposer's "
+        "idle_step first and returns its [num_reqs, 0] drafts at a K = 0 step with nothing "
+        "to write, skipping the next-token and row gathering vLLM does for propose (its "
+        "valid-count copy is a no-op without async scheduling, which the rest excludes)",
         "patches/block_rest.py, core/block_rest.py, core/proposer.py",
         {
             f"{SCHEDULER}.__init__": "c02680245672",

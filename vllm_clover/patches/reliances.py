@@ -67,7 +67,8 @@ RELIANCES = (
         "and reads the draft probabilities through take_last_draft_probs: (num_reqs, K, V) "
         "in the input batch's row order, of which the rejection sampler takes each "
         "request's first num_draft rows; the base's __init__ sets "
-        "_enable_probabilistic_draft_probs from draft_sample_method and the rejection method",
+        "_enable_probabilistic_draft_probs from draft_sample_method and the rejection method; "
+        "idle_step makes its empty drafts on the base's device",
         "core/proposer.py",
         {
             f"{BASE}.propose": "00017c139f27",
@@ -79,6 +80,7 @@ RELIANCES = (
             "num_speculative_tokens",
             "_last_draft_probs",
             "_enable_probabilistic_draft_probs",
+            "device",
         ),
     ),
     Entry(
