@@ -167,16 +167,16 @@ class CloverProposer(EagleProposer):
 
     def idle_step(self, k: int, num_reqs: int, num_tokens: int) -> torch.Tensor | None:
         """[num_reqs, 0] drafts for a step with nothing to draft or write, else None (then
-        `propose` runs): K = 0 for a chain with no lookup, where the block rests (``RestRule``,
-        recorded here as `propose` would) or there is none. The block_rest patch asks first,
-        so that the runner skips what it prepares for `propose` (the next tokens, the
-        target's rows) at the steps of a bucket where drafting stopped."""
-        if k or self.hybrid is not None or self.trees is not None:
+        `propose` runs): K = 0 without the lookup where the block rests (``RestRule``,
+        recorded here as `propose` would). The block_rest patch asks first, so that the
+        runner skips what it prepares for `propose` (the next tokens, the target's rows) at
+        the steps of a bucket where drafting stopped. Only where the block may rest: under
+        async scheduling the runner's next step reads what that preparation leaves."""
+        if k or self.rest is None or self.hybrid is not None:
             return None
-        if self.model.layers:
-            if self.rest is None or not self.rest.would_rest(0, num_reqs):
-                return None
-            self.rest.rests(0, num_reqs)
+        if not self.rest.would_rest(0, num_reqs):
+            return None
+        self.rest.rests(0, num_reqs)
         self.num_speculative_tokens = 0
         self._last_draft_probs = None
         drafts = torch.empty((num_reqs, 0), dtype=torch.int64, device=self.device)
