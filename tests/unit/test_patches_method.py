@@ -90,3 +90,24 @@ def test_draft_sample_method_tells_no_setting_from_greedy():
     assert drawn.draft_sample_method == "probabilistic"
     with pytest.raises(ValueError, match="draft_sample_method"):
         SpeculativeConfig(method="ngram", num_speculative_tokens=2, draft_sample_method="top")
+
+
+def test_applying_the_patches_again_wraps_propose_once_per_patch():
+    """Two patches wrap the runner's propose_draft_token_ids (target_signal, then block_rest
+    around it); applying the ledger again, as vLLM's second plugin load does, must add
+    neither (a second target_signal put H twice before the target's layers)."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    from vllm_clover.patches.marking import MARKER
+
+    def marks() -> list[str]:
+        names, function = [], GPUModelRunner.propose_draft_token_ids
+        while function is not None:
+            names.append(getattr(function, MARKER, None))
+            function = getattr(function, "__wrapped__", None)
+        return [name for name in names if name]
+
+    patches.apply_patches()
+    first = marks()
+    patches.apply_patches()
+    assert marks() == first and sorted(first) == ["block_rest", "target_signal"]
