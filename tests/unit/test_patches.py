@@ -103,6 +103,23 @@ def test_patches_apply_once_and_admit_clover():
     assert "clover" in str(SpeculativeConfig.__dataclass_fields__["method"].type)
 
 
+def test_a_patch_is_seen_under_any_wrapper_put_around_it():
+    """Another wrapper around a patched method (a second patch, a profiler's) must not make the
+    patch look absent, or applying the ledger again would wrap the method twice."""
+    import functools
+
+    from vllm_clover.patches.marking import is_patched, mark
+
+    def method() -> None: ...
+
+    patched = mark(functools.wraps(method)(lambda: method()), "inner")
+    outer = mark(functools.wraps(patched)(lambda: patched()), "outer")
+    profiled = functools.wraps(outer)(lambda: outer())
+    profiled.__dict__.pop("__vllm_clover_patch__")  # a wrapper that copies nothing of ours
+    assert is_patched(profiled, "inner") and is_patched(profiled, "outer")
+    assert not is_patched(method, "inner") and not is_patched(profiled, "other")
+
+
 def test_a_patch_that_does_not_fit_names_itself(monkeypatch):
     broken = patches.Entry("broken", "patch", "a test", "tests", {}, apply=lambda: {}["gone"])
     monkeypatch.setattr(patches, "PATCHES", (broken,))

@@ -22,7 +22,7 @@ from vllm.logger import init_logger
 
 from vllm_clover.core.block_rest import RestRule, StaleBook, Write
 from vllm_clover.patches.channel import SchedulerChannel, channel_of, scheduler_channel
-from vllm_clover.patches.marking import CLOVER_METHOD, is_patched_in_chain, mark
+from vllm_clover.patches.marking import CLOVER_METHOD, is_patched, mark
 
 logger = init_logger("vllm.clover.patches")
 
@@ -92,7 +92,7 @@ def patch_block_rest() -> None:
 
     patch_idle_propose()
 
-    if is_patched_in_chain(Scheduler.__init__, "block_rest"):
+    if is_patched(Scheduler.__init__, "block_rest"):
         return
     init, schedule, update = (
         Scheduler.__init__,
@@ -137,7 +137,7 @@ def patch_idle_propose() -> None:
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     original = GPUModelRunner.propose_draft_token_ids
-    if is_patched_in_chain(original, "block_rest"):
+    if is_patched(original, "block_rest"):
         return
 
     @functools.wraps(original)

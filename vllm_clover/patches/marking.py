@@ -15,15 +15,11 @@ def mark(function: Callable, name: str) -> Callable:
 
 
 def is_patched(obj: object, name: str) -> bool:
-    """True if `obj` is (or is tagged by) the patch `name`."""
-    return getattr(obj, MARKER, None) == name
-
-
-def is_patched_in_chain(function: Callable, name: str) -> bool:
-    """True if `function` or any function it wraps (`__wrapped__`, as functools.wraps sets
-    it) is tagged by the patch `name`: for methods more than one patch wraps."""
-    while function is not None:
-        if is_patched(function, name):
+    """True if `obj`, or any function it wraps (`__wrapped__`, as functools.wraps sets it), is
+    tagged by the patch `name`: a method several patches wrap carries each one's mark down its
+    chain, and only the outermost is visible on the class."""
+    while obj is not None:
+        if getattr(obj, MARKER, None) == name:
             return True
-        function = getattr(function, "__wrapped__", None)
+        obj = getattr(obj, "__wrapped__", None)
     return False

@@ -16,7 +16,7 @@ from typing import Literal
 from vllm.logger import init_logger
 
 from vllm_clover.patches.channel import RunnerChannel, attach, channel_of
-from vllm_clover.patches.marking import CLOVER_METHOD, is_patched, is_patched_in_chain, mark
+from vllm_clover.patches.marking import CLOVER_METHOD, is_patched, mark
 
 logger = init_logger("vllm.clover.patches")
 
@@ -296,7 +296,7 @@ def patch_target_signal() -> None:
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     original = GPUModelRunner.propose_draft_token_ids
-    if is_patched_in_chain(original, "target_signal"):  # block_rest wraps it too
+    if is_patched(original, "target_signal"):
         return
 
     signature = inspect.signature(original)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 
 from vllm_clover.core.prefix_blocks import BlockFollowers
-from vllm_clover.patches.marking import CLOVER_METHOD, is_patched_in_chain, mark
+from vllm_clover.patches.marking import CLOVER_METHOD, is_patched, mark
 
 
 def block_followers(vllm_config, kv_cache_config) -> BlockFollowers | None:
@@ -96,7 +96,7 @@ def patch_prefix_block_drop() -> None:
     """Wrap `Scheduler.__init__`: a Clover-2 engine's KV-cache manager follows its blocks."""
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    if is_patched_in_chain(Scheduler.__init__, "prefix_block_drop"):
+    if is_patched(Scheduler.__init__, "prefix_block_drop"):
         return
     init = Scheduler.__init__
 
