@@ -8,7 +8,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from vllm_clover.core.block_rest import RestRule
 from vllm_clover.core.proposer import CloverProposer, DraftLog, _last_accepted
 
 pytestmark = pytest.mark.unit
@@ -38,9 +37,9 @@ def test_last_accepted_token_of_each_request():
     assert _last_accepted(given, metadata) is given
 
 
-def idle_proposer(rest, hybrid=None) -> SimpleNamespace:
+def idle_proposer(may_rest=True, hybrid=None) -> SimpleNamespace:
     return SimpleNamespace(
-        rest=rest,
+        may_rest=may_rest,
         hybrid=hybrid,
         draft_log=DraftLog(),
         device=torch.device("cpu"),
@@ -50,29 +49,22 @@ def idle_proposer(rest, hybrid=None) -> SimpleNamespace:
     )
 
 
-def test_only_k_zero_steps_where_the_block_rests_are_idle():
-    """An idle step returns [num_reqs, 0] drafts and counts as the rule's rest (other steps
-    go to propose, which runs the rule itself); a step that drafts, one with the lookup and
-    an engine where the block never rests (async scheduling, trees, no block: no rule) are
-    never idle."""
-    rule = RestRule()
-    proposer = idle_proposer(rule)
-
-    def step(k: int):
-        drafts = CloverProposer.idle_step(proposer, k, 3, 3)
-        if drafts is None:
-            rule.rests(k, 3)  # as propose does
-        return drafts
-
-    answers = [step(0) for _ in range(23)]
-    assert all(a is None for a in answers[:21]) and rule.rested == 2  # from the 22nd on
-    assert answers[21].shape == (3, 0) and answers[22].shape == (3, 0)
-    assert proposer.draft_log.idle == 2 and proposer.draft_log.steps_by_k == {0: 2}
+def test_only_k_zero_steps_of_decoding_requests_where_the_block_may_rest_are_idle():
+    """An idle step returns [num_reqs, 0] drafts and is logged as a K = 0 step; a step that
+    drafts, one that prefills (its prompt must enter the block's cache), one with the lookup
+    and an engine where the block never rests (async scheduling, trees, no block) go to
+    propose."""
+    proposer = idle_proposer()
+    drafts = CloverProposer.idle_step(proposer, 0, 3, 5, True)
+    assert drafts.shape == (3, 0) and drafts.dtype == torch.int64
+    assert proposer.draft_log.idle == 1 and proposer.draft_log.steps_by_k == {0: 1}
+    assert proposer.draft_log.max_step_tokens == 5
     assert proposer.num_speculative_tokens == 0 and proposer._last_draft_probs is None
-    assert step(2) is None and step(0) is None  # the K = 2 step lifted the share
-    for other in (idle_proposer(None), idle_proposer(rule, hybrid=object())):
-        assert CloverProposer.idle_step(other, 0, 3, 3) is None
-    assert rule.rested == 2 and proposer.draft_log.idle == 2
+    assert CloverProposer.idle_step(proposer, 2, 3, 5, True) is None
+    assert CloverProposer.idle_step(proposer, 0, 3, 40, False) is None
+    for other in (idle_proposer(may_rest=False), idle_proposer(hybrid=object())):
+        assert CloverProposer.idle_step(other, 0, 3, 3, True) is None
+    assert proposer.draft_log.idle == 1
 
 
 class RecordingHeads:

@@ -9,8 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from vllm_clover import patches
-from vllm_clover.patches.block_rest import SchedulerRest
-from vllm_clover.patches.channel import SchedulerChannel, attach
+from vllm_clover.patches.channel import SchedulerChannel
 from vllm_clover.patches.scheduling import (
     GoodputLookup,
     goodput_controller,
@@ -56,25 +55,15 @@ def test_only_a_synchronous_clover_engine_with_goodput_gets_a_controller():
         assert goodput_controller(vllm_config(**unsupported)) is None, unsupported
 
 
-def test_the_lookup_asks_the_controller_once_per_step_unless_every_request_is_stale():
-    """The warm-up cycle advances on steps that decoded; where every running request is
-    stale (the block rested under it), the lookup says K = 0 without asking: their drafts
-    would be dropped. A new request makes the step worth drafting again."""
+def test_the_lookup_asks_the_controller_once_per_step():
+    """The warm-up cycle advances on steps that decoded: top, 0, 0, top - 1, 1, ..."""
     controller = goodput_controller(vllm_config())
-    scheduler = SimpleNamespace(running=[SimpleNamespace(request_id=r) for r in "abc"])
-    lookup = GoodputLookup(controller, scheduler)
+    lookup = GoodputLookup(controller)
     picks = []
     for _ in range(6):
         picks.append(lookup[3])
         controller.observe_step(0.05, 3, picks[-1], 3, [(0, 0)] * 3)
     assert picks == [4, 0, 0, 3, 1, 2] and controller.steps == 6
-    rest = SchedulerRest(block_size=4)
-    rest.book.stale.update("abc")
-    attach(scheduler, SchedulerChannel(controller, rest=rest))
-    assert lookup[3] == 0 and controller.steps == 6
-    scheduler.running.append(SimpleNamespace(request_id="d"))
-    lookup[4]
-    assert controller.steps == 7
 
 
 def test_verified_drafts_follow_the_docstring_example():
@@ -110,34 +99,6 @@ def test_a_step_teaches_the_controller_its_time_k_and_verified_drafts():
     assert controller.acceptance.offered.tolist() == [3, 3, 0, 0]  # every request offered 2
     assert controller.last_k == 0 and controller.cost.observations == 1
     assert controller.measured[(4, 0)] == 1  # a decode step of batch 3 (bucket 4) at K = 0
-
-
-def test_stale_requests_teach_the_controller_nothing():
-    """b is stale (the block rested under it): its step without drafts is left out, as if
-    it had not decoded; a's 2 drafts (1 accepted) count. Had b alone decoded, the step
-    would still measure the bucket's cost at its K."""
-    controller = goodput_controller(vllm_config())
-    controller.last_k = 2
-    rest = SchedulerRest(block_size=4)
-    rest.book.stale.add("b")
-    channel = SchedulerChannel(controller, step_started=time.perf_counter() - 0.05, rest=rest)
-    step = SimpleNamespace(
-        num_scheduled_tokens={"a": 3, "b": 1},
-        scheduled_spec_decode_tokens={"a": [5, 6]},
-        total_num_scheduled_tokens=4,
-        num_spec_tokens_to_schedule=2,
-    )
-    output = SimpleNamespace(req_id_to_index={"a": 0, "b": 1}, sampled_token_ids=[[5, 9], [4]])
-    controller.acceptance.offered[:] = 0
-    controller.acceptance.reached[:] = 0
-    observe_step(channel, step, output)
-    assert controller.acceptance.offered.tolist() == [1, 1, 0, 0]
-    assert controller.acceptance.reached.tolist() == [1, 1, 0, 0]
-    step.num_scheduled_tokens, step.scheduled_spec_decode_tokens = {"b": 1}, {}
-    output.req_id_to_index, output.sampled_token_ids = {"b": 0}, [[4]]
-    observe_step(channel, step, output)
-    assert controller.acceptance.offered.tolist() == [1, 1, 0, 0]  # nothing learnt from b
-    assert controller.measured[(1, 2)] == 1  # but the step measured K = 2 at batch 1
 
 
 def test_the_patch_is_applied_once_and_keeps_vllms_methods_underneath():

@@ -284,15 +284,12 @@ class GoodputController:
         k: int,
         batch: int,
         verified: list[tuple[int, int]],
-        decoded: bool | None = None,
     ) -> None:
         """One executed step: its wall time, scheduled tokens, its K and batch, and for each
         request that decoded, its drafts made in the previous step (under that step's K) as
-        (drafted, accepted), (0, 0) without drafts; prefill chunks are not listed. `decoded`
-        (default: any verified) says whether any request decoded, where the caller leaves
-        some out of `verified` (the resting block's stale requests)."""
+        (drafted, accepted), (0, 0) without drafts; prefill chunks are not listed."""
         self.cost.observe(seconds, tokens, k, batch)
-        if bool(verified) if decoded is None else decoded:  # prefill alone measures no K
+        if verified:  # prefill alone measures no K
             self.measured[(batch_bucket(batch), k)] += 1
             self.decode_steps += 1
         self.acceptance.observe([(self.last_k, n, m) for n, m in verified])

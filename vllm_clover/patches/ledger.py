@@ -232,8 +232,7 @@ PATCHES = (
         "patch",
         "the scheduler's per-step K comes only from a hand-written batch-size table "
         "(dynamic_sd_lookup); Clover's default asks a GoodputController, timed and taught "
-        "from each step's output, unless every request in Scheduler.running (which "
-        "schedule() has filled before the lookup) is stale under the resting block",
+        "from each step's output",
         "patches/scheduling.py",
         {
             f"{SCHEDULER}.__init__": "c02680245672",
@@ -274,34 +273,18 @@ PATCHES = (
     Entry(
         "block_rest",
         "patch",
-        "where the budget stopped drafting, the proposer skips the Augmenting Block's pass "
-        "(RestRule on each step's num_spec_tokens_to_schedule and number of scheduled "
-        "requests, which the runner hands propose as K and the batch); the scheduler runs "
-        "the same rule after schedule() (which has advanced num_computed_tokens by the "
-        "step's tokens), marks stale requests and holed KV blocks, evicts holed blocks vLLM "
-        "has cached (evict_blocks keeps them allocated), and drops stale requests' drafts "
-        "in update_draft_token_ids, which the engine core calls once per step; where every "
-        "scheduled request is stale it sets the SchedulerOutput's num_spec_tokens_to_schedule "
-        "to 0 (only the runner reads it after schedule(); the goodput lookup, which reads "
-        "Scheduler.running, already says 0 there); the runner's propose_draft_token_ids "
-        "(called with the SchedulerOutput first, after sampling) asks the proposer's "
-        "idle_step first and returns its [num_reqs, 0] drafts at a K = 0 step with nothing "
-        "to write, skipping the next-token and row gathering vLLM does for propose (its "
-        "valid-count copy is a no-op without async scheduling, which the rest excludes)",
-        "patches/block_rest.py, core/block_rest.py, core/proposer.py",
+        "at a K = 0 step (num_spec_tokens_to_schedule) whose requests only decode (each "
+        "scheduled 1 + its scheduled_spec_decode_tokens), the runner's "
+        "propose_draft_token_ids (called with the SchedulerOutput after sampling) asks the "
+        "proposer's idle_step first and returns its [num_reqs, 0] drafts, skipping the "
+        "next-token and row gathering vLLM does for propose and the Augmenting Block's pass "
+        "(its valid-count copy is a no-op without async scheduling, which the rest excludes)",
+        "patches/block_rest.py, core/proposer.py",
         {
-            f"{SCHEDULER}.__init__": "c02680245672",
-            f"{SCHEDULER}.schedule": "da4f2cf2fc39",
-            f"{SCHEDULER}.update_draft_token_ids": "f05dcf1d7891",
-            f"{SCHEDULER}._update_after_schedule": "2b527eb8070d",
-            "vllm.v1.core.block_pool:BlockPool.evict_blocks": "0aa2e3002a37",
-            "vllm.v1.core.kv_cache_utils:KVCacheBlock": "c059877cdb7f",
-            "vllm.v1.core.kv_cache_coordinator:KVCacheCoordinator.get_blocks": "ac7a98f7734f",
-            "vllm.v1.outputs:DraftTokenIds": "695352e02c33",
-            "vllm.v1.engine.core:EngineCore.post_step": "dfda901ee36b",
+            "vllm.v1.core.sched.output:SchedulerOutput": "97fb4463a2ed",
             f"{RUNNER}.propose_draft_token_ids": "a60269aca9de",
         },
-        attributes=("requests", "num_computed_tokens", "block_pool", "blocks", "block_hash"),
+        attributes=("input_batch", "num_reqs"),
         apply=block_rest.patch_block_rest,
     ),
     Entry(

@@ -28,19 +28,12 @@ SUMMARY_EVERY = 1000  # steps between the controller's log lines
 
 class GoodputLookup:
     """Stands in for the scheduler's dense batch-size -> K table: `lookup[B]` asks the
-    controller for the K of a step with B requests, unless every running request is stale
-    (the resting block's book): their drafts would be dropped, so K = 0 and the controller
-    neither explores nor counts the step."""
+    controller for the K of a step with B requests."""
 
-    def __init__(self, controller: GoodputController, scheduler) -> None:
+    def __init__(self, controller: GoodputController) -> None:
         self.controller = controller
-        self.scheduler = scheduler
 
     def __getitem__(self, batch_size: int) -> int:
-        channel = channel_of(self.scheduler, SchedulerChannel)
-        running = (request.request_id for request in self.scheduler.running)
-        if channel is not None and channel.rest and channel.rest.book.all_stale(running):
-            return 0
         return self.controller.choose(batch_size)
 
 
@@ -97,19 +90,15 @@ def verified_drafts(scheduler_output, model_runner_output) -> list[tuple[str, in
 
 
 def observe_step(channel: SchedulerChannel, scheduler_output, model_runner_output) -> None:
-    """Teach the controller one step: its time, its K and the drafts it verified (those of
-    stale requests left out: the block's rest, not the heads, left them without drafts)."""
+    """Teach the controller one step: its time, its K and the drafts it verified."""
     budget = channel.budget
-    verified = decoded = verified_drafts(scheduler_output, model_runner_output)
-    if channel.rest is not None and channel.rest.book.stale:
-        verified = [v for v in verified if v[0] not in channel.rest.book.stale]
+    verified = verified_drafts(scheduler_output, model_runner_output)
     budget.observe_step(
         seconds=time.perf_counter() - channel.step_started,
         tokens=scheduler_output.total_num_scheduled_tokens,
         k=scheduler_output.num_spec_tokens_to_schedule,
         batch=len(scheduler_output.num_scheduled_tokens),
         verified=[(drafted, accepted) for _, drafted, accepted in verified],
-        decoded=bool(decoded),
     )
     while budget.notices:
         logger.info("Clover: %s", budget.notices.pop(0))
@@ -132,7 +121,7 @@ def patch_goodput_budget() -> None:
         budget = goodput_controller(vllm_config)
         if budget is not None:
             scheduler_channel(self).budget = budget
-            self.dynamic_sd_lookup = GoodputLookup(budget, self)
+            self.dynamic_sd_lookup = GoodputLookup(budget)
 
     @functools.wraps(schedule)
     def timed_schedule(self, *args, **kwargs):
