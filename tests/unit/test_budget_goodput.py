@@ -191,16 +191,16 @@ def test_explores_a_neighbour_only_when_it_is_a_close_call(monkeypatch):
 
 def test_an_unmeasured_neighbour_is_explored_first(monkeypatch):
     """Best K = 1 at batch 1, K = 2 measured there and K = 0 not: until K = 0 is measured
-    (8 steps), every exploration starts a burst of K = 0, never a close call of K = 2."""
+    (4 steps), every exploration starts a burst of K = 0, never a close call of K = 2."""
     controller = GoodputController(GoodputConfig(max_k=2, warmup_steps=1, seed=3))
     monkeypatch.setattr(controller, "predicted_goodput", lambda b, *_: np.array([0.9, 1.0, 0.95]))
     controller.measured[(1, 2)] = 100
     warm_up(controller)
     picks = []
-    while controller.measured[(1, 0)] < 8 and len(picks) < 400:
+    while controller.measured[(1, 0)] < 4 and len(picks) < 400:
         picks.append(controller.choose(1))
         controller.observe_step(0.03, 1 + picks[-1], picks[-1], 1, [(0, 0)])
-    assert controller.measured[(1, 0)] == 8 and 2 not in picks, picks
+    assert controller.measured[(1, 0)] == 4 and 2 not in picks, picks
 
 
 def test_close_calls_are_tried_about_one_step_in_sixteen(monkeypatch):
@@ -219,8 +219,8 @@ def test_close_calls_are_tried_about_one_step_in_sixteen(monkeypatch):
 
 
 def test_a_k_priced_only_by_the_warm_up_is_measured_before_it_is_ruled_out(monkeypatch):
-    """K = 1 predicted at 50% of K = 0 at batch 16 is still explored until 8 decode steps of
-    batch 16 have run it (its price may come from prefill steps alone), in one burst of 8
+    """K = 1 predicted at 50% of K = 0 at batch 16 is still explored until 4 decode steps of
+    batch 16 have run it (its price may come from prefill steps alone), in one burst of 4
     consecutive steps, then never; a prefill step at K = 1 does not count as a measurement."""
     controller = GoodputController(GoodputConfig(max_k=2, warmup_steps=1, seed=3))
     monkeypatch.setattr(controller, "predicted_goodput", lambda b, *_: np.array([1.0, 0.5, 0.2]))
@@ -231,17 +231,17 @@ def test_a_k_priced_only_by_the_warm_up_is_measured_before_it_is_ruled_out(monke
         k = controller.choose(16)
         controller.observe_step(0.05 + 0.02 * k, 16 * (1 + k), k, 16, [(0, 0)] * 16)
         picks.append(k)
-    assert picks.count(1) == 8 and picks.count(2) == 0
+    assert picks.count(1) == 4 and picks.count(2) == 0
     first = picks.index(1)
-    assert first < 100 and picks[first : first + 8] == [1] * 8  # one burst, then none
-    assert controller.measured[(16, 1)] == 8
+    assert first < 100 and picks[first : first + 4] == [1] * 4  # one burst, then none
+    assert controller.measured[(16, 1)] == 4
 
 
 def test_batch_sizes_of_one_bucket_share_their_trials(monkeypatch):
     """Under load the batch size wanders (64, 63, ..., 57): K = 1 predicted at 50% of K = 0
-    is tried 8 times for the whole bucket 33-64, not 8 times per batch size (64 trials,
-    each a catch-up of the block's deferred rows), and on 8 consecutive steps whatever the
-    size within the bucket (one catch-up); batch 16 is a bucket of its own."""
+    is tried 4 times for the whole bucket 33-64, not 4 times per batch size (32 trials), and
+    on 4 consecutive steps whatever the size within the bucket; batch 16 is a bucket of its
+    own."""
     controller = GoodputController(GoodputConfig(max_k=2, warmup_steps=1, seed=3))
     monkeypatch.setattr(controller, "predicted_goodput", lambda b, *_: np.array([1.0, 0.5, 0.2]))
     warm_up(controller)
@@ -251,9 +251,9 @@ def test_batch_sizes_of_one_bucket_share_their_trials(monkeypatch):
         k = controller.choose(batch)
         controller.observe_step(0.05 + 0.02 * k, batch * (1 + k), k, batch, [(0, 0)] * batch)
         picks.append(k)
-    assert picks.count(1) == 8 and picks.count(2) == 0
-    assert picks[picks.index(1) :][:8] == [1] * 8
-    assert controller.measured[(batch_bucket(57), 1)] == 8
+    assert picks.count(1) == 4 and picks.count(2) == 0
+    assert picks[picks.index(1) :][:4] == [1] * 4
+    assert controller.measured[(batch_bucket(57), 1)] == 4
     assert controller.measured[(batch_bucket(16), 1)] == 0
     assert [batch_bucket(b) for b in (1, 3, 4, 5, 16, 17, 64)] == [1, 4, 4, 8, 16, 32, 64]
 
@@ -261,7 +261,7 @@ def test_batch_sizes_of_one_bucket_share_their_trials(monkeypatch):
 def test_a_burst_ends_with_its_bucket_and_after_twice_its_length(monkeypatch):
     """A burst on K = 1 at batch 64 stops at the first step of batch 16 (another bucket: its
     own trials are counted there), and a burst whose steps all carry prefill, which measure
-    nothing, stops after 16 steps instead of running on."""
+    nothing, stops after 8 steps instead of running on."""
     controller = GoodputController(GoodputConfig(max_k=2, warmup_steps=1, seed=3))
     monkeypatch.setattr(controller, "predicted_goodput", lambda b, *_: np.array([1.0, 0.5, 0.2]))
     warm_up(controller)
@@ -281,7 +281,7 @@ def test_a_burst_ends_with_its_bucket_and_after_twice_its_length(monkeypatch):
         picks.append(controller.choose(64))
         controller.observe_step(0.3, 600, picks[-1], 64, [])  # prefill in every step
     first = picks.index(1)
-    assert picks[first : first + 16] == [1] * 16 and picks[first + 16] == 0
+    assert picks[first : first + 8] == [1] * 8 and picks[first + 8] == 0
 
 
 def zen4_like_step(tokens: float, k: int, batch: int) -> float:

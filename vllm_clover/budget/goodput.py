@@ -54,7 +54,7 @@ class GoodputConfig:
     max_tokens: int = 8192  # the largest step (max_num_batched_tokens): the last cost knot
     explore: float = 1 / 16  # share of steps that try (or start a burst on) the best K -+ 1 ...
     explore_margin: float = 0.1  # ... if predicted within this fraction of the best goodput
-    min_measured: int = 8  # ... or if fewer decode steps of this batch bucket measured that K
+    min_measured: int = 4  # ... or if fewer decode steps of this batch bucket measured that K
     optimism: float = 1.0  # z of the acceptance's upper confidence bound the choice reads
     warmup_steps: int = 0  # first decode steps cycle K = top, 0, 0, top - 1, 1, ...
     #                        (0: top + 2 steps, every K up to top once and K = 0 twice)
@@ -230,8 +230,8 @@ class GoodputController:
     def _explore(self, batch: int, best: int, goodput: np.ndarray) -> int | None:
         """The K to try instead of `best` this step, if any: the next step of a burst on an
         unmeasured K, or (one step in 1 / explore) a neighbour that is unmeasured, which
-        starts a burst, or a close call. Example, min_measured 8: K = 1 unmeasured at batch
-        64 is tried on 8 consecutive decode steps of batch sizes 33-64, then only as a close
+        starts a burst, or a close call. Example, min_measured 4: K = 1 unmeasured at batch
+        64 is tried on 4 consecutive decode steps of batch sizes 33-64, then only as a close
         call; a step of batch 16 (another bucket) ends the burst."""
         bucket = batch_bucket(batch)
         if self._trial is not None:
