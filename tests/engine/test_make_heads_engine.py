@@ -31,7 +31,7 @@ def test_one_command_from_a_target_to_checked_heads(reference_target, tmp_path):
     args += ["--prompts", str(prompts), "--dtype", "float32"]
     args += ["--samples", "32", "--max-new-tokens", "32", "--num-heads", "2", "--epochs", "4"]
     args += ["--lr", "3e-3", "--draft-vocab-size", "2048", "--check-prompts", "4"]
-    args += ["--check-tokens", "24", "--cache-dir", str(tmp_path / "cache")]
+    args += ["--check-tokens", "48", "--cache-dir", str(tmp_path / "cache")]
     output = _make_heads(args)
     check = json.loads((out / "check.json").read_text())
     assert check["prompts"] == 4 and check["identical"] == 4  # float32: vanilla's tokens
