@@ -76,7 +76,7 @@ def test_verified_drafts_follow_the_docstring_example():
         sampled_token_ids=[[5, 9, 7], [11], [12], [8, 8, 1]],
     )
     # a: 3 drafts, 2 accepted; b: none drafted; c: a prefill chunk (skipped); d: all accepted
-    assert verified_drafts(step, output) == [("a", 3, 2), ("b", 0, 0), ("d", 2, 2)]
+    assert verified_drafts(step, output) == [(3, 2), (0, 0), (2, 2)]
 
 
 def test_a_step_teaches_the_controller_its_time_k_and_verified_drafts():

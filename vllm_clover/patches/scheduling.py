@@ -72,10 +72,10 @@ def goodput_controller(vllm_config) -> GoodputController | None:
     return GoodputController(config)
 
 
-def verified_drafts(scheduler_output, model_runner_output) -> list[tuple[str, int, int]]:
-    """(request id, drafted, accepted) for each request of the step that decoded one token
-    plus its drafts (prefill chunks excluded). Example: a, 1 + 3 tokens scheduled with drafts
-    [5, 9, 2], sampled [5, 9, 7] -> (a, 3, 2); b, 1 token without drafts -> (b, 0, 0)."""
+def verified_drafts(scheduler_output, model_runner_output) -> list[tuple[int, int]]:
+    """(drafted, accepted) for each request of the step that decoded one token plus its
+    drafts (prefill chunks excluded), in scheduling order. Example: a, 1 + 3 tokens scheduled
+    with drafts [5, 9, 2], sampled [5, 9, 7] -> (3, 2); b, 1 token without drafts -> (0, 0)."""
     sampled = model_runner_output.sampled_token_ids
     index = model_runner_output.req_id_to_index
     spec_tokens = scheduler_output.scheduled_spec_decode_tokens
@@ -85,7 +85,7 @@ def verified_drafts(scheduler_output, model_runner_output) -> list[tuple[str, in
         row = index.get(req_id)
         if num_tokens != 1 + drafted or row is None or not sampled or not sampled[row]:
             continue
-        verified.append((req_id, drafted, min(len(sampled[row]) - 1, drafted)))
+        verified.append((drafted, min(len(sampled[row]) - 1, drafted)))
     return verified
 
 
@@ -98,7 +98,7 @@ def observe_step(channel: SchedulerChannel, scheduler_output, model_runner_outpu
         tokens=scheduler_output.total_num_scheduled_tokens,
         k=scheduler_output.num_spec_tokens_to_schedule,
         batch=len(scheduler_output.num_scheduled_tokens),
-        verified=[(drafted, accepted) for _, drafted, accepted in verified],
+        verified=verified,
     )
     while budget.notices:
         logger.info("Clover: %s", budget.notices.pop(0))
