@@ -13,7 +13,7 @@ from vllm_clover.patches.block_rest import decodes_only, rest_applies
 pytestmark = pytest.mark.unit
 
 
-def configs(method="clover", layers=2, tree=None, async_scheduling=False, batches=1, groups=1):
+def config(method="clover", layers=2, tree=None, async_scheduling=False, batches=1):
     hf_config = SimpleNamespace(num_augmenting_layers=layers)
     vllm_config = SimpleNamespace(
         speculative_config=SimpleNamespace(
@@ -24,21 +24,20 @@ def configs(method="clover", layers=2, tree=None, async_scheduling=False, batche
         scheduler_config=SimpleNamespace(async_scheduling=async_scheduling),
         max_concurrent_batches=batches,
     )
-    return vllm_config, SimpleNamespace(kv_cache_groups=[object()] * groups)
+    return vllm_config
 
 
 def test_only_synchronous_chains_with_a_block_rest():
-    assert rest_applies(*configs())
+    assert rest_applies(config())
     for other in (
         {"method": "eagle"},
         {"layers": 0},
         {"tree": "[(0,), (1,)]"},
         {"async_scheduling": True},
         {"batches": 2},
-        {"groups": 2},
     ):
-        assert not rest_applies(*configs(**other)), other
-    assert not rest_applies(SimpleNamespace(speculative_config=None), configs()[1])
+        assert not rest_applies(config(**other)), other
+    assert not rest_applies(SimpleNamespace(speculative_config=None))
 
 
 def test_only_steps_of_decoding_requests_are_decodes_only():

@@ -317,7 +317,7 @@ class CloverProposer(EagleProposer):
         """
         if self._draft_attn_layer_names:
             super().initialize_attn_backend(kv_cache_config, kernel_block_sizes)
-            self.may_rest = rest_applies(self.vllm_config, kv_cache_config)
+            self.may_rest = rest_applies(self.vllm_config)
         else:
             self.kv_cache_gid = 0
 

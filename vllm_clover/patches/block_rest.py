@@ -16,11 +16,11 @@ import functools
 from vllm_clover.patches.marking import CLOVER_METHOD, is_patched, mark
 
 
-def rest_applies(vllm_config, kv_cache_config) -> bool:
+def rest_applies(vllm_config) -> bool:
     """Whether this engine's block may rest: Clover chains whose heads have an Augmenting
     Block, one step in flight at a time (no async scheduling, no batch queue: the runner's
-    next step must not read what a skipped `propose` would have prepared), one KV-cache
-    group."""
+    next step must not read what a skipped `propose` would have prepared). The target's
+    KV-cache groups do not matter: a rest skips only the block's own pass."""
     spec = vllm_config.speculative_config
     if spec is None or spec.method != CLOVER_METHOD:
         return False
@@ -30,7 +30,6 @@ def rest_applies(vllm_config, kv_cache_config) -> bool:
         and getattr(spec, "speculative_token_tree", None) is None
         and not vllm_config.scheduler_config.async_scheduling
         and vllm_config.max_concurrent_batches == 1
-        and len(kv_cache_config.kv_cache_groups) == 1
     )
 
 
