@@ -218,6 +218,25 @@ def test_close_calls_are_tried_about_one_step_in_sixteen(monkeypatch):
     assert picks[0] == 1 and picks.count(2) == 0  # at batch 8 the warm-up tries K = 1 only
 
 
+def test_a_close_call_of_k_zero_holds_for_two_steps(monkeypatch):
+    """Best K = 1 at batch 8, K = 0 at 95% of it, K = 2 far behind, all measured: K = 0 is
+    tried as a close call, always on two steps in a row, since the first verifies K = 1's
+    drafts and only the second prices a step that rests; a step of another bucket between
+    them ends the hold."""
+    config = GoodputConfig(max_k=2, warmup_steps=1, seed=3, min_measured=0)
+    controller = GoodputController(config)
+    monkeypatch.setattr(controller, "predicted_goodput", lambda b, *_: np.array([0.95, 1.0, 0.5]))
+    warm_up(controller)
+    picks = "".join(str(controller.choose(8)) for _ in range(2000))
+    runs = [len(run) for run in picks.split("1") if run]
+    assert 20 <= len(runs) <= 60 and set(runs) <= {2, 4}, runs  # (4: two calls in a row)
+    assert "2" not in picks
+    controller._rest_again = None
+    while controller.choose(8) != 0:
+        pass
+    assert controller.choose(16) == 1 and controller.choose(8) == 1
+
+
 def test_a_k_priced_only_by_the_warm_up_is_measured_before_it_is_ruled_out(monkeypatch):
     """K = 1 predicted at 50% of K = 0 at batch 16 is still explored until 4 decode steps of
     batch 16 have run it (its price may come from prefill steps alone), in one burst of 4

@@ -191,6 +191,7 @@ class GoodputController:
         self._random = random.Random(config.seed)
         self._trial: tuple[int, int] | None = None  # (bucket, K) of the burst under way
         self._trial_steps_left = 0  # ... ends after this many steps even if still unmeasured
+        self._rest_again: int | None = None  # the bucket of a close call of K = 0 just tried
         self._idle: Counter[int] = Counter()  # batch bucket -> K = 0 choices in a row
         self.notices: list[str] = []  # lines to log once, taken by the scheduler's patch
 
@@ -232,8 +233,14 @@ class GoodputController:
         unmeasured K, or (one step in 1 / explore) a neighbour that is unmeasured, which
         starts a burst, or a close call. Example, min_measured 4: K = 1 unmeasured at batch
         64 is tried on 4 consecutive decode steps of batch sizes 33-64, then only as a close
-        call; a step of batch 16 (another bucket) ends the burst."""
+        call; a step of batch 16 (another bucket) ends the burst. A close call of K = 0 holds
+        for two steps: the first verifies the drafts of the step before it, so only the second
+        prices a step that rests; alone, it leaves K = 0's price to what the fit of the
+        drafting steps says."""
         bucket = batch_bucket(batch)
+        rest_again, self._rest_again = self._rest_again, None
+        if rest_again == bucket and best != 0:
+            return 0
         if self._trial is not None:
             trial_bucket, trial_k = self._trial
             self._trial_steps_left -= 1
@@ -249,6 +256,7 @@ class GoodputController:
             self._trial, self._trial_steps_left = (bucket, near), 2 * self.config.min_measured
             return near
         if goodput[near] >= (1 - self.config.explore_margin) * goodput[best]:
+            self._rest_again = bucket if near == 0 else None
             return near
         return None
 
