@@ -11,7 +11,7 @@ import pytest
 import torch
 from spec_checks import assert_clover_speculated, goodput_budget, speculation
 
-from helpers import in_process_llm
+from helpers import fixed_budget_spec, in_process_llm
 from vllm_clover.assets.data import mtbench_questions
 from vllm_clover.bench.ties import NEAR_TIE, first_difference, top2_gap
 from vllm_clover.cpu.gemm import packed_dtypes
@@ -117,9 +117,8 @@ def test_greedy_output_equals_vanilla(
     the Clover-2 ones through the next-token fusion and their block. K is fixed: the default
     budget may rightly stop drafting where the heads do not pay on this CPU (the full ones
     alone, in float32), and what it chooses is test_clover_budget's; here every step drafts."""
-    k = _num_heads(shipped_heads)
-    spec = {"method": "clover", "model": str(shipped_heads), "num_speculative_tokens": k}
-    spec["draft_budget"] = "fixed"
+    spec = fixed_budget_spec(shipped_heads)
+    k = spec["num_speculative_tokens"]
     num_prompts = 4 if max_num_seqs == 1 else 16
     chats = _chats(mtbench_path, num_prompts)
     with in_process_llm(
