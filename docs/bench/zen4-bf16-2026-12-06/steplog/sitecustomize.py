@@ -1,10 +1,10 @@
 """Per-step log of any vLLM engine core (vanilla or not), in whichever process runs it:
 STEPLOG=DIR writes DIR/steps-<pid>.jsonl, one line per EngineCore.step and post_step:
 t (start, s), step (ms), post (ms), n (tokens scheduled), b (requests), spec (draft tokens
-scheduled), new (requests new this step)."""
+scheduled), new (requests new this step), w (requests waiting when it was scheduled)."""
 
 import importlib.abc
-import importlib.machinery
+import importlib.util
 import json
 import os
 import sys
@@ -76,6 +76,4 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 
 if DIR:
-    import importlib.util
-
     sys.meta_path.insert(0, _Finder())

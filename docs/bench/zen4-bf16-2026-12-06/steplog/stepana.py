@@ -1,6 +1,6 @@
 """python stepana.py DIR: per timed run, the engine-core steps inside it: wall, time in steps,
-in post_step, outside both; steps by phase (prefill-carrying, decode at full batch, decode
-below it) with ms/step and share of the wall."""
+in post_step, outside both; steps by phase (prefill-carrying, decode at the full batch, decode
+below it with requests waiting (below) or none (drain)) with ms/step and share of the wall."""
 
 import glob
 import json
