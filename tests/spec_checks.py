@@ -120,7 +120,7 @@ def goodput_budget(llm):
 
 def cut_short(llm) -> int:
     """Chains the proposer of an `in_process_llm` drafted that the confidence stop ended
-    after 1 to K - 1 drafts."""
+    short of their step's K, after 0 to K - 1 drafts."""
     (chains,) = llm.collective_rpc(_cut_short)
     return chains
 

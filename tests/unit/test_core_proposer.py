@@ -28,6 +28,9 @@ def test_draft_log_counts_the_length_of_cut_chains():
     log = DraftLog()
     log.record(3, torch.tensor([[5, 6, 7], [5, -1, -1], [-1, -1, -1]]), step_tokens=6, cut=True)
     assert log.drafts_by_length == {3: 1, 1: 1, 0: 1} and log.steps_by_k == {3: 1}
+    assert log.cut_short == 2  # the chains of 1 and of 0 drafts, not the full one
+    log.record(0, torch.zeros(4, 0, dtype=torch.long), step_tokens=4, cut=True)
+    assert log.cut_short == 2  # a K = 0 step has no chain to cut
 
 
 def test_last_accepted_token_of_each_request():

@@ -53,7 +53,7 @@ class DraftLog:
     max_requests: int = 0  # the largest number of requests drafted for in one step
     max_step_tokens: int = 0  # the most tokens the target's forward of a step scheduled
     drawn: int = 0  # requests whose drafts were drawn at random (draft_sample_method)
-    cut_short: int = 0  # chains the confidence stop ended after 1 to K - 1 drafts
+    cut_short: int = 0  # chains the confidence stop ended short of their step's K (0 to K - 1)
     idle: int = 0  # K = 0 steps answered by idle_step, before the runner prepared propose
     keep_drafts: bool = False
     drafts: list[list[list[int]]] = field(default_factory=list)
@@ -66,7 +66,7 @@ class DraftLog:
         if cut:  # a stopped chain ends in -1s (read on the host: the runner syncs here anyway)
             lengths = (drafts >= 0).sum(dim=-1).tolist()
             self.drafts_by_length.update(lengths)
-            self.cut_short += sum(0 < n < num_speculative_tokens for n in lengths)
+            self.cut_short += sum(n < num_speculative_tokens for n in lengths)
         else:
             self.drafts_by_length[num_speculative_tokens] += drafts.shape[0]
         self.max_requests = max(self.max_requests, drafts.shape[0])
