@@ -151,12 +151,12 @@ def _worker_idle(worker) -> int:
 
 def test_the_block_rests_where_k_is_zero(reference_target, scheduling_cases):
     """Clover-2 heads, K = 0 above 4 running requests (a table; the goodput budget makes the
-    same choice under load). Every K = 0 step of decoding requests is answered idle
-    (patches/block_rest.py): the runner skips what it prepares for propose and the
-    Augmenting Block its pass; steps that prefill run the pass. Requests that ran through
-    resting steps draft again once their batch shrinks to 4 and have drafts accepted (their
-    holes cost acceptance, never correctness), and prompt pages written around rests stay
-    in the prefix cache for the next request to reuse."""
+    same choice under load). Every K = 0 step is answered idle (patches/block_rest.py),
+    prompt chunks included: the runner skips what it prepares for propose and the
+    Augmenting Block its pass. Requests that ran through resting steps from their prompt on
+    draft again once their batch shrinks to 4 and have drafts accepted (their holes cost
+    acceptance, never correctness), and prompt pages written around rests stay in the
+    prefix cache for the next request to reuse."""
     plain, plain_params, plain_expected = scheduling_cases["plain"]
     _, mixed_params, mixed_expected = scheduling_cases["mixed"]
     shared, shared_params, shared_expected = scheduling_cases["shared_prefix"]
@@ -180,7 +180,7 @@ def test_the_block_rests_where_k_is_zero(reference_target, scheduling_cases):
         outputs.append(generate(llm, shared[:4], shared_params[:4]))  # at batch 4, K = k
         hits = metric_total(llm, "vllm:prefix_cache_hits") - hits_before
     assert outputs == [plain_expected, mixed_expected, shared_expected, shared_expected[:4]]
-    assert 0 < idle < resting.steps_by_k[0]  # decoding steps rested; prefilling ones did not
+    assert idle == resting.steps_by_k[0] > 0  # every K = 0 step rested, prefilling ones too
     assert resting.drafts == 0 and set(resting.steps_by_k) == {0}
     assert tail.steps_by_k.get(k, 0) > 0 and tail.drafts > 0 and tail.accepted > 0
     full_blocks = sum((len(p["prompt_token_ids"]) - 1) // BLOCK for p in shared[:4])

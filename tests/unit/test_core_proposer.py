@@ -52,22 +52,22 @@ def idle_proposer(may_rest=True, hybrid=None) -> SimpleNamespace:
     )
 
 
-def test_only_k_zero_steps_of_decoding_requests_where_the_block_may_rest_are_idle():
-    """An idle step returns [num_reqs, 0] drafts and is logged as a K = 0 step; a step that
-    drafts, one that prefills (its prompt must enter the block's cache), one with the lookup
-    and an engine where the block never rests (async scheduling, trees, no block) go to
-    propose."""
+def test_only_k_zero_steps_where_the_block_may_rest_are_idle():
+    """An idle step returns [num_reqs, 0] drafts and is logged as a K = 0 step, prompt
+    chunks or not; a step that drafts, one with the lookup and an engine where the block
+    never rests (async scheduling, trees, no block) go to propose."""
     proposer = idle_proposer()
-    drafts = CloverProposer.idle_step(proposer, 0, 3, 5, True)
+    drafts = CloverProposer.idle_step(proposer, 0, 3, 5)
     assert drafts.shape == (3, 0) and drafts.dtype == torch.int64
     assert proposer.draft_log.idle == 1 and proposer.draft_log.steps_by_k == {0: 1}
     assert proposer.draft_log.max_step_tokens == 5
     assert proposer.num_speculative_tokens == 0 and proposer._last_draft_probs is None
-    assert CloverProposer.idle_step(proposer, 2, 3, 5, True) is None
-    assert CloverProposer.idle_step(proposer, 0, 3, 40, False) is None
+    assert CloverProposer.idle_step(proposer, 2, 3, 5) is None
+    assert CloverProposer.idle_step(proposer, 0, 3, 40) is not None  # 37 prompt tokens too
+    assert proposer.draft_log.idle == 2 and proposer.draft_log.max_step_tokens == 40
     for other in (idle_proposer(may_rest=False), idle_proposer(hybrid=object())):
-        assert CloverProposer.idle_step(other, 0, 3, 3, True) is None
-    assert proposer.draft_log.idle == 1
+        assert CloverProposer.idle_step(other, 0, 3, 3) is None
+    assert proposer.draft_log.idle == 2
 
 
 class RecordingHeads:

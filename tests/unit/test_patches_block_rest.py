@@ -1,5 +1,5 @@
 """The block_rest patch (patches/block_rest.py): which engines may rest the Augmenting Block,
-which steps only decode, and that the runner asks the drafter before it prepares propose.
+and that the runner asks the drafter before it prepares propose.
 The engine test (tests/engine/test_clover_scheduling.py) runs it in vLLM."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from vllm_clover.patches.block_rest import decodes_only, rest_applies
+from vllm_clover.patches.block_rest import rest_applies
 
 pytestmark = pytest.mark.unit
 
@@ -40,23 +40,10 @@ def test_only_synchronous_chains_with_a_block_rest():
     assert not rest_applies(SimpleNamespace(speculative_config=None))
 
 
-def test_only_steps_of_decoding_requests_are_decodes_only():
-    """The docstring's example: a verifies 2 drafts, b decodes one token; then c's prompt."""
-    step = SimpleNamespace(
-        num_scheduled_tokens={"a": 3, "b": 1},
-        scheduled_spec_decode_tokens={"a": [5, 6]},
-        total_num_scheduled_tokens=4,
-    )
-    assert decodes_only(step)
-    step.num_scheduled_tokens["c"] = 40
-    step.total_num_scheduled_tokens = 44
-    assert not decodes_only(step)
-
-
 def test_an_idle_drafter_answers_before_the_runner_prepares_propose(monkeypatch):
     """The runner's propose_draft_token_ids asks the drafter's idle_step (K, requests,
-    tokens, decodes only) first and returns its drafts; where it answers None, or the
-    drafter has none, vLLM's own method runs."""
+    tokens) first and returns its drafts; where it answers None, or the drafter has none,
+    vLLM's own method runs."""
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     from vllm_clover.patches.block_rest import patch_block_rest
@@ -68,16 +55,11 @@ def test_an_idle_drafter_answers_before_the_runner_prepares_propose(monkeypatch)
     patch_block_rest()
     asked = []
 
-    def idle_step(k, num_reqs, num_tokens, decodes_only):
-        asked.append((k, num_reqs, num_tokens, decodes_only))
+    def idle_step(k, num_reqs, num_tokens):
+        asked.append((k, num_reqs, num_tokens))
         return "idle" if k == 0 else None
 
-    output = SimpleNamespace(
-        num_spec_tokens_to_schedule=0,
-        total_num_scheduled_tokens=12,
-        num_scheduled_tokens={"a": 10, "b": 1, "c": 1},
-        scheduled_spec_decode_tokens={},
-    )
+    output = SimpleNamespace(num_spec_tokens_to_schedule=0, total_num_scheduled_tokens=12)
     runner = SimpleNamespace(
         drafter=SimpleNamespace(idle_step=idle_step), input_batch=SimpleNamespace(num_reqs=3)
     )
@@ -87,6 +69,6 @@ def test_an_idle_drafter_answers_before_the_runner_prepares_propose(monkeypatch)
         "vllm",
         ("sampled",),
     )
-    assert asked == [(0, 3, 12, False), (2, 3, 12, False)]
+    assert asked == [(0, 3, 12), (2, 3, 12)]
     other = SimpleNamespace(drafter=object(), input_batch=runner.input_batch)
     assert GPUModelRunner.propose_draft_token_ids(other, output, "x") == ("vllm", ("x",))

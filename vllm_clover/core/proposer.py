@@ -163,21 +163,18 @@ class CloverProposer(EagleProposer):
             self.hybrid.choose(lookups, drafts, self._last_draft_probs)
         return drafts
 
-    def idle_step(
-        self, k: int, num_reqs: int, num_tokens: int, decodes_only: bool
-    ) -> torch.Tensor | None:
+    def idle_step(self, k: int, num_reqs: int, num_tokens: int) -> torch.Tensor | None:
         """[num_reqs, 0] drafts for a step with nothing to draft or write, else None (then
-        `propose` runs): K = 0, no lookup, and only decoding requests, where the Augmenting
-        Block may rest (``may_rest``). There the block skips its pass, and the runner what it
-        prepares for `propose` (the block_rest patch asks here first).
+        `propose` runs): K = 0 and no lookup, where the Augmenting Block may rest
+        (``may_rest``). There the block skips its pass, and the runner what it prepares for
+        `propose` (the block_rest patch asks here first).
 
         A resting step leaves a hole in its requests' draft KV: the block never sees those
-        positions. The drafts of a request that later drafts again attend past the hole; they
-        only lose some acceptance, and verification keeps the output exact. Steps that
-        prefill run the pass, so that every prompt is in the block's cache. Only where the
-        block may rest: under async scheduling the runner's next step reads what the skipped
-        preparation leaves."""
-        if k or not self.may_rest or self.hybrid is not None or not decodes_only:
+        positions, prompt chunks included. The drafts of a request that later drafts again
+        attend past the hole; they only lose some acceptance, and verification keeps the
+        output exact. Only where the block may rest: under async scheduling the runner's
+        next step reads what the skipped preparation leaves."""
+        if k or not self.may_rest or self.hybrid is not None:
             return None
         self.num_speculative_tokens = 0
         self._last_draft_probs = None

@@ -2,11 +2,10 @@
 the ledger and ``CloverProposer.idle_step``).
 
 Heads with an Augmenting Block would pay for its pass at every step, drafting or not, to keep
-its paged KV cache whole. At a K = 0 step of decoding requests the runner's
-`propose_draft_token_ids` asks the drafter's `idle_step` first; where it answers, the runner
-skips what it would prepare for `propose` (the next tokens, the target's rows) and the block
-its pass. The draft budget prices K = 0 at what such a step costs, since every K = 0 step of
-decoding requests rests.
+its paged KV cache whole. At a K = 0 step the runner's `propose_draft_token_ids` asks the
+drafter's `idle_step` first; where it answers, the runner skips what it would prepare for
+`propose` (the next tokens, the target's rows) and the block its pass, over prompt chunks
+too. The draft budget prices K = 0 at what such a step costs, since every K = 0 step rests.
 """
 
 from __future__ import annotations
@@ -33,15 +32,6 @@ def rest_applies(vllm_config) -> bool:
     )
 
 
-def decodes_only(scheduler_output) -> bool:
-    """Whether every scheduled request decodes: one token plus the drafts it verifies, no
-    prompt chunk (those must enter the block's cache). Example: a, 1 + 2 drafts and b, 1
-    token -> True; c's first 40 prompt tokens as well -> False."""
-    verified = sum(len(drafts) for drafts in scheduler_output.scheduled_spec_decode_tokens.values())
-    requests = len(scheduler_output.num_scheduled_tokens)
-    return scheduler_output.total_num_scheduled_tokens == requests + verified
-
-
 def patch_block_rest() -> None:
     """Wrap the runner's `propose_draft_token_ids`: a Clover drafter may answer a step with
     nothing to draft or write before the runner prepares its inputs."""
@@ -59,7 +49,6 @@ def patch_block_rest() -> None:
                 scheduler_output.num_spec_tokens_to_schedule,
                 self.input_batch.num_reqs,
                 scheduler_output.total_num_scheduled_tokens,
-                decodes_only(scheduler_output),
             )
             if drafts is not None:
                 return drafts

@@ -273,8 +273,7 @@ PATCHES = (
     Entry(
         "block_rest",
         "patch",
-        "at a K = 0 step (num_spec_tokens_to_schedule) whose requests only decode (each "
-        "scheduled 1 + its scheduled_spec_decode_tokens), the runner's "
+        "at a K = 0 step (num_spec_tokens_to_schedule), prompt chunks or not, the runner's "
         "propose_draft_token_ids (called with the SchedulerOutput after sampling) asks the "
         "proposer's idle_step first and returns its [num_reqs, 0] drafts, skipping the "
         "next-token and row gathering vLLM does for propose and the Augmenting Block's pass "
