@@ -312,9 +312,8 @@ def test_bf16_target_differs_from_vanilla_only_at_rounding_ties(
 
     chats, vanilla = vanilla_bf16
     caplog.set_level(logging.INFO, logger="vllm.clover")
-    k = _num_heads(shipped_heads)
-    spec = {"method": "clover", "model": str(shipped_heads), "num_speculative_tokens": k}
-    spec["draft_budget"] = "fixed"  # drafts at every step: the most shapes, the most ties
+    spec = fixed_budget_spec(shipped_heads)  # drafts at every step: the most shapes, ties
+    k = spec["num_speculative_tokens"]
     with in_process_llm(reference_target, speculative_config=spec, **BF16) as llm:
         clover = _tokens(llm.chat(chats, _greedy(MAX_TOKENS), use_tqdm=False))
         stats = speculation(llm)
