@@ -1,11 +1,11 @@
 /* y = x @ W^T (+ b) for bfloat16 x (M, K) and W (N, K) on AVX2 + FMA, float32 sums.
  *
  * For CPUs without bfloat16 units, where oneDNN creates no bf16 matmul and PyTorch's own
- * bf16 matmul costs one pass over W per row of x. This kernel widens each W element to
- * float32 once for up to ROWS rows of x, WIDE rows of W at a time: W is read from memory
- * once for all rows, and the WIDE * ROWS sums in flight keep both FMA units busy.
- * Each output element is the same sequence of FMAs (8 lanes over k, then a fixed lane sum)
- * whatever M is, so a row's result does not depend on the rows beside it.
+ * bf16 matmul costs one pass over W per row of x. This kernel reads NB rows of W from memory
+ * once for all rows of x, and widens each W element to float32 once for up to R rows of x.
+ * Each output element is the same sequence of FMAs (8 chains of 8 lanes over k, as ATen's
+ * AVX2 dot product makes them, then its fixed reduction) whatever M is, so a row's result does
+ * not depend on the rows beside it, and equals PyTorch's own AVX2 bf16 matmul bit for bit.
  * Built and loaded by bf16_gemm.py.
  */
 #include <immintrin.h>
@@ -13,10 +13,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define ROWS 3    /* rows of x per pass */
-#define WIDE 4    /* rows of W per pass: with ROWS, 12 sums in registers */
 #define CHAINS 8  /* ATen's accumulator registers per dot product (kF32RegistersPerIteration) */
 #define BLOCK 64  /* columns per ATen main-loop iteration: CHAINS x 8 lanes */
+#define NB 4      /* rows of W per task */
+#define MAXR 6    /* rows of x per pass */
 
 static inline float bf16_to_f32(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
@@ -53,27 +53,45 @@ static inline float chains_sum(__m256 part[CHAINS]) {
     return lane_sum(_mm256_add_ps(part[0], part[1]));
 }
 
-/* Chain c of the sums of WIDE rows of W (w[j]) against R rows of x from xr (row stride K):
- * the lanes k = 8c .. 8c + 7 of every BLOCK, as one of ATen's 8 accumulator registers.
- * Each W element is widened once for all R rows, and each output's sum is the FMAs a single
- * row would make, in the same order. Called with a constant R, so that the compiler keeps
- * the WIDE * R sums in registers: enough independent sums to hide the FMA latency. */
-static inline __attribute__((always_inline)) void chain(
-    const float* xr, const uint16_t* const w[WIDE], int64_t K, int64_t main, int c, const int R,
-    __m256 p[WIDE][ROWS][CHAINS]) {
-    __m256 a[WIDE][ROWS];
+/* x's main part (k < main) reordered as the W registers of ``pair`` hold their lanes: in each
+ * 16 columns, 0-3 and 8-11 first, then 4-7 and 12-15. */
+static void interleave(const float* x, float* xp, int64_t main) {
+    for (int64_t k = 0; k < main; k += 16) {
+        memcpy(xp + k, x + k, 16);
+        memcpy(xp + k + 4, x + k + 8, 16);
+        memcpy(xp + k + 8, x + k + 4, 16);
+        memcpy(xp + k + 12, x + k + 12, 16);
+    }
+}
+
+/* Chains 2g and 2g + 1 of the sums of W rows w[0 .. WIDE - 1] against R rows of x (xp,
+ * interleaved, row stride K). 16 bf16 of W widen with two unpacks into lo (lanes 0-3 of both
+ * chains) and hi (lanes 4-7): each lane's sum is the FMAs ATen's register lane makes, in its
+ * order, regrouped into the chains' registers at the end. Called with constant R and WIDE, so
+ * that the compiler keeps the 2 * WIDE * R sums in registers. */
+static inline __attribute__((always_inline)) void pair(
+    const float* xp, const uint16_t* const w[NB], int64_t K, int64_t main, int g, const int R,
+    const int WIDE, __m256 p[NB][MAXR][CHAINS]) {
+    const __m256i zero = _mm256_setzero_si256();
+    __m256 lo[NB][MAXR], hi[NB][MAXR];
     for (int j = 0; j < WIDE; j++)
-        for (int r = 0; r < R; r++) a[j][r] = _mm256_setzero_ps();
-    for (int64_t k = 8 * c; k < main; k += BLOCK) {
-        __m256 wv[WIDE];
-        for (int j = 0; j < WIDE; j++) wv[j] = load8(w[j] + k);
-        for (int r = 0; r < R; r++) {
-            const __m256 xv = _mm256_loadu_ps(xr + r * K + k);
-            for (int j = 0; j < WIDE; j++) a[j][r] = _mm256_fmadd_ps(xv, wv[j], a[j][r]);
+        for (int r = 0; r < R; r++) lo[j][r] = hi[j][r] = _mm256_setzero_ps();
+    for (int64_t k = 16 * g; k < main; k += BLOCK) {
+        for (int j = 0; j < WIDE; j++) {
+            const __m256i h = _mm256_loadu_si256((const __m256i*)(w[j] + k));
+            const __m256 wl = _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, h));
+            const __m256 wh = _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, h));
+            for (int r = 0; r < R; r++) {
+                lo[j][r] = _mm256_fmadd_ps(_mm256_loadu_ps(xp + r * K + k), wl, lo[j][r]);
+                hi[j][r] = _mm256_fmadd_ps(_mm256_loadu_ps(xp + r * K + k + 8), wh, hi[j][r]);
+            }
         }
     }
     for (int j = 0; j < WIDE; j++)
-        for (int r = 0; r < R; r++) p[j][r][c] = a[j][r];
+        for (int r = 0; r < R; r++) {
+            p[j][r][2 * g] = _mm256_permute2f128_ps(lo[j][r], hi[j][r], 0x20);
+            p[j][r][2 * g + 1] = _mm256_permute2f128_ps(lo[j][r], hi[j][r], 0x31);
+        }
 }
 
 /* x . w after the main loop's sums: ATen's tail, 16 columns at a time into one register
@@ -90,21 +108,15 @@ static float finish(const float* x, const uint16_t* w, int64_t K, int64_t main, 
     return sum;
 }
 
-/* Rows m0 .. m0 + R - 1 of y for the WIDE rows of W from n (clamped to N - 1 at the end,
- * where a row is then computed twice into the same place). */
-static inline __attribute__((always_inline)) void pass(const float* xf, const uint16_t* W,
-                                                      const float* bias, uint16_t* y,
-                                                      int64_t m0, const int R, int64_t n,
-                                                      int64_t N, int64_t K) {
-    const uint16_t* w[WIDE];
-    int64_t col[WIDE];
-    for (int j = 0; j < WIDE; j++) {
-        col[j] = n + j < N ? n + j : N - 1;
-        w[j] = W + col[j] * K;
-    }
+/* Rows m0 .. m0 + R - 1 of y for the WIDE rows of W from col[0]. */
+static inline __attribute__((always_inline)) void pass(
+    const float* xf, const float* xp, const uint16_t* W, const float* bias, uint16_t* y,
+    int64_t m0, const int R, const int WIDE, const int64_t* col, int64_t N, int64_t K) {
+    const uint16_t* w[NB];
+    for (int j = 0; j < WIDE; j++) w[j] = W + col[j] * K;
     const int64_t main = K - K % BLOCK;
-    __m256 p[WIDE][ROWS][CHAINS];
-    for (int c = 0; c < CHAINS; c++) chain(xf + m0 * K, w, K, main, c, R, p);
+    __m256 p[NB][MAXR][CHAINS];
+    for (int g = 0; g < CHAINS / 2; g++) pair(xp + m0 * K, w, K, main, g, R, WIDE, p);
     for (int r = 0; r < R; r++) {
         const float* x = xf + (m0 + r) * K;
         for (int j = 0; j < WIDE; j++) {
@@ -115,19 +127,35 @@ static inline __attribute__((always_inline)) void pass(const float* xf, const ui
     }
 }
 
-/* Returns 0, or -1 when the scratch copy of x could not be allocated. bias: float32 or NULL. */
+/* Rows m0 .. m0 + R - 1 of y for the NB rows of W in col, WIDE of them per pass: 2 * WIDE * R
+ * sums stay within the 16 registers with the two of W. */
+static inline __attribute__((always_inline)) void rows(
+    const float* xf, const float* xp, const uint16_t* W, const float* bias, uint16_t* y,
+    int64_t m0, const int R, const int64_t* col, int64_t N, int64_t K) {
+    const int WIDE = R == 1 ? 4 : R <= 3 ? 2 : 1;
+    for (int j = 0; j < NB; j += WIDE) pass(xf, xp, W, bias, y, m0, R, WIDE, col + j, N, K);
+}
+
+/* Returns 0, or -1 when the scratch copies of x could not be allocated. bias: float32 or NULL. */
 int clover_bf16_linear(const uint16_t* x, const uint16_t* W, const float* bias, uint16_t* y,
                        int64_t M, int64_t N, int64_t K) {
-    float* xf = (float*)malloc((size_t)(M * K) * sizeof(float));
+    float* xf = (float*)malloc((size_t)(2 * M * K) * sizeof(float));
     if (!xf) return -1;
+    float* xp = xf + M * K;
     for (int64_t i = 0; i < M * K; i++) xf[i] = bf16_to_f32(x[i]);
+    for (int64_t m = 0; m < M; m++) interleave(xf + m * K, xp + m * K, K - K % BLOCK);
 #pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < N; n += WIDE) {
-        for (int64_t m0 = 0; m0 < M; m0 += ROWS) {
+    for (int64_t n = 0; n < N; n += NB) {
+        int64_t col[NB]; /* clamped to N - 1 at the end: that row is computed twice */
+        for (int j = 0; j < NB; j++) col[j] = n + j < N ? n + j : N - 1;
+        for (int64_t m0 = 0; m0 < M; m0 += MAXR) {
             switch (M - m0) { /* a constant R for each pass */
-                case 1: pass(xf, W, bias, y, m0, 1, n, N, K); break;
-                case 2: pass(xf, W, bias, y, m0, 2, n, N, K); break;
-                default: pass(xf, W, bias, y, m0, ROWS, n, N, K); break;
+                case 1: rows(xf, xp, W, bias, y, m0, 1, col, N, K); break;
+                case 2: rows(xf, xp, W, bias, y, m0, 2, col, N, K); break;
+                case 3: rows(xf, xp, W, bias, y, m0, 3, col, N, K); break;
+                case 4: rows(xf, xp, W, bias, y, m0, 4, col, N, K); break;
+                case 5: rows(xf, xp, W, bias, y, m0, 5, col, N, K); break;
+                default: rows(xf, xp, W, bias, y, m0, MAXR, col, N, K); break;
             }
         }
     }
