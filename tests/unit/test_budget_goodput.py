@@ -189,6 +189,28 @@ def test_explores_a_neighbour_only_when_it_is_a_close_call(monkeypatch):
         assert picks.count(2) == 0 and picks.count(0) == 1000 - picks.count(1)
 
 
+def test_a_step_that_carries_prompt_tokens_never_explores(monkeypatch):
+    """The close call of the test above (K = 1 at 95% of K = 0, batch 8), on steps that
+    carry prompt tokens: K = 0 every time, though exploration would try K = 1 about one step
+    in 16 (drafting there runs the Augmenting Block over the prompt); the decode steps
+    around them still explore, and an unmeasured K's burst waits for them."""
+    config = GoodputConfig(max_k=2, warmup_steps=1, seed=3, min_measured=0)
+    controller = GoodputController(config)
+    monkeypatch.setattr(controller, "predicted_goodput", lambda b, *_: np.array([1.0, 0.95, 0.2]))
+    warm_up(controller)
+    assert [controller.choose(8, prefill=True) for _ in range(1000)] == [0] * 1000
+    assert 40 <= [controller.choose(8) for _ in range(1000)].count(1) <= 90
+    unmeasured = GoodputController(GoodputConfig(max_k=2, warmup_steps=1, seed=3))
+    monkeypatch.setattr(unmeasured, "predicted_goodput", lambda b, *_: np.array([1.0, 0.9, 0.2]))
+    warm_up(unmeasured)
+    picks = [unmeasured.choose(8)]
+    while picks[-1] != 1 and len(picks) < 400:  # until a burst of K = 1 begins ...
+        picks.append(unmeasured.choose(8))
+    assert picks[-1] == 1, picks
+    assert [unmeasured.choose(8, prefill=True) for _ in range(5)] == [0] * 5  # ... pauses
+    assert [unmeasured.choose(8) for _ in range(3)] == [1, 1, 1]  # ... and goes on
+
+
 def test_an_unmeasured_neighbour_is_explored_first(monkeypatch):
     """Best K = 1 at batch 1, K = 2 measured there and K = 0 not: until K = 0 is measured
     (4 steps), every exploration starts a burst of K = 0, never a close call of K = 2."""

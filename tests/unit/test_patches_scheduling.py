@@ -66,6 +66,25 @@ def test_the_lookup_asks_the_controller_once_per_step():
     assert picks == [4, 0, 0, 3, 1, 2] and controller.steps == 6
 
 
+def test_the_lookup_tells_the_controller_when_a_step_carries_prompt_tokens(monkeypatch):
+    """A running request with more than its last token still to compute is a prompt chunk
+    (or a preempted request computing its tokens again); a decoding request has one."""
+    controller = goodput_controller(vllm_config())
+    seen = []
+    monkeypatch.setattr(controller, "choose", lambda batch, prefill: seen.append(prefill) or 0)
+    decoding = SimpleNamespace(num_computed_tokens=9, num_tokens=10)
+    prompt = SimpleNamespace(num_computed_tokens=0, num_tokens=10)
+    cached = SimpleNamespace(num_computed_tokens=9, num_tokens=10)  # a whole-prompt cache hit
+    scheduler = SimpleNamespace(running=[decoding])
+    lookup = GoodputLookup(controller, scheduler)
+    lookup[1]
+    scheduler.running = [decoding, prompt]  # vLLM replaces the list as requests finish
+    lookup[2]
+    scheduler.running = [cached]
+    lookup[1]
+    assert seen == [False, True, False]
+
+
 def test_verified_drafts_follow_the_docstring_example():
     step = SimpleNamespace(
         num_scheduled_tokens={"a": 4, "b": 1, "c": 37, "d": 3},

@@ -195,9 +195,12 @@ class GoodputController:
         self._idle: Counter[int] = Counter()  # batch bucket -> K = 0 choices in a row
         self.notices: list[str] = []  # lines to log once, taken by the scheduler's patch
 
-    def choose(self, batch: int) -> int:
+    def choose(self, batch: int, prefill: bool = False) -> int:
         """The K for a step of `batch` requests: a step of the warm-up cycle, an exploration
-        (``_explore``), or the K of the highest predicted goodput."""
+        (``_explore``), or the K of the highest predicted goodput. A step that carries prompt
+        tokens (`prefill`) never explores: drafting there runs the Augmenting Block over the
+        prompt chunks, a price the model does not predict, in a step whose time says little about
+        drafting's."""
         self.steps += 1
         if self.decode_steps < self.config.warmup(batch):  # prefill alone does not advance it
             k = _warmup_k(self.decode_steps, self.config.warmup_top(batch))
@@ -205,7 +208,7 @@ class GoodputController:
             return k
         goodput = self.predicted_goodput(batch)
         best = int(np.argmax(goodput))
-        tried = self._explore(batch, best, goodput)
+        tried = None if prefill else self._explore(batch, best, goodput)
         if tried is None:
             self.log.chosen[(batch, best)] += 1
             self._note_idle(batch, best)

@@ -232,7 +232,8 @@ PATCHES = (
         "patch",
         "the scheduler's per-step K comes only from a hand-written batch-size table "
         "(dynamic_sd_lookup); Clover's default asks a GoodputController, timed and taught "
-        "from each step's output",
+        "from each step's output, and told whether the step carries prompt tokens (read from "
+        "the running requests' num_computed_tokens and num_tokens)",
         "patches/scheduling.py",
         {
             f"{SCHEDULER}.__init__": "c02680245672",
@@ -241,6 +242,7 @@ PATCHES = (
             "vllm.v1.core.sched.output:SchedulerOutput": "97fb4463a2ed",
             "vllm.v1.outputs:ModelRunnerOutput": "b936f7c6940f",
             "vllm.v1.engine.core:EngineCore.step": "a02d17986fb7",
+            "vllm.v1.request:Request.__init__": "977b00604992",
         },
         attributes=("dynamic_sd_lookup",),
         apply=scheduling.patch_goodput_budget,

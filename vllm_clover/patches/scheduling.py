@@ -28,13 +28,18 @@ SUMMARY_EVERY = 1000  # steps between the controller's log lines
 
 class GoodputLookup:
     """Stands in for the scheduler's dense batch-size -> K table: `lookup[B]` asks the
-    controller for the K of a step with B requests."""
+    controller for the K of a step with B requests, and tells it whether the step carries
+    prompt tokens: a running request with more than its last token still to compute (read
+    while `schedule` runs, before it advances `num_computed_tokens`)."""
 
-    def __init__(self, controller: GoodputController) -> None:
+    def __init__(self, controller: GoodputController, scheduler=None) -> None:
         self.controller = controller
+        self.scheduler = scheduler  # its `running` list is replaced as requests finish
 
     def __getitem__(self, batch_size: int) -> int:
-        return self.controller.choose(batch_size)
+        running = self.scheduler.running if self.scheduler is not None else ()
+        prefill = any(r.num_computed_tokens < r.num_tokens - 1 for r in running)
+        return self.controller.choose(batch_size, prefill=prefill)
 
 
 def goodput_controller(vllm_config) -> GoodputController | None:
@@ -121,7 +126,7 @@ def patch_goodput_budget() -> None:
         budget = goodput_controller(vllm_config)
         if budget is not None:
             scheduler_channel(self).budget = budget
-            self.dynamic_sd_lookup = GoodputLookup(budget)
+            self.dynamic_sd_lookup = GoodputLookup(budget, self)
 
     @functools.wraps(schedule)
     def timed_schedule(self, *args, **kwargs):
