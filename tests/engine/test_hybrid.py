@@ -12,7 +12,7 @@ from test_clover_sampling import ALPHA, chi_square_homogeneity
 
 from helpers import in_process_llm, run_with_aborts
 from vllm_clover.bench.measure import metric_total
-from vllm_clover.bundled import REFERENCE_HEADS
+from vllm_clover.bundled import CLOVER2_HEADS, REFERENCE_HEADS
 from vllm_clover.hybrid.drafter import lookup_counts
 
 pytestmark = pytest.mark.engine
@@ -63,6 +63,11 @@ def _sources(llm, stats) -> tuple[int, int, int, int]:
     return verified, accepted, stats.accepted - accepted, lookup_only
 
 
+def _rested(worker) -> int:
+    """Steps that came to `propose` with nothing for the heads and skipped the block's pass."""
+    return worker.model_runner.drafter.draft_log.rested
+
+
 def _drafts_after_bookkeeping(worker) -> bool:
     """Whether the worker's runner proposes after its bookkeeping (vLLM's sample_tokens:
     disable_padded_drafter_batch, as the engine resolved it)."""
@@ -85,15 +90,19 @@ def vanilla(reference_target) -> list[list[int]]:
 
 # "after": vLLM drafts after the step's bookkeeping (disable_padded_drafter_batch), where the
 # batch already holds the step's tokens when the lookup reads them; "goodput": the draft
-# budget chooses K per step (0 among them: such a step still settles the lookup's rates)
+# budget chooses K per step (0 among them: such a step still settles the lookup's rates);
+# "clover2": heads with an Augmenting Block, which rests at the lookup's steps
 @pytest.mark.parametrize(
-    ("max_num_seqs", "variant"), [(1, None), (4, None), (16, None), (4, "after"), (4, "goodput")]
+    ("max_num_seqs", "variant"),
+    [(1, None), (1, "clover2"), (4, None), (16, None), (4, "after"), (4, "goodput")],
 )
 def test_greedy_output_equals_vanilla(reference_target, vanilla, max_num_seqs, variant):
     rows = ALONE if max_num_seqs == 1 else range(16)
     spec = _spec(disable_padded_drafter_batch=variant == "after")
     if variant == "goodput":
         spec["draft_budget"] = "goodput"
+    if variant == "clover2":
+        spec["model"] = str(CLOVER2_HEADS)
     with in_process_llm(
         reference_target, speculative_config=spec, max_num_seqs=max_num_seqs
     ) as llm:
@@ -101,9 +110,14 @@ def test_greedy_output_equals_vanilla(reference_target, vanilla, max_num_seqs, v
         stats = speculation(llm)
         lookup_only = assert_both_sources_drafted_and_were_accepted(llm, stats)
         after_bookkeeping = llm.collective_rpc(_drafts_after_bookkeeping)
+        rested = sum(llm.collective_rpc(_rested))
     assert outputs == [vanilla[i] for i in rows]
     if max_num_seqs == 1:  # steps whose one request copies skip the head loop
         assert lookup_only > 0
+    if variant == "clover2":  # ... and the block's pass, except at a step with prompt tokens
+        assert 0 < rested <= lookup_only, (rested, lookup_only)
+    else:  # the reference heads have no Augmenting Block: nothing to rest
+        assert rested == 0
     if variant == "after":  # as the engine resolved it: vLLM then drafts after bookkeeping
         assert after_bookkeeping == [True]
     if variant == "goodput":

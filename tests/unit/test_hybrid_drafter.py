@@ -134,6 +134,10 @@ def test_a_prefill_chunk_with_prompt_still_to_come_is_left_to_the_heads():
     rest = StepTokens(np.array(prompt[6:]), np.array([0]), np.array([3]), np.array([6]), [2])
     (lookup,) = hybrid.plan(batch, rest, k=3)
     assert lookup.start == len(prompt) + 1 and lookup.candidate == [7, 5, 9]
+    # both chunks carry prompt tokens (the block may not rest there); a decode step does not
+    assert chunk.carries_prompt(batch) and rest.carries_prompt(batch)
+    decode_batch, decode_step = decode({"a": (REPEATED[:-2], [9, 44], 1, 2)}, "before")
+    assert not decode_step.carries_prompt(decode_batch)
 
 
 @pytest.mark.parametrize(

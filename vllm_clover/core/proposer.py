@@ -55,6 +55,7 @@ class DraftLog:
     drawn: int = 0  # requests whose drafts were drawn at random (draft_sample_method)
     cut_short: int = 0  # chains the confidence stop ended short of their step's K (0 to K - 1)
     idle: int = 0  # K = 0 steps answered by idle_step, before the runner prepared propose
+    rested: int = 0  # steps in propose with nothing for the heads (the lookup's): no block pass
     keep_drafts: bool = False
     drafts: list[list[list[int]]] = field(default_factory=list)
     signal_width: int = 0  # columns of the target rows: D, or (1 + A) * D with target layers
@@ -140,7 +141,8 @@ class CloverProposer(EagleProposer):
         lookups = None if step is None else self.hybrid.plan(self._runner.input_batch, step, k)
         takes_all = lookups is not None and self.hybrid.takes_all(lookups, k)
         heads_draft = bool(k) and not takes_all
-        if self.model.layers:  # the pass writes the block's KV, h0 read or not
+        rests = self._rests(heads_draft, step)
+        if self.model.layers and not rests:  # the pass writes the block's KV, h0 read or not
             h0 = self._augmenting_pass(
                 target_token_ids,
                 target_positions,
@@ -182,6 +184,20 @@ class CloverProposer(EagleProposer):
         self.draft_log.record(0, drafts, num_tokens, self.stops_early)
         self.draft_log.idle += 1
         return drafts
+
+    def _rests(self, heads_draft: bool, step: StepTokens | None) -> bool:
+        """Whether the block skips its pass at a step that reached `propose` with nothing for
+        the heads to draft: the lookup's steps (which come here to settle its chains), as
+        ``idle_step`` does at K = 0, except at a step that carries prompt tokens, whose hole
+        would cost every later draft of the request."""
+        rests = (
+            self.may_rest
+            and not heads_draft
+            and step is not None
+            and not step.carries_prompt(self._runner.input_batch)
+        )
+        self.draft_log.rested += rests
+        return rests
 
     def _step_tokens(
         self, tokens, positions, t0, token_indices_to_sample, metadata

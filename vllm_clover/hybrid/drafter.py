@@ -84,6 +84,11 @@ class StepTokens:
     positions: np.ndarray  # [num_reqs]
     t0: np.ndarray  # [num_reqs]
 
+    def carries_prompt(self, batch: Any) -> bool:
+        """Whether any request's span starts inside its prompt (a prefill chunk)."""
+        prompts = batch.num_prompt_tokens[: len(self.t0)]
+        return bool((self.positions < prompts).any())
+
     def history(self, batch: Any, row: int) -> np.ndarray | None:
         """Request `row`'s tokens up to t0: the batch's before the step's span, the span up to
         its last accepted token, t0. None for a prefill chunk with prompt still to come (its
