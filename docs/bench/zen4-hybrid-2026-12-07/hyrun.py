@@ -21,17 +21,26 @@ def spec(method):
     if method == "vanilla":
         return None
     if method == "ngram":
-        return {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2,
-                "prompt_lookup_max": 4}
-    return {"method": "clover", "model": str(CLOVER2_HEADS), "num_speculative_tokens": 4,
-            "lookup": True}
+        return {
+            "method": "ngram",
+            "num_speculative_tokens": 4,
+            "prompt_lookup_min": 2,
+            "prompt_lookup_max": 4,
+        }
+    return {
+        "method": "clover",
+        "model": str(CLOVER2_HEADS),
+        "num_speculative_tokens": 4,
+        "lookup": True,
+    }
 
 
 def main():
     method, prompts, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
     chats = take_prompts(load_prompts(None if prompts == "mt" else prompts), n)
-    with engine(str(fetch_reference_target()), spec(method), 1, dtype="float32",
-                enforce_eager=True) as llm:
+    with engine(
+        str(fetch_reference_target()), spec(method), 1, dtype="float32", enforce_eager=True
+    ) as llm:
         llm.chat(chats[:1], SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)
         t0 = time.perf_counter()
         outs = llm.chat(chats, SamplingParams(temperature=0, max_tokens=64), use_tqdm=False)
@@ -40,17 +49,23 @@ def main():
         extra = ""
         if method == "lookup":
             from vllm_clover.hybrid.drafter import lookup_counts
+
             ((v, a, only),) = llm.collective_rpc(lookup_counts)
             rested = llm.collective_rpc(
-                lambda w: getattr(w.model_runner.drafter.draft_log, "rested", -1))
+                lambda w: getattr(w.model_runner.drafter.draft_log, "rested", -1)
+            )
             extra = f" lookup_verified {v} lookup_accepted {a} lookup_only {only} rested {rested}"
         m = {x.name: getattr(x, "value", None) for x in llm.get_metrics()}
-        acc = m.get("vllm:spec_decode_num_accepted_tokens"); dr = m.get("vllm:spec_decode_num_draft_tokens")
-        print(f"RESULT {method} {os.environ.get('TAG','')} wall {wall:.2f} tok/s {tok / wall:.2f} "
-              f"tok {tok} drafts {dr} accepted {acc}{extra}", flush=True)
+        acc = m.get("vllm:spec_decode_num_accepted_tokens")
+        dr = m.get("vllm:spec_decode_num_draft_tokens")
+        print(
+            f"RESULT {method} {os.environ.get('TAG', '')} wall {wall:.2f} tok/s {tok / wall:.2f} "
+            f"tok {tok} drafts {dr} accepted {acc}{extra}",
+            flush=True,
+        )
         out = os.environ.get("OUT")
         if out:
-            with open(os.path.join(out, f"{method}-{os.environ.get('TAG','')}.json"), "w") as f:
+            with open(os.path.join(out, f"{method}-{os.environ.get('TAG', '')}.json"), "w") as f:
                 json.dump([list(o.outputs[0].token_ids) for o in outs], f)
 
 
