@@ -58,7 +58,7 @@ def test_only_a_synchronous_clover_engine_with_goodput_gets_a_controller():
 def test_the_lookup_asks_the_controller_once_per_step():
     """The warm-up cycle advances on steps that decoded: top, 0, 0, top - 1, 1, ..."""
     controller = goodput_controller(vllm_config())
-    lookup = GoodputLookup(controller)
+    lookup = GoodputLookup(controller, SimpleNamespace(running=[]))
     picks = []
     for _ in range(6):
         picks.append(lookup[3])

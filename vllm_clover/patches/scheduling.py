@@ -32,12 +32,12 @@ class GoodputLookup:
     prompt tokens: a running request with more than its last token still to compute (read
     while `schedule` runs, before it advances `num_computed_tokens`)."""
 
-    def __init__(self, controller: GoodputController, scheduler=None) -> None:
+    def __init__(self, controller: GoodputController, scheduler) -> None:
         self.controller = controller
         self.scheduler = scheduler  # its `running` list is replaced as requests finish
 
     def __getitem__(self, batch_size: int) -> int:
-        running = self.scheduler.running if self.scheduler is not None else ()
+        running = self.scheduler.running
         prefill = any(r.num_computed_tokens < r.num_tokens - 1 for r in running)
         return self.controller.choose(batch_size, prefill=prefill)
 
