@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from vllm_clover import patches
-from vllm_clover.patches.channel import SchedulerChannel, scheduler_channel
+from vllm_clover.patches.channel import SchedulerChannel
 from vllm_clover.patches.scheduling import (
     GoodputLookup,
     goodput_controller,
@@ -128,26 +128,3 @@ def test_the_patch_is_applied_once_and_keeps_vllms_methods_underneath():
     wrapped = Scheduler.update_from_output
     assert getattr(wrapped, "__vllm_clover_patch__", None) == "goodput_budget"
     assert getattr(wrapped.__wrapped__, "__vllm_clover_patch__", None) is None  # wrapped once
-
-
-def test_after_a_step_at_k_0_the_engine_core_does_not_fetch_drafts():
-    """draftless_post_step: the worker is asked for drafts after a step that drafted (or on
-    an engine without the budget), never after one the budget ran at K = 0."""
-    from vllm.v1.engine.core import EngineCore
-
-    patches.apply_patches()
-    assert getattr(EngineCore.post_step, "__vllm_clover_patch__", None) == "draftless_post_step"
-    fetched = []
-    core = SimpleNamespace(
-        check_for_draft_tokens=True,
-        async_scheduling=False,
-        model_executor=SimpleNamespace(take_draft_token_ids=lambda: fetched.append(1)),
-        scheduler=SimpleNamespace(),
-    )
-    EngineCore.post_step(core, True)  # no channel: vLLM's own step
-    channel = scheduler_channel(core.scheduler)
-    channel.budget = goodput_controller(vllm_config())
-    for drafts_nothing in (False, True, False):
-        channel.drafts_nothing = drafts_nothing
-        EngineCore.post_step(core, True)
-    assert len(fetched) == 3

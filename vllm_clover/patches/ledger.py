@@ -248,20 +248,6 @@ PATCHES = (
         apply=scheduling.patch_goodput_budget,
     ),
     Entry(
-        "draftless_post_step",
-        "patch",
-        "the engine core asks the worker for the step's drafts after every step, even one "
-        "that drafted nothing; after a step the goodput budget ran at K = 0 it does not",
-        "patches/scheduling.py",
-        {
-            "vllm.v1.engine.core:EngineCore.post_step": "dfda901ee36b",
-            f"{SCHEDULER}.schedule": "da4f2cf2fc39",
-            f"{SCHEDULER}.update_draft_token_ids": "f05dcf1d7891",
-        },
-        attributes=("scheduler",),
-        apply=scheduling.patch_draftless_post_step,
-    ),
-    Entry(
         "prefix_block_drop",
         "patch",
         "vLLM drops the last block of every prefix-cache hit for EAGLE-like drafters and "

@@ -133,10 +133,7 @@ def patch_goodput_budget() -> None:
         channel = channel_of(self, SchedulerChannel)
         if channel is not None:
             channel.step_started = time.perf_counter()
-        output = schedule(self, *args, **kwargs)
-        if channel is not None and channel.budget is not None:
-            channel.drafts_nothing = output.num_spec_tokens_to_schedule == 0
-        return output
+        return schedule(self, *args, **kwargs)
 
     @functools.wraps(update)
     def update_from_output(self, scheduler_output, model_runner_output):
@@ -149,24 +146,3 @@ def patch_goodput_budget() -> None:
     Scheduler.__init__ = mark(__init__, "goodput_budget")
     Scheduler.schedule = mark(timed_schedule, "goodput_budget")
     Scheduler.update_from_output = mark(update_from_output, "goodput_budget")
-
-
-def patch_draftless_post_step() -> None:
-    """Wrap `EngineCore.post_step`: after a step whose budget chose K = 0 the worker drafted
-    nothing, so the engine core does not ask it for its drafts (a round trip to the worker
-    process of a multiprocess engine at every resting step). The step's scheduled requests
-    had their drafts cleared when it was scheduled, as the empty update would leave them."""
-    from vllm.v1.engine.core import EngineCore
-
-    if is_patched(EngineCore.post_step, "draftless_post_step"):
-        return
-    original = EngineCore.post_step
-
-    @functools.wraps(original)
-    def post_step(self, model_executed: bool) -> None:
-        channel = channel_of(self.scheduler, SchedulerChannel)
-        if channel is not None and channel.drafts_nothing:
-            return
-        original(self, model_executed)
-
-    EngineCore.post_step = mark(post_step, "draftless_post_step")
