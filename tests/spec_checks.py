@@ -160,10 +160,7 @@ class TreeStats:
     verified: int  # requests whose tree was verified
     off_chain: int  # ... whose accepted path used a node of rank > 0 (no chain accepts it)
     accepted_by_depth: tuple[int, ...]  # accepted paths reaching each depth
-    gapped: int = 0  # requests whose drafted nodes were not a breadth-first prefix
     drafted_by_node: tuple[int, ...] = ()  # times each node was verified
-    budget_steps: int = 0  # decoding steps the tree budget learned from (draft_budget goodput)
-    threshold: float | None = None  # the tree budget's threshold at the end
 
 
 def _tree_report(worker) -> tuple:
@@ -172,11 +169,9 @@ def _tree_report(worker) -> tuple:
     channel = channel_of(worker.model_runner, RunnerChannel)
     trees = None if channel is None else channel.trees
     if trees is None:
-        return 0, 0, (), 0, (), 0, None
+        return 0, 0, (), ()
     by_depth, by_node = tuple(trees.accepted_by_depth), tuple(trees.drafted_by_node)
-    budget = trees.budget
-    learned = (0, None) if budget is None else (budget.steps, budget.threshold())
-    return trees.verified, trees.off_chain, by_depth, trees.gapped, by_node, *learned
+    return trees.verified, trees.off_chain, by_depth, by_node
 
 
 def tree_stats(llm) -> TreeStats:
@@ -191,17 +186,6 @@ def assert_trees_verified(stats: TreeStats, tree_size: int, spec: Speculation) -
     assert stats.verified > 0, f"no tree was verified: {stats}"
     assert stats.off_chain > 0, f"no accepted path left the rank-0 chain: {stats}"
     assert spec.drafts_by_length.get(tree_size, 0) > 0, f"no full tree drafted: {spec}"
-    assert_clover_speculated(spec)
-
-
-def assert_trees_pruned(stats: TreeStats, tree_size: int, spec: Speculation) -> None:
-    """Trees were drafted under a confidence threshold and verified: requests drafted
-    subsets of different sizes, some that are not breadth-first prefixes (a node kept while
-    an earlier one was left out), and paths off the rank-0 chain were accepted."""
-    assert stats.verified > 0 and stats.off_chain > 0, f"no tree path off the chain: {stats}"
-    lengths = {n for n, count in spec.drafts_by_length.items() if count and n > 0}
-    assert len(lengths) > 1 and min(lengths) < tree_size, f"no pruned tree: {spec}"
-    assert stats.gapped > 0, f"every drafted subset was a prefix of the tree: {stats}"
     assert_clover_speculated(spec)
 
 

@@ -1,7 +1,7 @@
 """Token trees (speculative_token_tree) under vLLM: outputs equal vanilla decoding (greedy,
 float32) with both shipped configurations, at max_num_seqs 1, 4 and 16 and under prefix
-caching, chunked prefill, forced preemption and aborts, with each checkpoint's default tree
-("default"), and pruned per request by draft_confidence. Each test asserts that trees were
+caching, chunked prefill, forced preemption and aborts, and with each checkpoint's default
+tree ("default"). Each test asserts that trees were
 drafted and verified and that paths off the rank-0 chain were accepted (what a chain cannot
 accept), besides the feature it is about. T = 1 is in test_clover_sampling.py."""
 
@@ -9,7 +9,6 @@ import pytest
 from spec_checks import (
     TEST_TREE,
     TEST_TREE_SIZE,
-    assert_trees_pruned,
     assert_trees_verified,
     speculation,
     tree_stats,
@@ -141,48 +140,3 @@ def test_default_is_the_tree_the_checkpoint_records(reference_target, shipped_he
         resolved = llm.llm_engine.vllm_config.speculative_config.speculative_token_tree
         _check(llm, _generate(llm, prompts[:8]), expected[:8], TokenTree.parse(recorded).num_nodes)
     assert resolved == recorded
-
-
-def test_pruned_trees_under_preemption_and_aborts(reference_target, tree_spec, cases):
-    """draft_confidence: each request drafts the nodes of path probability >= 0.05, so the
-    requests of one step verify subsets of different sizes, not all breadth-first prefixes;
-    which node each draft row is follows the request through forced preemption and aborts."""
-    from vllm import SamplingParams
-
-    prompts, expected = cases["plain"]
-    aborted = [str(i) for i in range(1, 16, 5)]
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
-    with in_process_llm(
-        reference_target,
-        speculative_config={**tree_spec, "draft_confidence": 0.05},
-        max_num_seqs=16,
-        block_size=32,
-        num_gpu_blocks_override=24,  # fewer than above: the aborts free blocks
-        max_model_len=512,
-    ) as llm:
-        finished, _ = run_with_aborts(llm, prompts, [params] * len(prompts), aborted, 4)
-        kept = [i for i in range(16) if str(i) not in aborted]
-        assert [finished[i] for i in kept] == [expected[i] for i in kept]
-        assert_trees_pruned(tree_stats(llm), TEST_TREE_SIZE, speculation(llm))
-        preemptions = metric_total(llm, "vllm:num_preemptions")
-    assert preemptions > 0
-    assert all(len(finished.get(int(i), [])) < MAX_TOKENS for i in aborted)
-
-
-def test_goodput_budget_prunes_trees_alone_and_equals_vanilla(reference_target, cases):
-    """draft_budget "goodput" with a tree: the runner prices a verification row from the
-    steps it times, and each request drafts the nodes whose path probability is worth that
-    price. Alone (batch 1) a row is cheap, so trees are drafted, pruned per request."""
-    from vllm_clover.budget.tree import TreeBudgetConfig
-    from vllm_clover.bundled import REFERENCE_HEADS
-
-    spec = {"method": "clover", "model": str(REFERENCE_HEADS), "draft_budget": "goodput"}
-    spec["speculative_token_tree"] = TEST_TREE
-    prompts, expected = cases["plain"]
-    with in_process_llm(reference_target, speculative_config=spec, max_num_seqs=1) as llm:
-        outputs = _generate(llm, prompts[:3])
-        stats, trees = speculation(llm), tree_stats(llm)
-    assert outputs == expected[:3]
-    assert trees.budget_steps > TreeBudgetConfig().warmup_steps and trees.threshold > 0
-    assert set(stats.steps_by_k) == {TEST_TREE_SIZE}  # the scheduler leaves a tree's K alone
-    assert_trees_pruned(trees, TEST_TREE_SIZE, stats)

@@ -101,16 +101,15 @@ def test_the_floor_variant_drafts_nothing_at_any_batch_size():
 def test_a_tree_variant_drafts_its_nodes():
     """K is the tree's node count; "default" is the checkpoint's own tree."""
     tree = "[(0,), (1,), (0, 0)]"
-    spec = _variant(f't={{"speculative_token_tree": "{tree}", "draft_confidence": 0.05}}')
+    spec = _variant(f't={{"speculative_token_tree": "{tree}"}}')
     assert spec.speculative_config() == {
         "method": "clover",
         "num_speculative_tokens": 3,
         "model": str(REFERENCE_HEADS.resolve()),
         "speculative_token_tree": tree,
-        "draft_confidence": 0.05,
     }
     own = json.loads((REFERENCE_HEADS / "config.json").read_text())["token_tree"]
-    default = _variant('tree={"speculative_token_tree": "default", "draft_budget": "goodput"}')
+    default = _variant('tree={"speculative_token_tree": "default"}')
     assert default.speculative_config()["speculative_token_tree"] == str(TokenTree.parse(own))
     assert default.num_speculative_tokens == TokenTree.parse(own).num_nodes
 

@@ -91,24 +91,6 @@ def test_a_tree_sets_k_and_a_fixed_budget():
     assert spec.draft_confidence is None
 
 
-def test_draft_confidence_prunes_a_tree_and_the_checkpoints_chain_thresholds_do_not():
-    """With a tree, draft_confidence is the least path probability per depth: a number
-    applies to every depth, 0 turns it off, and the checkpoint's thresholds (calibrated for
-    chains) are never taken for it."""
-    from vllm_clover.core.checks import resolve_token_tree
-
-    heads = tiny_config(draft_confidence=[0.3, 0.4, 0.5])
-    for given, resolved in ((0.1, [0.1, 0.1, 0.1]), ([0.1, 0.2, 0.2], [0.1, 0.2, 0.2]),
-                            (0.0, None), (None, None)):  # fmt: skip
-        spec = _spec("[(0,), (1,), (0, 0)]", draft_confidence=given)
-        resolve_token_tree(spec, heads)
-        assert (spec.draft_confidence, spec.num_speculative_tokens) == (resolved, 3)
-        assert spec.draft_budget == "fixed"
-    goodput = _spec("[(0,), (1,), (0, 0)]", draft_budget="goodput")
-    resolve_token_tree(goodput, heads)  # the threshold is chosen per step instead
-    assert (goodput.draft_budget, goodput.draft_confidence) == ("goodput", None)
-
-
 def test_default_is_the_checkpoints_own_tree():
     from vllm_clover.core.checks import resolve_token_tree
 
@@ -124,14 +106,9 @@ def test_default_is_the_checkpoints_own_tree():
     ("tree", "fields", "message"),
     [
         ("[(0,), (0, 1)]", {"num_speculative_tokens": 3}, "num_speculative_tokens=3 but"),
-        ("[(0,)]", {"draft_budget": "goodput", "draft_confidence": 0.1}, "drop draft_confidence"),
-        (
-            "[(0,)]",
-            {"draft_budget": "goodput", "target_parallel_config": SimpleNamespace(world_size=2)},
-            "each of the 2 ranks would do on its own",
-        ),
-        ("[(0,)]", {"draft_confidence": [0.1, 0.2]}, r"one threshold per head \(3\), got 2"),
-        ("[(0,)]", {"num_speculative_tokens_per_batch_size": [[1, 4, 1]]}, "chain lengths"),
+        ("[(0,)]", {"draft_confidence": 0.1}, "whole tree .* drop draft_confidence"),
+        ("[(0,)]", {"draft_budget": "goodput"}, 'drop draft_budget "goodput"'),
+        ("[(0,)]", {"num_speculative_tokens_per_batch_size": [[1, 4, 1]]}, "sizes chains"),
         ("[(0,), (0, 0), (0, 0, 0), (0, 0, 0, 0)]", {}, "4 deep but the Clover heads have 3"),
         ("[(0,), (1, 0)]", {}, r"\(1, 0\) has no parent"),
         ("[(200,)]", {}, "asks for rank 200 but the heads draft from 120 tokens"),

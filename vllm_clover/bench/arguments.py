@@ -73,8 +73,7 @@ def _add_method_arguments(parser: argparse.ArgumentParser) -> None:
         "what speculation costs when it drafts nothing), "
         'greedy=\'{"draft_sample_method": "greedy"}\' (argmax drafts at T > 0), '
         'tree=\'{"speculative_token_tree": "default"}\' (the checkpoint\'s token tree, or one '
-        'such as "[(0,), (1,), (0, 0)]"; draft_confidence C or draft_budget "goodput" prune '
-        "it per request)",
+        'such as "[(0,), (1,), (0, 0)]", drafted whole)',
     )
     parser.add_argument(
         "--clover-heads",

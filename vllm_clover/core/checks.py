@@ -47,7 +47,7 @@ class CloverStartupError(RuntimeError):
 ROUTED_PATH_SUBSTRINGS = ("eagle-", "eagle3", "dflash", "dspark")
 # speculative_token_tree's value that asks for the checkpoint's own tree (CloverConfig.token_tree)
 DEFAULT_TREE = "default"
-# a tree's draft_budget when none is given: "fixed" drafts the whole tree at every step
+# a tree's draft_budget: "fixed", the whole tree at every step
 TREE_DRAFT_BUDGET = "fixed"
 
 
@@ -219,14 +219,10 @@ def resolve_token_tree(spec_config, config: CloverConfig) -> None:
     """Resolve ``speculative_token_tree`` on a SpeculativeConfig, in place.
 
     The tree must fit the heads (one per depth) and the draft vocabulary (one token per
-    rank); ``num_speculative_tokens`` is its number of nodes (derived when absent). A tree is
-    the most a request drafts, and ``resolve_tree_budget`` how much of it it does.
-    ``draft_confidence`` given with a tree (a number, or one per depth) is the least path
-    probability of the nodes a request drafts (``tree.subset``); the checkpoint's own
-    thresholds, calibrated for chains, are not used. "default" is the checkpoint's own tree
+    rank); ``num_speculative_tokens`` is its number of nodes (derived when absent); every
+    request drafts the whole tree. "default" is the checkpoint's own tree
     (``CloverConfig.token_tree``). ValueError naming the problem. Example: "[(0,), (1,),
-    (0, 0)]" -> K = 3, fixed; with draft_confidence 0.1, each request drafts the nodes whose
-    path probability is at least 0.1.
+    (0, 0)]" -> K = 3.
     """
     if not current_platform.is_cpu():  # elsewhere vLLM's attention would mask causally
         raise CloverCheckpointError(
@@ -252,38 +248,25 @@ def resolve_token_tree(spec_config, config: CloverConfig) -> None:
         )
     spec_config.speculative_token_tree = str(tree)
     spec_config.num_speculative_tokens = tree.num_nodes
-    resolve_tree_budget(spec_config, config)
+    resolve_tree_budget(spec_config)
 
 
-def resolve_tree_budget(spec_config, config: CloverConfig) -> None:
-    """How much of its tree each request drafts, in place: ``draft_budget`` "goodput" (a
-    path-probability threshold chosen per step from measured step cost, throughput and
-    calibration: ``budget/tree.py``), a fixed threshold (``draft_confidence``),
-    or the whole tree ("fixed" without a threshold, the default). A per-batch-size table
-    chooses chain lengths and is refused. ValueError naming the problem."""
-    budget, confidence = spec_config.draft_budget, spec_config.draft_confidence
-    if spec_config.num_speculative_tokens_per_batch_size:
-        raise CloverCheckpointError(
-            "speculative_token_tree drafts one tree per request; drop "
-            "num_speculative_tokens_per_batch_size (it chooses chain lengths; draft_budget "
-            '"goodput" or draft_confidence prune a tree)'
-        )
-    if budget == "goodput" and confidence is not None:
-        raise CloverCheckpointError(
-            'draft_budget "goodput" chooses the tree\'s confidence threshold per step; drop '
-            'draft_confidence, or give draft_budget "fixed" to keep it'
-        )
-    parallel = getattr(spec_config, "target_parallel_config", None)
-    ranks = 1 if parallel is None else parallel.world_size
-    if budget == "goodput" and ranks > 1:
-        raise CloverCheckpointError(
-            'draft_budget "goodput" with a token tree times each step in the model runner, '
-            f"which each of the {ranks} ranks would do on its own (their drafts must agree); "
-            "give draft_confidence instead"
-        )
-    spec_config.draft_budget = budget or TREE_DRAFT_BUDGET
-    if confidence is not None:  # the user's own: a tree's threshold
-        spec_config.draft_confidence = resolve_draft_confidence(confidence, config)
+def resolve_tree_budget(spec_config) -> None:
+    """A tree is drafted whole at every step: draft_budget "fixed". A per-batch-size table,
+    draft_budget "goodput" and draft_confidence size chains and are refused here.
+    ValueError naming the problem."""
+    given = {
+        "num_speculative_tokens_per_batch_size": spec_config.num_speculative_tokens_per_batch_size,
+        "draft_confidence": spec_config.draft_confidence,
+        'draft_budget "goodput"': spec_config.draft_budget == "goodput" or None,
+    }
+    for name, value in given.items():
+        if value:
+            raise CloverCheckpointError(
+                f"speculative_token_tree drafts the whole tree for every request; drop {name} "
+                "(it sizes chains), or drop the tree"
+            )
+    spec_config.draft_budget = TREE_DRAFT_BUDGET
 
 
 def target_lm_head(target: nn.Module) -> nn.Module:

@@ -34,8 +34,7 @@ from vllm_clover.hybrid.drafter import StepTokens, hybrid_drafter
 from vllm_clover.modeling.draft_sampling import DraftSampler
 from vllm_clover.patches.block_rest import rest_applies
 from vllm_clover.patches.channel import RunnerChannel, channel_of
-from vllm_clover.tree.draft import propose_confident_tree, propose_tree
-from vllm_clover.tree.subset import pack
+from vllm_clover.tree.draft import propose_tree
 
 logger = init_logger("vllm.clover.proposer")
 
@@ -86,17 +85,14 @@ class CloverProposer(EagleProposer):
         draft_config = vllm_config.speculative_config.draft_model_config.hf_config
         # Read by the target_signal patch: these heads want [H | L_a ...], not H.
         self.reads_target_layers = bool(getattr(draft_config, "target_layers", None))
-        if self.trees is not None and self.min_confidence is None and self.trees.budget is None:
-            self.trees.subsets = None  # whole trees (async scheduling turns the threshold off)
-        pruned = self.trees is not None and self.trees.subsets is not None
         self.hybrid = hybrid_drafter(vllm_config, self.trees is not None)  # "lookup"
         self._runner = runner  # its input batch: the histories the lookup reads
         # Whether the Augmenting Block may skip its pass at K = 0 (``idle_step``); set with the
         # KV config (patches/block_rest.py).
         self.may_rest = False
-        # Read by the draft_lengths patch: rows may end in -1 (a chain stopped, a tree pruned,
-        # a lookup chain shorter than K).
-        self.stops_early = self.min_confidence is not None or pruned or self.hybrid is not None
+        # Read by the draft_lengths patch: rows may end in -1 (a chain stopped, a lookup chain
+        # shorter than K).
+        self.stops_early = self.min_confidence is not None or self.hybrid is not None
 
     def propose(
         self,
@@ -250,20 +246,9 @@ class CloverProposer(EagleProposer):
 
     def _propose_tree(self, h0: torch.Tensor, t0: torch.Tensor, k: int) -> torch.Tensor:
         """[num_reqs, k] drafts of the tree's first k nodes (a BFS prefix of a tree is a
-        tree); with a confidence threshold (fixed, or the tree budget's for this step), each
-        request's confident nodes packed first, then -1, their tree nodes and path
-        probabilities noted for the step that verifies them (``DraftedSubsets``)."""
-        heads, tables, trees = self.model.heads, self.model.tables, self.trees
-        if trees.subsets is None:
-            return propose_tree(heads, h0, t0, trees.tree, tables)[:, :k]
-        thresholds = self.min_confidence
-        if trees.budget is not None:
-            thresholds = torch.full((trees.tree.depth,), trees.budget.threshold())
-        drafts, chances = propose_confident_tree(heads, h0, t0, trees.tree, tables, thresholds)
-        drafts, nodes = pack(drafts, drafts >= 0)
-        chances = torch.where(nodes >= 0, chances.gather(1, nodes.clamp(min=0)), 0.0)
-        trees.subsets.proposed = (nodes[:, :k], chances[:, :k])
-        return drafts[:, :k]
+        tree)."""
+        heads, tables = self.model.heads, self.model.tables
+        return propose_tree(heads, h0, t0, self.trees.tree, tables)[:, :k]
 
     def _chain_order(self, *rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The step's per-token inputs with each accepted tree path moved right after its

@@ -134,8 +134,7 @@ PATCHES = (
         "draft_lengths",
         "patch",
         "the runner hands every request K drafts from a proposer's tensor; "
-        "Clover's confidence stop marks the unused ones -1, and a pruned tree's drafts are "
-        "noted by request id here, where the rows still follow the proposer's (DraftTokenIds)",
+        "Clover's confidence stop (or a short lookup chain) marks the unused ones -1",
         "patches/method.py",
         {
             f"{RUNNER}.take_draft_token_ids": "21e3697c8c5f",
@@ -330,9 +329,9 @@ PATCHES = (
         "patch",
         "vLLM 0.32 verifies one chain per request: a tree step needs depth positions after "
         "the slots are computed, its step marked in the attention metadata, and its own "
-        "sampler (greedy or multi-draft rejection) followed by KV compaction; a pruned tree's "
-        "nodes are found by request id from the scheduled drafts (the scheduler schedules a "
-        "request's latest drafts or a prefix of them, SchedulerOutput names finished requests)",
+        "sampler (greedy or multi-draft rejection) followed by KV compaction; a request's "
+        "drafts are a breadth-first prefix of the tree (the scheduler schedules a request's "
+        "latest drafts or a prefix of them)",
         "patches/trees.py",
         {
             f"{RUNNER}._prepare_inputs": "c31a77c123a0",

@@ -15,7 +15,7 @@ from typing import Literal
 
 from vllm.logger import init_logger
 
-from vllm_clover.patches.channel import RunnerChannel, attach, channel_of
+from vllm_clover.patches.channel import RunnerChannel, attach
 from vllm_clover.patches.marking import CLOVER_METHOD, is_patched, mark
 
 logger = init_logger("vllm.clover.patches")
@@ -359,13 +359,11 @@ def patch_draft_lengths() -> None:
     """Cut each request's Clover draft at its first -1 before the scheduler sees it.
 
     The proposer returns [num_reqs, K] with -1 after a request's confidence stop
-    (`HeadLoop.propose`) or after the tree nodes it is confident in (`tree.subset`); vLLM's
-    scheduler takes per-request draft lists of any length (ngram relies on it), so a row
-    [12, 7, -1, -1] becomes [12, 7] and that request verifies two drafts next step. For a
-    tree, the request's drafted nodes are noted by request id here (`DraftedSubsets.taken`),
-    where the rows still line up with the proposer's. Under async scheduling the runner
-    reads the on-device draft tensor instead, so the proposer never stops early there (see
-    `CloverProposer`).
+    (`HeadLoop.propose`) or a lookup chain shorter than K; vLLM's scheduler takes
+    per-request draft lists of any length (ngram relies on it), so a row [12, 7, -1, -1]
+    becomes [12, 7] and that request verifies two drafts next step. Under async scheduling
+    the runner reads the on-device draft tensor instead, so the proposer never stops early
+    there (see `CloverProposer`).
     """
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
@@ -381,10 +379,6 @@ def patch_draft_lengths() -> None:
             for row in drafts.draft_token_ids:
                 if -1 in row:
                     del row[row.index(-1) :]
-            channel = channel_of(self, RunnerChannel)
-            subsets = None if channel is None or channel.trees is None else channel.trees.subsets
-            if subsets is not None:  # which tree nodes the drafts are, by request
-                subsets.taken(drafts.req_ids, drafts.draft_token_ids)
         return drafts
 
     GPUModelRunner.take_draft_token_ids = mark(take_draft_token_ids, "draft_lengths")

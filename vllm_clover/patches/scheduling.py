@@ -44,9 +44,8 @@ class GoodputLookup:
 
 def goodput_controller(vllm_config) -> GoodputController | None:
     """The controller for this engine's scheduler, or None where K stays vLLM's (not Clover,
-    draft_budget "fixed", or a scheduler that does not run one step at a time). A token tree
-    keeps its K, its node count: its goodput budget is the runner's confidence threshold
-    (``budget/tree.py``)."""
+    draft_budget "fixed", as a token tree's is, or a scheduler that does not run one step at
+    a time)."""
     spec = vllm_config.speculative_config
     if spec is None or spec.method != CLOVER_METHOD or spec.draft_budget != "goodput":
         return None

@@ -6,9 +6,6 @@ here is only where it plugs in. Every patch is a no-op for engines without a tre
 from __future__ import annotations
 
 import functools
-import time
-
-import numpy as np
 
 from vllm_clover.patches.channel import MetadataChannel, RunnerChannel, attach, channel_of
 from vllm_clover.patches.marking import is_patched, mark
@@ -45,7 +42,7 @@ def patch_tree_steps() -> None:
         result = prepare(self, scheduler_output, num_scheduled_tokens)
         trees = _trees(self)
         if trees is not None:
-            trees.step = _tree_step(self, trees, result[1], scheduler_output, num_scheduled_tokens)
+            trees.step = _tree_step(self, trees, result[1])
             if trees.step is not None:
                 trees.step.set_positions(self.positions)
         return result
@@ -78,25 +75,14 @@ def _trees(runner):
     return None if channel is None else channel.trees
 
 
-def _tree_step(runner, trees, spec, scheduler_output, num_scheduled_tokens):
-    """The step's TreeStep (None without drafts), after timing the step for the tree budget
-    and looking up which tree nodes each request's scheduled drafts are."""
+def _tree_step(runner, trees, spec):
+    """The step's TreeStep (None without drafts)."""
     from vllm_clover.tree.step import TreeStep
 
-    num_reqs = runner.input_batch.num_reqs
-    drafts = np.zeros(num_reqs) if spec is None else np.asarray(spec.num_draft_tokens)
-    scheduled = np.asarray(num_scheduled_tokens)[:num_reqs]
-    decoding = bool((scheduled == 1 + drafts).all())  # no prefill chunk in the step
-    trees.begin_step(time.perf_counter(), int(scheduled.sum()), num_reqs, decoding)
-    if trees.subsets is not None:
-        trees.subsets.forget(scheduler_output.finished_req_ids)
     if spec is None:
         return None
-    drafted = None if trees.subsets is None else trees.subsets.scheduled(
-        runner.input_batch.req_ids[:num_reqs], scheduler_output.scheduled_spec_decode_tokens
-    )  # fmt: skip
-    starts = runner.query_start_loc.np[: num_reqs + 1]
-    return TreeStep.of(trees.tree, spec.num_draft_tokens, starts, drafted)
+    starts = runner.query_start_loc.np[: runner.input_batch.num_reqs + 1]
+    return TreeStep.of(trees.tree, spec.num_draft_tokens, starts)
 
 
 def _verify_tree_step(runner, trees, logits, spec_decode_metadata):
@@ -115,7 +101,7 @@ def _verify_tree_step(runner, trees, logits, spec_decode_metadata):
     )
     step.settle(verdict.select(step.requests))
     step.compact()
-    trees.record(step.verdict, step.nodes, step.chances)
+    trees.record(step.verdict, step.nodes)
     return output
 
 

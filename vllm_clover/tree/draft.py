@@ -22,38 +22,14 @@ import torch.nn.functional as F
 from vllm_clover.modeling.head_loop import HeadLoop
 from vllm_clover.modeling.tables import TargetTables
 from vllm_clover.tree.spec import ROOT, TokenTree
-from vllm_clover.tree.subset import PathConfidence
 
 
 @torch.no_grad()
 def propose_tree(
     loop: HeadLoop, h0: torch.Tensor, t0: torch.Tensor, tree: TokenTree, tables: TargetTables
 ) -> torch.Tensor:
-    """Draft target ids of every node: h0 (M, D), t0 (M,) -> (M, N), breadth-first."""
-    return _draft(loop, h0, t0, tree, tables, None)
-
-
-@torch.no_grad()
-def propose_confident_tree(
-    loop: HeadLoop,
-    h0: torch.Tensor,
-    t0: torch.Tensor,
-    tree: TokenTree,
-    tables: TargetTables,
-    thresholds: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draft the nodes each request is confident in (``tree.subset``): h0 (M, D), t0 (M,),
-    thresholds (depths,) the least path probability per depth -> (target ids (M, N), -1 for
-    the nodes not drafted; path probabilities (M, N)). A node no request keeps gets no head
-    step for its children."""
-    confidence = PathConfidence(tree, thresholds, t0.shape[0])
-    drafts = _draft(loop, h0, t0, tree, tables, confidence)
-    return drafts.masked_fill(~confidence.nodes, -1), confidence.chance[:, 1:]
-
-
-def _draft(loop, h0, t0, tree, tables, confidence: PathConfidence | None) -> torch.Tensor:
-    """The target ids of the nodes, one head step per depth over its source nodes (those
-    with children, and with ``confidence`` those some request keeps): (M, N)."""
+    """Draft target ids of every node: h0 (M, D), t0 (M,) -> (M, N), breadth-first, one
+    head step per depth over its source nodes (those with children)."""
     cfg = loop.config
     tree.check_fits(cfg.num_heads, cfg.draft_vocab_size or cfg.vocab_size)
     rows, table = tables.draft_rows(loop.dtype), loop.regressive_table(tables)
@@ -68,29 +44,15 @@ def _draft(loop, h0, t0, tree, tables, confidence: PathConfidence | None) -> tor
         h_in, prev, kv = _step_inputs(tree, sources, h0, t0, state, best, tables, table)
         h_out, z = loop.step(depth - 1, h_in, h0[:, None].expand_as(h_in), prev, tables, kv)
         ranks = torch.tensor(tree.ranks[level], dtype=torch.long)
-        top, probs = _top(rows, z.flatten(0, 1), 1 + int(ranks.max()), confidence is not None)
+        top = rows.scores(z.flatten(0, 1)).topk(1 + int(ranks.max()), dim=-1).indices
         column = {s: c for c, s in enumerate(sources)}
         source = torch.tensor([column.get(p, 0) for p in tree.parents[level]])
         best[:, level] = top.view(m, len(sources), -1)[:, source, ranks]
         state[:, level] = h_out[:, source]
         sources = [i for i in range(level.start, level.stop) if i in has_children]
-        if confidence is not None:
-            drafted = torch.tensor([p in column for p in tree.parents[level]])
-            confidence.add_level(depth, probs.view(m, len(column), -1)[:, source, ranks] * drafted)
-            sources = confidence.kept_by_any(sources)
         if not sources:
             break
     return tables.draft_to_target(best).long()  # (M, N)
-
-
-def _top(rows, z: torch.Tensor, width: int, with_probs: bool):
-    """The ``width`` best draft-vocabulary indices of each row of z (R, D), and their head
-    probabilities (softmax over the draft vocabulary) when asked, else None."""
-    if not with_probs:
-        return rows.scores(z).topk(width, dim=-1).indices, None
-    logits = rows.logits(z).float()  # (R, V_draft)
-    top = logits.topk(width, dim=-1)
-    return top.indices, torch.exp(top.values - torch.logsumexp(logits, dim=-1, keepdim=True))
 
 
 def _step_inputs(

@@ -2,9 +2,9 @@
 
 vLLM schedules a tree request like a chain: its last sampled token (the root) and its n draft
 tokens as n + 1 query rows, with KV slots at positions root + 1 .. root + n. The drafts are the
-tree's nodes breadth-first, or, with ``draft_confidence``, the nodes the request's heads were
-confident in (``tree.subset``; ``nodes`` says which node each draft row is). ``TreeStep``
-changes what those rows mean, in four places of the step (``patches/trees.py`` calls each):
+tree's nodes breadth-first (``tree.subset``; ``nodes`` says which node each draft row is).
+``TreeStep`` changes what those rows mean, in four places of the step (``patches/trees.py``
+calls each):
 
 1. ``set_positions``: after vLLM computed slots from the row positions, each node gets the
    RoPE position of its depth (root + depth): draft row j keeps slot root + 1 + j.
@@ -33,7 +33,6 @@ from functools import cached_property
 import numpy as np
 import torch
 
-from vllm_clover.budget.tree import TreeBudget, TreeBudgetConfig
 from vllm_clover.tree.accept import TreeVerdict
 from vllm_clover.tree.attention import tree_positions
 from vllm_clover.tree.cpu_attention import CacheLayout, TreePlan, entry_index
@@ -50,7 +49,6 @@ class TreeStep:
     requests: torch.Tensor  # (R,) input-batch rows
     roots: torch.Tensor  # (R,) query row of each root
     nodes: torch.Tensor  # (R, T - 1) the tree node of each draft row, -1 past the request's
-    chances: torch.Tensor | None = None  # (R, T - 1) their path probabilities, when pruned
     caches: list[torch.Tensor] = field(default_factory=list)  # each layer's kv_cache, in order
     slot_mapping: torch.Tensor | None = None  # the step's (tokens,) KV slots
     plan: TreePlan | None = None  # where every layer reads keys and values, and the mask
@@ -58,16 +56,9 @@ class TreeStep:
     moves: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # from settle()
 
     @classmethod
-    def of(
-        cls,
-        tree: TokenTree,
-        num_draft_tokens: list[int],
-        query_start_loc: np.ndarray,
-        drafted: list[tuple[list[int], list[float]] | None] | None = None,
-    ):
-        """From vLLM's per-request draft counts and query starts (num_reqs + 1,), and the
-        nodes and path probabilities each request drafted (``DraftedSubsets.scheduled``;
-        None: breadth-first prefixes of the tree); None when no request has drafts."""
+    def of(cls, tree: TokenTree, num_draft_tokens: list[int], query_start_loc: np.ndarray):
+        """From vLLM's per-request draft counts and query starts (num_reqs + 1,), each
+        request's drafts a breadth-first prefix of the tree; None when no request has drafts."""
         drafts = np.asarray(num_draft_tokens)
         rows = np.flatnonzero(drafts)
         if rows.size == 0:
@@ -75,13 +66,8 @@ class TreeStep:
         roots = query_start_loc[rows + 1] - drafts[rows] - 1
         counts = torch.from_numpy(drafts[rows])
         nodes = prefix_nodes(counts, int(counts.max()))
-        chances = None if drafted is None else torch.zeros(nodes.shape)
-        for r, row in enumerate(rows.tolist()):
-            if drafted is not None and drafted[row] is not None:
-                nodes[r, : counts[r]] = torch.tensor(drafted[row][0][: counts[r]])
-                chances[r, : counts[r]] = torch.tensor(drafted[row][1][: counts[r]])
         requests, roots = torch.from_numpy(rows), torch.from_numpy(roots.astype(np.int64))
-        return cls(tree, requests, roots, nodes, chances)
+        return cls(tree, requests, roots, nodes)
 
     def batch_nodes(self, num_reqs: int) -> torch.Tensor:
         """(num_reqs, T - 1) ``nodes`` by input-batch row, -1 for requests without drafts."""
@@ -198,95 +184,24 @@ class TreeStep:
 
 
 @dataclass
-class DraftedSubsets:
-    """Which tree nodes each request's drafts are, where requests draft the nodes their heads
-    are confident in (``draft_confidence`` or the tree budget; ``tree.subset``): the
-    proposer's rows of a step (``proposed``: nodes and path probabilities), then, once vLLM
-    has handed the drafts to its scheduler, the same by request (``taken``), until the step
-    that verifies them (``scheduled``)."""
-
-    proposed: tuple[torch.Tensor, torch.Tensor] | None = None  # (num_reqs, K) each, by row
-    pending: dict[str, tuple[list[int], list[int], list[float]]] = field(default_factory=dict)
-
-    def taken(self, req_ids: list[str], draft_token_ids: list[list[int]]) -> None:
-        """The drafts vLLM took (rows in the proposer's order, each cut at its first -1)."""
-        if self.proposed is None:
-            return
-        nodes, chances = (x.tolist() for x in self.proposed)
-        for row, (req_id, tokens) in enumerate(zip(req_ids, draft_token_ids, strict=True)):
-            n = len(tokens)
-            self.pending[req_id] = (nodes[row][:n], list(tokens), chances[row][:n])
-        self.proposed = None
-
-    def forget(self, finished: set[str]) -> None:
-        """Drop the drafts of finished (or aborted) requests."""
-        for req_id in finished:
-            self.pending.pop(req_id, None)
-
-    def scheduled(
-        self, req_ids: list[str], drafts: dict[str, list[int]]
-    ) -> list[tuple[list[int], list[float]] | None]:
-        """The nodes and path probabilities of the drafts vLLM scheduled for each batch row
-        (None: no drafts). vLLM schedules a request's latest drafts, or a prefix of them."""
-        out = []
-        for req_id in req_ids:
-            tokens = list(drafts.get(req_id, ()))
-            nodes, drafted, chances = self.pending.get(req_id, ([], [], []))
-            if tokens != drafted[: len(tokens)]:
-                raise RuntimeError(
-                    f"Clover tree: request {req_id} was scheduled drafts {tokens}, not the "
-                    f"{drafted} drafted for it (the drafts' tree nodes are unknown)"
-                )
-            out.append((nodes[: len(tokens)], chances[: len(tokens)]) if tokens else None)
-        return out
-
-
-@dataclass
 class TreeVerifier:
     """A runner's token tree and the step in flight (None between steps and on steps
-    without drafts). Built by the runner when ``speculative_token_tree`` is set; with a
-    confidence threshold it keeps which nodes each request drafted (``subsets``), and with
-    draft_budget "goodput" it times every step for the tree budget that sets the threshold."""
+    without drafts), with what its verdicts counted. Built by the runner when
+    ``speculative_token_tree`` is set."""
 
     tree: TokenTree
-    subsets: DraftedSubsets | None = None  # requests draft subsets (a threshold is set)
-    budget: TreeBudget | None = None  # the threshold is chosen per step (draft_budget goodput)
     step: TreeStep | None = None
     verified: int = 0  # requests whose tree was verified
     off_chain: int = 0  # ... whose accepted path left the rank-0 chain (a tree's gain)
-    gapped: int = 0  # ... whose drafted nodes were not a breadth-first prefix of the tree
     accepted_by_depth: list[int] = field(default_factory=list)  # paths reaching each depth
     accepted_by_node: list[int] = field(default_factory=list)  # times each node was accepted
     drafted_by_node: list[int] = field(default_factory=list)  # times each node was verified
-    chance_drafted: float = 0.0  # sum of the verified nodes' path probabilities (pruned)
-    chance_accepted: int = 0  # ... and how many of those nodes were accepted
-    in_flight: tuple[float, int, int, bool] | None = None  # (start, rows, requests, decoding)
-    accepted_in_flight: int = 0  # nodes accepted by the step in flight
 
-    def begin_step(self, now: float, rows: int, requests: int, decoding: bool) -> None:
-        """A step starts: the one before it ends, and the budget learns from it if every
-        request of it decoded (one token, plus drafts to verify)."""
-        if self.budget is not None and self.in_flight is not None and self.in_flight[3]:
-            start, last_rows, last_requests, _ = self.in_flight
-            tokens = last_requests + self.accepted_in_flight
-            self.budget.observe_step(now - start, last_rows, tokens)
-        self.in_flight, self.accepted_in_flight = (now, rows, requests, decoding), 0
-
-    def record(self, verdict: TreeVerdict, nodes: torch.Tensor, chances=None) -> None:
-        """Count a step's verdicts, drafted nodes (R, W) and, for subsets, their path
-        probabilities (R, W) (diagnostics, tests, and the budget's calibration)."""
+    def record(self, verdict: TreeVerdict, nodes: torch.Tensor) -> None:
+        """Count a step's verdicts and drafted nodes (R, W) (diagnostics and tests)."""
         ranks = torch.tensor((0, *self.tree.ranks))[verdict.path + 1]  # (R, depth), -1 -> 0
         self.verified += verdict.path.shape[0]
         self.off_chain += int((ranks > 0).any(dim=-1).sum())
-        prefixes = prefix_nodes((nodes >= 0).sum(dim=-1), nodes.shape[1])
-        self.gapped += int((nodes != prefixes).any(dim=-1).sum())
-        accepted = int(verdict.num_accepted.sum())
-        self.accepted_in_flight += accepted
-        if chances is not None:
-            self.chance_drafted += float(chances.sum())
-            self.chance_accepted += accepted
-            if self.budget is not None:
-                self.budget.observe_nodes(float(chances.sum()), accepted)
         if not self.accepted_by_depth:
             self.accepted_by_depth = [0] * self.tree.depth
             self.accepted_by_node = [0] * self.tree.num_nodes
@@ -298,16 +213,8 @@ class TreeVerifier:
 
     @classmethod
     def of(cls, vllm_config) -> TreeVerifier | None:
-        spec = vllm_config.speculative_config
-        text = getattr(spec, "speculative_token_tree", None)
-        if text is None:
-            return None
-        budget = None
-        if getattr(spec, "draft_budget", None) == "goodput":
-            max_tokens = vllm_config.scheduler_config.max_num_batched_tokens
-            budget = TreeBudget(TreeBudgetConfig(max_tokens=max_tokens))
-        pruned = budget is not None or getattr(spec, "draft_confidence", None) is not None
-        return cls(TokenTree.parse(text), DraftedSubsets() if pruned else None, budget)
+        text = getattr(vllm_config.speculative_config, "speculative_token_tree", None)
+        return None if text is None else cls(TokenTree.parse(text))
 
 
 def _counts(nodes: torch.Tensor, tree: TokenTree) -> list[int]:
