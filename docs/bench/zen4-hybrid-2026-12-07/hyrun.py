@@ -1,6 +1,7 @@
 """python hyrun.py METHOD PROMPTS N: one engine (in-process unless MP=1), a warm-up, then one
 timed chat of N prompts x 64 tokens at batch 1, float32, T = 0 (what `bench` times).
-METHOD: vanilla | ngram (K 4, n 2-4) | lookup (Clover-2 heads + "lookup": true, fixed K = 4).
+METHOD: vanilla | ngram (K 4, n 2-4) | ngramK (K tokens) | lookup (Clover-2 heads +
+"lookup": true, fixed K = 4).
 Prints tok/s, steps, drafts, accepted, and the lookup's counters; tokens to OUT/METHOD-TAG.json."""
 
 import json
@@ -20,10 +21,10 @@ from vllm_clover.bundled import CLOVER2_HEADS
 def spec(method):
     if method == "vanilla":
         return None
-    if method == "ngram":
+    if method.startswith("ngram"):  # ngram: K = 4; ngramK: K tokens
         return {
             "method": "ngram",
-            "num_speculative_tokens": 4,
+            "num_speculative_tokens": int(method[5:] or 4),
             "prompt_lookup_min": 2,
             "prompt_lookup_max": 4,
         }
