@@ -38,24 +38,6 @@ def test_padded_layout_docstring_example():
     drafts, rows = _padded(tree, [2, 0], torch.tensor([7, 8]))
     assert drafts.tolist() == [[7, 8, -1], [-1, -1, -1]]
     assert rows.tolist() == [[0, 1, 2, 0], [3, 3, 3, 3]]
-    nodes = torch.tensor([[0, 2], [-1, -1]])  # the first request skipped n1
-    drafts, rows = _padded(tree, [2, 0], torch.tensor([7, 8]), nodes)
-    assert drafts.tolist() == [[7, -1, 8], [-1, -1, -1]]
-    assert rows.tolist() == [[0, 1, 0, 2], [3, 3, 3, 3]]
-
-
-def test_greedy_verdict_on_subsets_reads_each_nodes_own_row():
-    """Request 0 drafted n0 = 2 and n2 = 5 (not n1): the target's 2 after the root, then 5
-    after n0, accepts n0 -> n2; request 1 drafted n1 = 4 alone and the target agrees."""
-    from vllm_clover.tree.sampler import verify_trees
-
-    nodes = torch.tensor([[0, 2], [1, -1]])
-    argmax = [2, 5, 0, 4, 1]  # rows: r0 root, n0, n2; r1 root, n1
-    out, verdict = verify_trees(
-        TREE, [2, 1], torch.tensor([2, 5, 4]), _one_hot_logits(argmax), _sampling(2), nodes
-    )
-    assert verdict.path.tolist() == [[0, 2], [1, -1]]
-    assert out.sampled_token_ids.tolist() == [[2, 5, 0, -1], [4, 1, -1, -1]]
 
 
 def test_greedy_batch_with_a_request_without_drafts():

@@ -97,7 +97,6 @@ def _verify_tree_step(runner, trees, logits, spec_decode_metadata):
         spec_decode_metadata.draft_token_ids,
         logits,
         runner.input_batch.sampling_metadata,
-        step.batch_nodes(len(spec_decode_metadata.num_draft_tokens)),
     )
     step.settle(verdict.select(step.requests))
     step.compact()

@@ -26,11 +26,11 @@ GREEDY = 0.0  # vLLM's temperature for greedy requests (GREEDY_TEMPERATURE)
 
 
 def verify_trees(
-    tree: TokenTree, num_draft_tokens: list[int], draft_token_ids, logits, sampling, nodes=None
+    tree: TokenTree, num_draft_tokens: list[int], draft_token_ids, logits, sampling
 ) -> tuple[SamplerOutput, TreeVerdict]:
-    """(vLLM's SamplerOutput for the whole batch, the verdict of every request). ``nodes``
-    (M, W): the node of each request's draft rows, None for breadth-first prefixes."""
-    drafts, rows = _padded(tree, num_draft_tokens, draft_token_ids, nodes)  # (M, N), (M, N + 1)
+    """(vLLM's SamplerOutput for the whole batch, the verdict of every request); each
+    request's drafts are a breadth-first prefix of the tree."""
+    drafts, rows = _padded(tree, num_draft_tokens, draft_token_ids)  # (M, N), (M, N + 1)
     counts = torch.tensor(num_draft_tokens) + 1
     logits = logits.float()
     if sampling.allowed_token_ids_mask is not None:
@@ -55,26 +55,18 @@ def verify_trees(
     return SamplerOutput(sampled_token_ids=out, logprobs_tensors=None), TreeVerdict(path, tokens)
 
 
-def _padded(
-    tree: TokenTree,
-    num_draft_tokens: list[int],
-    draft_token_ids: torch.Tensor,
-    nodes: torch.Tensor | None = None,
-):
+def _padded(tree: TokenTree, num_draft_tokens: list[int], draft_token_ids: torch.Tensor):
     """Drafts (M, N), -1 where a request drafted no token for a node, and the logits row of
-    each request's root and nodes (M, N + 1), its root's where it has none. ``nodes`` (M, W)
-    is the node of each request's draft rows (``TreeStep.batch_nodes``); None: breadth-first
-    prefixes.
+    each request's root and nodes (M, N + 1), its root's where it has none; a request's
+    drafts are the tree's first nodes, breadth-first.
 
     Example, N = 3, draft counts [2, 0] and flat drafts [7, 8]: drafts [[7, 8, -1],
-    [-1, -1, -1]]; rows [[0, 1, 2, 0], [3, 3, 3, 3]]. With nodes [[0, 2], [-1, -1]]:
-    drafts [[7, -1, 8], [-1, -1, -1]]; rows [[0, 1, 0, 2], [3, 3, 3, 3]].
+    [-1, -1, -1]]; rows [[0, 1, 2, 0], [3, 3, 3, 3]].
     """
     n = torch.tensor(num_draft_tokens)
     m, width = n.numel(), tree.num_nodes
     starts = torch.cumsum(n + 1, 0) - (n + 1)  # (M,) root rows
-    if nodes is None:
-        nodes = prefix_nodes(n, width)
+    nodes = prefix_nodes(n, width)
     request, j = (nodes >= 0).nonzero(as_tuple=True)  # request-major, as the flat drafts
     node = nodes[request, j]
     drafts = torch.full((m, width), -1, dtype=torch.long)

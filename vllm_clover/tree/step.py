@@ -69,12 +69,6 @@ class TreeStep:
         requests, roots = torch.from_numpy(rows), torch.from_numpy(roots.astype(np.int64))
         return cls(tree, requests, roots, nodes)
 
-    def batch_nodes(self, num_reqs: int) -> torch.Tensor:
-        """(num_reqs, T - 1) ``nodes`` by input-batch row, -1 for requests without drafts."""
-        out = torch.full((num_reqs, self.nodes.shape[1]), -1, dtype=torch.long)
-        out[self.requests] = self.nodes
-        return out
-
     @cached_property
     def num_nodes(self) -> torch.Tensor:
         """(R,) nodes scheduled per request."""
