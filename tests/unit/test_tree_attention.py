@@ -46,6 +46,5 @@ def test_a_chain_is_causal_attention():
 def test_positions_are_root_plus_depth():
     positions = tree_positions(TREE, torch.tensor([100, 7]))
     assert positions.tolist() == [[100, 101, 101, 102, 102, 102, 103], [7, 8, 8, 9, 9, 9, 10]]
-    subsets = torch.tensor([[0, 2, 5], [1, -1, -1]])  # n0 -> n2 -> n5; n1 alone
-    positions = tree_positions(TREE, torch.tensor([100, 7]), subsets)
-    assert positions.tolist() == [[100, 101, 102, 103], [7, 8, 7, 7]]
+    positions = tree_positions(TREE, torch.tensor([100, 7]), 3)  # the root and n0, n1
+    assert positions.tolist() == [[100, 101, 101], [7, 8, 8]]

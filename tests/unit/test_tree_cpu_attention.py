@@ -45,8 +45,8 @@ def test_the_probed_layout_reads_back_what_vllm_wrote(dtype, block_size, head_si
     keys, values = torch.randn(2, 2, length, 2, head_size).to(dtype)
     _write(isa, key_cache, value_cache, keys, values, table, block_size)
     layout = CacheLayout.probe(isa, dtype, block_size, head_size)
-    lengths, nodes = torch.tensor([length, length]), torch.zeros(2, 0, dtype=torch.long)
-    plan = TreePlan.of(TokenTree.chain(1), layout, table, lengths, nodes)
+    lengths, num_nodes = torch.tensor([length, length]), torch.zeros(2, dtype=torch.long)
+    plan = TreePlan.of(TokenTree.chain(1), layout, table, lengths, num_nodes)
     assert layout.key_view is not None and layout.value_view is not None  # the fast read
     read_k, read_v = (x[:, :, :length].transpose(1, 2) for x in plan.gather(kv_cache))
     assert torch.equal(read_k, keys) and torch.equal(read_v, values)
@@ -55,8 +55,8 @@ def test_the_probed_layout_reads_back_what_vllm_wrote(dtype, block_size, head_si
 @pytest.mark.parametrize("read", ["blockwise", "gathered", "entrywise"])
 def test_batched_rows_equal_the_reference_tree_attention(read):
     """Two requests, prefixes of 40 and 75 tokens, all 6 nodes and 3 scheduled (the second's
-    n0, n2, n5: a subset of the tree that is not a breadth-first prefix, as a confidence
-    threshold drafts), all written to the cache as vLLM does before its kernel: each real
+    n0, n1, n2: vLLM cuts drafts near a request's token limit to a breadth-first prefix),
+    all written to the cache as vLLM does before its kernel: each real
     row equals tree_attention over that request's own prefix and tree,
     whether the layer reads the blocks as stored (``TreePlan.attend`` on this CPU's layout),
     the keys and values put in order by their strided views, or gathered entry by entry."""
@@ -68,27 +68,23 @@ def test_batched_rows_equal_the_reference_tree_attention(read):
     block_size, hs, nh, nkv, t = 32, 64, 4, 2, TREE.num_nodes + 1
     isa, kv_cache, key_cache, value_cache = _cache(torch.float32, block_size, hs, 8, nkv)
     table = torch.tensor([[3, 0, 6], [1, 7, 2]])
-    prefix, nodes = (
-        torch.tensor([40, 75]),
-        torch.tensor([[0, 1, 2, 3, 4, 5], [0, 2, 5, -1, -1, -1]]),
-    )
-    seq_lens = prefix + 1 + (nodes >= 0).sum(dim=-1)
+    prefix, num_nodes = torch.tensor([40, 75]), torch.tensor([6, 3])
+    seq_lens = prefix + 1 + num_nodes
     keys, values = torch.randn(2, 2, int(seq_lens.max()), nkv, hs, generator=gen)
     _write(isa, key_cache, value_cache, keys, values, table, block_size)
     q = torch.randn(2, t, nh, hs, generator=gen)
     layout = CacheLayout.probe(isa, torch.float32, block_size, hs)
     if read == "entrywise":
         layout = dataclasses.replace(layout, key_view=None, value_view=None)
-    plan = TreePlan.of(TREE, layout, table, seq_lens, nodes)
+    plan = TreePlan.of(TREE, layout, table, seq_lens, num_nodes)
     if read == "gathered":
         out = tree_attention_rows(plan, q, *plan.gather(kv_cache), scale=hs**-0.5)
     else:
         assert layout.plain == (read == "blockwise")  # what attend reads
         out = plan.attend(q, kv_cache, scale=hs**-0.5)
     for r in range(2):
-        drafted = [i for i in nodes[r].tolist() if i >= 0]
-        rows, length = 1 + len(drafted), int(seq_lens[r])
-        sub = TokenTree.from_paths([TREE.paths[i] for i in drafted])
+        rows, length = 1 + int(num_nodes[r]), int(seq_lens[r])
+        sub = TokenTree.from_paths(TREE.paths[: rows - 1])
         expected = tree_attention(
             q[r, :rows], keys[r, :length], values[r, :length], sub, scale=hs**-0.5
         )
@@ -114,16 +110,16 @@ def test_blockwise_rows_equal_the_gathered_read(dtype, block_size, head_size):
     if not layout.plain:
         pytest.skip(f"{isa} stores {dtype} blocks in tiles: attend reads them in order")
     table = torch.tensor([[5, 2, 7], [0, 4, 1]])
-    nodes = torch.tensor([[0, 1, 2, 3, 4, 5], [1, 4, -1, -1, -1, -1]])  # all; n1 and its child
+    num_nodes = torch.tensor([6, 2])  # all; n0 and n1
     seq_lens = torch.tensor([block_size + 9, 2 * block_size + 3])
     keys, values = torch.randn(2, 2, int(seq_lens.max()), 3, head_size, generator=gen).to(dtype)
     _write(isa, key_cache, value_cache, keys, values, table, block_size)
-    plan = TreePlan.of(TREE, layout, table, seq_lens, nodes)
+    plan = TreePlan.of(TREE, layout, table, seq_lens, num_nodes)
     q = torch.randn(2, TREE.num_nodes + 1, 9, head_size, generator=gen).to(dtype)
     ordered = tree_attention_rows(plan, q, *plan.gather(kv_cache), scale=0.125)
     blockwise = blockwise_rows(plan, q, kv_cache, 0.125)
     for r in range(2):
-        rows = 1 + int((nodes[r] >= 0).sum())
+        rows = 1 + int(num_nodes[r])
         got, expected = blockwise[r, :rows].float(), ordered[r, :rows].float()
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
@@ -143,7 +139,7 @@ def test_entry_index_moves_a_slot_in_the_kernel_layout():
     where = entry_index(layout, torch.tensor([[slot[37]], [slot[35]]]), nkv, block_size)
     flat = kv_cache.view(-1)
     flat[where[1]] = flat[where[0]]  # position 37's entries -> position 35
-    none = torch.zeros(1, 0, dtype=torch.long)
+    none = torch.zeros(1, dtype=torch.long)
     plan = TreePlan.of(TokenTree.chain(1), layout, table, torch.tensor([40]), none)
     read_k, read_v = (x[0, :, :40].transpose(0, 1) for x in plan.gather(kv_cache))
     expected_k, expected_v = keys[0].clone(), values[0].clone()
@@ -160,13 +156,13 @@ def test_a_layout_that_is_not_strided_is_read_entry_by_entry():
 
     block_size, hs = 32, 64
     isa, kv_cache, key_cache, value_cache = _cache(torch.float32, block_size, hs)
-    table, lengths, nodes = torch.tensor([[4, 1]]), torch.tensor([45]), torch.zeros(1, 0).long()
+    table, lengths, num_nodes = torch.tensor([[4, 1]]), torch.tensor([45]), torch.zeros(1).long()
     keys, values = torch.randn(2, 1, 45, 2, hs)
     _write(isa, key_cache, value_cache, keys, values, table, block_size)
     strided = CacheLayout.probe(isa, torch.float32, block_size, hs)
     entrywise = dataclasses.replace(strided, key_view=None, value_view=None)
     fast, slow = (
-        TreePlan.of(TokenTree.chain(1), layout, table, lengths, nodes).gather(kv_cache)
+        TreePlan.of(TokenTree.chain(1), layout, table, lengths, num_nodes).gather(kv_cache)
         for layout in (strided, entrywise)
     )
     for a, b in zip(fast, slow, strict=True):

@@ -69,7 +69,8 @@ def test_verifier_counts_paths_off_the_chain_and_by_depth():
     from vllm_clover.tree.step import TreeVerifier
 
     trees = TreeVerifier(TREE)
-    nodes = torch.tensor([[0, 1, 2], [0, 2, -1], [1, -1, -1]])  # the second skips n1
-    trees.record(TreeVerdict(torch.tensor([[1, -1], [0, 2], [-1, -1]]), torch.zeros(3, 3)), nodes)
+    num_nodes = torch.tensor([3, 3, 1])  # the third drafted n0 only (its token limit)
+    verdict = TreeVerdict(torch.tensor([[1, -1], [0, 2], [-1, -1]]), torch.zeros(3, 3))
+    trees.record(verdict, num_nodes)
     assert (trees.verified, trees.off_chain, trees.accepted_by_depth) == (3, 1, [2, 1])
-    assert trees.accepted_by_node == [1, 1, 1] and trees.drafted_by_node == [2, 2, 2]
+    assert trees.accepted_by_node == [1, 1, 1] and trees.drafted_by_node == [3, 2, 2]

@@ -100,7 +100,7 @@ def _verify_tree_step(runner, trees, logits, spec_decode_metadata):
     )
     step.settle(verdict.select(step.requests))
     step.compact()
-    trees.record(step.verdict, step.nodes)
+    trees.record(step.verdict, step.num_nodes)
     return output
 
 

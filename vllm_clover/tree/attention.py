@@ -19,22 +19,17 @@ Example, root at position 100 and the tree ``[(0,), (1,), (0, 0)]``::
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from vllm_clover.tree.spec import TokenTree
 
 
 def tree_positions(
-    tree: TokenTree, root_positions: torch.Tensor, nodes: torch.Tensor | None = None
+    tree: TokenTree, root_positions: torch.Tensor, width: int | None = None
 ) -> torch.Tensor:
-    """RoPE positions of the root and the nodes: root positions (M,) -> (M, N + 1); or, with
-    ``nodes`` (M, W) (the node of each request's draft row, -1 past its last: a subset of
-    the tree, ``tree.subset``), of the root and those rows (M, W + 1), the root's position
-    past a request's rows. Example, root 100, tree above, nodes [[0, 2, -1]]: [[100, 101,
-    102, 100]]."""
-    offsets = torch.tensor((0, *tree.depths))  # (N + 1,): the root, then each node's depth
-    if nodes is not None:
-        offsets = offsets[F.pad(1 + nodes, (1, 0))]  # (M, W + 1); a -1 reads the root's 0
+    """RoPE positions of the root and the tree's first `width - 1` nodes (all N when None):
+    root positions (M,) -> (M, width). Example, root 100, the tree above, width 3: [[100,
+    101, 101]]."""
+    offsets = torch.tensor((0, *tree.depths))[:width]  # the root, then each node's depth
     return root_positions[:, None] + offsets
 
 

@@ -160,29 +160,25 @@ class TreePlan:
         layout: CacheLayout,
         block_table: torch.Tensor,
         seq_lens: torch.Tensor,
-        nodes: torch.Tensor,
+        num_nodes: torch.Tensor,
     ) -> TreePlan:
         """block_table (R, max blocks); seq_lens (R,) tokens including the root and nodes;
-        nodes (R, T - 1) the tree node of each request's draft row, -1 past its last
-        (``tree.subset``). Example, block size 4, seq_lens (10, 7), nodes [[0, 1, 2], [0, -1,
-        -1]] of a 3-node tree: 3 blocks, S = 12; the first request's tree rows see columns
-        0..5 and their tree part at 6..9, the second's 0..4 and 5..6, columns past a
-        request's length being padding."""
+        num_nodes (R,) the nodes each request drafted (the tree's first, breadth-first).
+        Example, block size 4, seq_lens (10, 7), num_nodes (3, 1) of a 3-node tree: 3 blocks,
+        S = 12; the first request's tree rows see columns 0..5 and their tree part at 6..9,
+        the second's 0..4 and 5..6, columns past a request's length being padding."""
         block_size = layout.key_index.shape[0]
         nb = -(-int(seq_lens.max()) // block_size)
         blocks = block_table[:, :nb].long()
         used = torch.arange(nb)[None, :] * block_size < seq_lens[:, None]
         blocks = torch.where(used, blocks, blocks[:, :1])
         position = torch.arange(nb * block_size)
-        num_nodes = (nodes >= 0).sum(dim=-1)
         prefix = seq_lens - 1 - num_nodes  # (R,)
         sees = position[None, None, :] < prefix[:, None, None]  # (R, 1, S) -> (R, T, S)
-        sees = sees.expand(-1, 1 + nodes.shape[1], -1).clone()
-        ancestors = tree.ancestor_mask
+        sees = sees.expand(-1, 1 + int(num_nodes.max()), -1).clone()
         for r in range(len(seq_lens)):
-            n = 1 + int(num_nodes[r])
-            columns = F.pad(1 + nodes[r, : n - 1], (1, 0))  # the root, then the request's nodes
-            sees[r, :n, prefix[r] : prefix[r] + n] = ancestors[columns][:, columns]
+            n = 1 + int(num_nodes[r])  # the root, then the request's nodes
+            sees[r, :n, prefix[r] : prefix[r] + n] = tree.ancestor_mask[:n, :n]
         mask = torch.zeros(sees.shape).masked_fill_(~sees, float("-inf"))
         return cls(layout, blocks, mask[:, None])
 

@@ -20,7 +20,6 @@ from vllm.v1.sample.rejection_sampler import apply_sampling_constraints
 
 from vllm_clover.tree.accept import TreeVerdict, accept_greedy, accept_sampled
 from vllm_clover.tree.spec import TokenTree
-from vllm_clover.tree.subset import prefix_nodes
 
 GREEDY = 0.0  # vLLM's temperature for greedy requests (GREEDY_TEMPERATURE)
 
@@ -66,13 +65,12 @@ def _padded(tree: TokenTree, num_draft_tokens: list[int], draft_token_ids: torch
     n = torch.tensor(num_draft_tokens)
     m, width = n.numel(), tree.num_nodes
     starts = torch.cumsum(n + 1, 0) - (n + 1)  # (M,) root rows
-    nodes = prefix_nodes(n, width)
-    request, j = (nodes >= 0).nonzero(as_tuple=True)  # request-major, as the flat drafts
-    node = nodes[request, j]
+    drafted = torch.arange(width)[None, :] < n[:, None]  # (M, N)
+    request, node = drafted.nonzero(as_tuple=True)  # request-major, as the flat drafts
     drafts = torch.full((m, width), -1, dtype=torch.long)
     drafts[request, node] = draft_token_ids.long()
     rows = starts[:, None].repeat(1, width + 1)
-    rows[request, 1 + node] = starts[request] + 1 + j
+    rows[request, 1 + node] = starts[request] + 1 + node
     return drafts, rows
 
 

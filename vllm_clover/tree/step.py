@@ -2,7 +2,8 @@
 
 vLLM schedules a tree request like a chain: its last sampled token (the root) and its n draft
 tokens as n + 1 query rows, with KV slots at positions root + 1 .. root + n. The drafts are the
-tree's nodes breadth-first (``tree.subset``; ``nodes`` says which node each draft row is).
+tree's first n nodes, breadth-first (vLLM cuts a request's drafts near its token limit: a
+breadth-first prefix of a tree is still a tree), so draft row j is node j.
 ``TreeStep`` changes what those rows mean, in four places of the step (``patches/trees.py``
 calls each):
 
@@ -38,7 +39,6 @@ from vllm_clover.tree.attention import tree_positions
 from vllm_clover.tree.cpu_attention import CacheLayout, TreePlan, entry_index
 from vllm_clover.tree.kv import compaction_moves
 from vllm_clover.tree.spec import TokenTree
-from vllm_clover.tree.subset import prefix_nodes, rows_of
 
 
 @dataclass
@@ -48,7 +48,7 @@ class TreeStep:
     tree: TokenTree
     requests: torch.Tensor  # (R,) input-batch rows
     roots: torch.Tensor  # (R,) query row of each root
-    nodes: torch.Tensor  # (R, T - 1) the tree node of each draft row, -1 past the request's
+    num_nodes: torch.Tensor  # (R,) nodes each request drafted: the tree's first, row j node j
     caches: list[torch.Tensor] = field(default_factory=list)  # each layer's kv_cache, in order
     slot_mapping: torch.Tensor | None = None  # the step's (tokens,) KV slots
     plan: TreePlan | None = None  # where every layer reads keys and values, and the mask
@@ -64,15 +64,8 @@ class TreeStep:
         if rows.size == 0:
             return None
         roots = query_start_loc[rows + 1] - drafts[rows] - 1
-        counts = torch.from_numpy(drafts[rows])
-        nodes = prefix_nodes(counts, int(counts.max()))
         requests, roots = torch.from_numpy(rows), torch.from_numpy(roots.astype(np.int64))
-        return cls(tree, requests, roots, nodes)
-
-    @cached_property
-    def num_nodes(self) -> torch.Tensor:
-        """(R,) nodes scheduled per request."""
-        return (self.nodes >= 0).sum(dim=-1)
+        return cls(tree, requests, roots, torch.from_numpy(drafts[rows]))
 
     @property
     def width(self) -> int:
@@ -88,10 +81,10 @@ class TreeStep:
         return torch.where(real, rows, self.roots[:, None]), real
 
     def set_positions(self, positions: torch.Tensor) -> None:
-        """Draft row j of each request (node i) moves from position root + 1 + j to
-        root + depth(i)."""
+        """Draft row j of each request (node j) moves from position root + 1 + j to
+        root + depth(j)."""
         rows, real = self.rows
-        moved = tree_positions(self.tree, positions[self.roots], self.nodes)  # (R, T)
+        moved = tree_positions(self.tree, positions[self.roots], self.width)  # (R, T)
         positions[rows[real]] = moved[real]
 
     @cached_property
@@ -128,7 +121,7 @@ class TreeStep:
                 CacheLayout.probe(layer.isa, kv_cache.dtype, block_size, impl.head_size),
                 metadata.block_table[self.requests],
                 metadata.seq_lens[self.requests].long(),
-                self.nodes,
+                self.num_nodes,
             )
             self.slot_mapping = metadata.slot_mapping.clone()
         rows, _ = self.rows
@@ -146,9 +139,7 @@ class TreeStep:
         """Take the sampler's verdict on this step's tree requests, and the (request, source
         offset, target offset) moves it implies, which ``compact`` and ``chain_order`` follow."""
         self.verdict = verdict
-        rows = rows_of(self.nodes, self.tree.num_nodes)  # (R, N) draft row of each node
-        path = torch.where(verdict.path >= 0, rows.gather(1, verdict.path.clamp(min=0)), -1)
-        self.moves = compaction_moves(path)
+        self.moves = compaction_moves(verdict.path)  # node i is draft row i
 
     def compact(self) -> None:
         """Copy each accepted path's KV entries to the slots of consecutive positions, in
@@ -191,8 +182,9 @@ class TreeVerifier:
     accepted_by_node: list[int] = field(default_factory=list)  # times each node was accepted
     drafted_by_node: list[int] = field(default_factory=list)  # times each node was verified
 
-    def record(self, verdict: TreeVerdict, nodes: torch.Tensor) -> None:
-        """Count a step's verdicts and drafted nodes (R, W) (diagnostics and tests)."""
+    def record(self, verdict: TreeVerdict, num_nodes: torch.Tensor) -> None:
+        """Count a step's verdicts and the nodes (R,) each request drafted (diagnostics and
+        tests)."""
         ranks = torch.tensor((0, *self.tree.ranks))[verdict.path + 1]  # (R, depth), -1 -> 0
         self.verified += verdict.path.shape[0]
         self.off_chain += int((ranks > 0).any(dim=-1).sum())
@@ -203,7 +195,8 @@ class TreeVerifier:
         reached = (verdict.path >= 0).sum(dim=0).tolist()
         self.accepted_by_depth = _added(self.accepted_by_depth, reached)
         self.accepted_by_node = _added(self.accepted_by_node, _counts(verdict.path, self.tree))
-        self.drafted_by_node = _added(self.drafted_by_node, _counts(nodes, self.tree))
+        drafted = torch.arange(self.tree.num_nodes)[None, :] < num_nodes[:, None]
+        self.drafted_by_node = _added(self.drafted_by_node, drafted.sum(dim=0).tolist())
 
     @classmethod
     def of(cls, vllm_config) -> TreeVerifier | None:
@@ -211,9 +204,9 @@ class TreeVerifier:
         return None if text is None else cls(TokenTree.parse(text))
 
 
-def _counts(nodes: torch.Tensor, tree: TokenTree) -> list[int]:
-    """How often each tree node appears in ``nodes`` (any shape, -1 ignored)."""
-    return torch.bincount(nodes[nodes >= 0], minlength=tree.num_nodes).tolist()
+def _counts(path: torch.Tensor, tree: TokenTree) -> list[int]:
+    """How often each tree node is on an accepted path (R, depth) (-1 ignored)."""
+    return torch.bincount(path[path >= 0], minlength=tree.num_nodes).tolist()
 
 
 def _added(totals: list[int], counts: list[int]) -> list[int]:
