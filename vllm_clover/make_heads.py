@@ -7,8 +7,8 @@
     train       Clover heads distilled from it                              OUT/heads/
     eval        held-out answers: top-1 per head, offline tau               OUT/eval.json
     check       the next --check-prompts prompts (never trained on) through vLLM, vanilla
-                and with the heads: greedy equality, tau, acceptance per position,
-                tokens/s                                                    OUT/check.json
+                and with the heads drafting at every step: greedy equality, tau,
+                acceptance per position, tokens/s                           OUT/check.json
 
 then one results table, printed and written into the heads' model card. Run again, it reuses
 each step's output and resumes an interrupted training run (its state is saved as it goes).
@@ -226,7 +226,7 @@ def results_table(figures: dict) -> str:
             f"| held-out answers: offline tau | {ev['tau']:.2f} |",
             f"| through vLLM, {check['prompts']} unseen prompts: tau | {tau} |",
             f"| through vLLM: acceptance per draft position | {rates} |",
-            f"| through vLLM: tokens/s, vanilla -> Clover (float32, batch 1) | "
+            f"| through vLLM: tokens/s, vanilla -> Clover (float32, batch 1, every head) | "
             f"{check['vanilla_tokens_per_s']:.1f} -> {check['clover_tokens_per_s']:.1f} "
             f"({check['speedup']:.2f}x) |",
             f"| greedy outputs equal to vanilla | {check['identical']}/{check['prompts']} |",

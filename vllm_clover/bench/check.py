@@ -2,8 +2,11 @@
 
 Vanilla decoding and Clover with the new heads, both in float32 (where speculative decoding
 must give vanilla's tokens exactly), greedy, one request at a time, on prompts the heads never
-trained on. A target without a chat template gets its prompts as plain text (completion mode,
-``training/chat.py``), as it got them in training.
+trained on. Clover drafts with every head at every step (``"draft_budget": "fixed"``): the
+check measures the heads, and the goodput budget would measure this machine too, drafting
+little or nothing where weak first heads do not pay for their step, so that tau would say
+more about the CPU than about the heads. A target without a chat template gets its prompts
+as plain text (completion mode, ``training/chat.py``), as it got them in training.
 """
 
 from __future__ import annotations
@@ -54,6 +57,8 @@ def serve_check(
         raise TrainingError(f"no held-out prompt leaves {max_tokens} tokens of the context")
     vanilla = _timed(target, prompts, max_tokens, None)
     spec = {"method": method, "model": str(heads)}
+    if method == "clover":
+        spec["draft_budget"] = "fixed"  # every head at every step (the module's doc)
     if num_speculative_tokens is not None:
         spec["num_speculative_tokens"] = num_speculative_tokens
     clover = _timed(target, prompts, max_tokens, spec)
