@@ -3,13 +3,15 @@ number of calls, the median wall ms and the median thread CPU ms (0: not recorde
 
 import glob
 import json
+import lzma
 import statistics
 import sys
 
 for d in sys.argv[1:]:
     rows = []
-    for f in glob.glob(d + "/worker-*.jsonl"):
-        rows += [json.loads(line) for line in open(f)]
+    for f in glob.glob(d + "/worker-*.jsonl*"):  # as written, or xz-compressed (raw/)
+        lines = lzma.open(f, "rt") if f.endswith(".xz") else open(f)
+        rows += [json.loads(line) for line in lines]
     calls = {}
     for r in rows:
         calls.setdefault(r["f"], []).append(r)
