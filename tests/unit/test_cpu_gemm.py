@@ -13,7 +13,6 @@ from vllm_clover.cpu.gemm import (
     onednn_takes_bf16,
     pack_linears,
 )
-from vllm_clover.modeling.layer_fusion import LayerFusion
 from vllm_clover.modeling.scoring import DraftRows
 
 pytestmark = pytest.mark.unit
@@ -81,14 +80,10 @@ def test_pack_linears_runs_the_head_network_on_the_gemm_with_the_same_drafts():
     before = (h0, model.heads.propose(h0, t0, K, model.tables))
     parts = (model.heads, model.adapter, model.fusion)  # the block is vLLM's own layers
     slots = linear_slots(*parts)
-    # the layer fusion's one, the next-token fusion's and the decoder's q and [k | v], the
-    # K heads; the layers inside a fused product are not packed on their own
-    assert [(type(m), slot) for m, slot in slots].count((LayerFusion, "project")) == 1
-    assert [slot for _, slot in slots].count("key_value") == 2
-    assert pack_linears(*parts, None) == len(slots) == 1 + 2 + 2 + K
+    # the layer fusion's two, the next-token fusion's and the decoder's q, k and v, the K heads
+    assert [type(m) for m, _ in slots].count(torch.nn.Linear) == 2 + 3 + 3
+    assert pack_linears(*parts, None) == len(slots) == 2 + 3 + 3 + K
     assert all(slot in vars(m) for m, slot in slots)  # the instances' own
-    fused_away = [*model.fusion.projs, model.adapter.fuse.k_proj, model.heads.decoder.v_proj]
-    assert not any("forward" in vars(layer) for layer in fused_away)
     h0 = model.adapter.block_input(model.fusion(signal), torch.arange(6), model.tables)
     torch.testing.assert_close(h0, before[0], rtol=1e-5, atol=1e-5)
     assert torch.equal(model.heads.propose(h0, t0, K, model.tables), before[1])

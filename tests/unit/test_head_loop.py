@@ -169,24 +169,6 @@ def test_propose_rejects_more_steps_than_heads() -> None:
         )
 
 
-def test_regressive_table_holds_the_decoder_kv_of_each_draft_token() -> None:
-    """Drafting looks k, v of its own drafts up instead of computing them; kept in sync."""
-    model, _ = random_clover(tiny_config(**VARIANTS["draft_vocab"]))
-    heads, tables = model.heads, model.tables
-    table = heads.regressive_table(tables)  # (N, 2D)
-    with torch.no_grad():
-        expected = heads.decoder.key_value(tables.embed(tables.draft_vocab_ids, heads.dtype))
-    assert table.shape == (40, 2 * D) and torch.equal(table, expected)
-    assert heads.regressive_table(tables) is table  # built once
-    with torch.no_grad():
-        heads.decoder.v_proj.weight.mul_(2.0)  # e.g. an optimizer step, in place
-    rebuilt = heads.regressive_table(tables)
-    assert rebuilt is not table and torch.equal(rebuilt[:, D:], 2.0 * table[:, D:])
-    for variant in ("clover", "no_regressive", "no_decoder"):  # full vocab / no token input
-        other, _ = random_clover(tiny_config(**VARIANTS[variant]))
-        assert other.heads.regressive_table(other.tables) is None
-
-
 def test_head_loop_owns_no_vocabulary_sized_tensor() -> None:
     model, _ = random_clover(tiny_config(draft_vocab_size=40))
     sizes = [t.numel() for t in model.heads.state_dict().values()]

@@ -24,16 +24,13 @@ float32; ``kernel(z)`` with z (4, 576) float32 -> (4, 8192), equal to ``z @ rows
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
-from typing import NamedTuple
 
 import torch
 from torch import nn
 from vllm.logger import init_logger
 
 from vllm_clover.cpu.bf16_gemm import Bf16Gemm, load_kernel
-from vllm_clover.modeling.head_loop import AttentionDecoder, LinearHead
-from vllm_clover.modeling.layer_fusion import LayerFusion
+from vllm_clover.modeling.head_loop import LinearHead
 from vllm_clover.modeling.scoring import RowKernel, RowPacker
 
 logger = init_logger(__name__)
@@ -131,15 +128,12 @@ def dispatch_bf16(layer: nn.Module) -> bool:
 
 def pack_linears(*modules: nn.Module | None) -> int:
     """Run the linear products of these (pure-PyTorch) modules on the packed GEMM: each
-    ``nn.Linear``'s forward, each ``LinearHead``'s ``project``, and the products that sum or
-    stack several layers' outputs as one (``LayerFusion.project``, the decoder's
-    ``key_value``: one kernel over their concatenated weights, whose own layers are then
-    not packed apart), with the weights as they are now (call it after loading them; serving
-    never changes them after). Returns how many were packed: 0 where the build has no oneDNN
-    or the weights are not on the CPU.
+    ``nn.Linear``'s forward and each ``LinearHead``'s ``project``, with the weights as they
+    are now (call it after loading them; serving never changes them after). Returns how
+    many were packed: 0 where the build has no oneDNN or the weights are not on the CPU.
 
-    Example: the shipped Clover-2 heads pack 10 products: the layer fusion's one (target
-    layers 2, 15, 27), the next-token fusion's and the decoder's q and [k | v], and the four
+    Example: the shipped Clover-2 heads pack 13 products: the layer fusion's three (target
+    layers 2, 15, 27), the next-token fusion's one, the decoder's q, k and v, and the four
     heads' projections.
     """
     from vllm import _custom_ops as ops
@@ -148,7 +142,7 @@ def pack_linears(*modules: nn.Module | None) -> int:
         return 0
     count = 0
     for module, slot in linear_slots(*modules):
-        weight, bias = _PRODUCTS[type(module)].weights(module)
+        weight, bias = module.weight, module.bias
         if weight.device.type != "cpu":
             continue
         kernel = _packed(weight, bias)
@@ -158,48 +152,14 @@ def pack_linears(*modules: nn.Module | None) -> int:
     return count
 
 
-class _Product(NamedTuple):
-    """How a module type computes x @ W^T + b: the method that does (replaced when packed),
-    its (W, b), and the child layers it runs inside that one product (then not packed on
-    their own)."""
-
-    slot: str
-    weights: Callable[[nn.Module], tuple[torch.Tensor, torch.Tensor | None]]
-    fused_children: tuple[str, ...] = ()
-
-
-def _own(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
-    return module.weight, module.bias
-
-
-def _concatenated(module: nn.Module) -> tuple[torch.Tensor, None]:
-    return module.projection_weight(), None
-
-
-_PRODUCTS: dict[type, _Product] = {
-    nn.Linear: _Product("forward", _own),
-    LinearHead: _Product("project", _own),
-    LayerFusion: _Product("project", _concatenated, ("projs",)),
-    AttentionDecoder: _Product("key_value", _concatenated, ("k_proj", "v_proj")),
-}
+# The method computing x @ W^T + b of each module type that holds a linear product: the
+# one ``pack_linears`` replaces with the packed kernel.
+_SLOTS: dict[type, str] = {nn.Linear: "forward", LinearHead: "project"}
 
 
 def linear_slots(*modules: nn.Module | None) -> list[tuple[nn.Module, str]]:
     """Every linear product inside these modules, with the method ``pack_linears`` replaces
-    in it ("forward" of an ``nn.Linear``, "project" of a ``LinearHead`` or a
-    ``LayerFusion``, "key_value" of an ``AttentionDecoder``); a product is packed when that
-    method is an attribute of the instance (``slot in vars(module)``). Layers inside a
-    fused product are not listed on their own.
-
-    Example: an ``AttentionDecoder`` lists as itself ("key_value") and its q_proj
-    ("forward"), not its k_proj and v_proj.
-    """
+    in it ("forward" of an ``nn.Linear``, "project" of a ``LinearHead``); a product is
+    packed when that method is an attribute of the instance (``slot in vars(module)``)."""
     found = [m for root in modules if root is not None for m in root.modules()]
-    products = [m for m in found if type(m) in _PRODUCTS]
-    inside = {
-        id(layer)
-        for m in products
-        for name in _PRODUCTS[type(m)].fused_children
-        for layer in getattr(m, name).modules()
-    }
-    return [(m, _PRODUCTS[type(m)].slot) for m in products if id(m) not in inside]
+    return [(m, _SLOTS[type(m)]) for m in found if type(m) in _SLOTS]

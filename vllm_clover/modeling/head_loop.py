@@ -110,28 +110,10 @@ class AttentionDecoder(nn.Module):
 
     def forward(self, h: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
         # h: previous hidden (..., D); e: previous-token embedding (..., D)
-        return self.attend(h, self.key_value(e))
-
-    def key_value(self, e: torch.Tensor) -> torch.Tensor:
-        """[k | v] of previous-token embeddings: (..., D) -> (..., 2D). Depends on the token
-        only, so drafting can look it up in a table.
-
-        Two products, not one with [W_K; W_V]: concatenating the weights would copy 2 D^2
-        floats on every call, which on a CPU costs more than the rows it serves (the
-        next-token fusion of Clover-2 runs this on every verified token). A serving layer
-        may hand it to a kernel that holds ``projection_weight`` once (cpu/gemm.py).
-        """
-        return torch.cat((self.k_proj(e), self.v_proj(e)), dim=-1)  # (..., 2D)
-
-    def projection_weight(self) -> torch.Tensor:
-        """[W_K; W_V] (2D, D): the weight of ``key_value`` as one product."""
-        return torch.cat((self.k_proj.weight, self.v_proj.weight), dim=0)
-
-    def attend(self, h: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
-        # h: previous hidden (..., D); kv: [k | v] from key_value (..., 2D)
         split = (self.num_heads, -1)
         q = self.q_proj(self.norm(h)).unflatten(-1, split)  # (..., nh, D/nh)
-        k, v = (x.unflatten(-1, split) for x in kv.chunk(2, dim=-1))  # (..., nh, D/nh) each
+        k = self.k_proj(e).unflatten(-1, split)  # (..., nh, D/nh)
+        v = self.v_proj(e).unflatten(-1, split)  # (..., nh, D/nh)
         gate = F.cosine_similarity(q, k, dim=-1, eps=1e-6).unsqueeze(-1)  # (..., nh, 1)
         return h + (gate * v).flatten(-2)  # (..., D)
 
@@ -174,26 +156,22 @@ class HeadLoop(nn.Module):
         h0: torch.Tensor,
         prev_ids: torch.Tensor,
         tables: TargetTables,
-        kv: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Head step i: (h_{i-1}, h0, previous token) -> (h_i, z_i). All (..., D), prev_ids (...,).
 
-        prev_ids are target ids of x_{t+1+i} (step 0: t0). kv: the decoder's [k | v] of
-        prev_ids (..., 2D) when the caller has it (``regressive_table``), else it is
-        computed here. Returns h_i (input of the next step) and z_i, head i's block or
-        projection of h_i (score it against ``tables.vocab_weight`` or ``tables.draft_rows``).
+        prev_ids are target ids of x_{t+1+i} (step 0: t0). Returns h_i (input of the next
+        step) and z_i, head i's block or projection of h_i (score it against
+        ``tables.vocab_weight`` or ``tables.draft_rows``).
         """
         e = None
         if self.config.fuse_next_token and i == 0:
             h = h_prev  # h0 read t0 before the Augmenting Block (BlockAdapter)
         elif self.decoder is not None:
-            if kv is None:
-                if self.step_embed is not None:
-                    kv = self.decoder.key_value(self.step_embed.weight[i].expand_as(h_prev))
-                else:
-                    e = tables.embed(prev_ids, self.dtype)
-                    kv = self.decoder.key_value(e)
-            h = self.decoder.attend(h_prev, kv)
+            if self.step_embed is not None:
+                e_dec = self.step_embed.weight[i].expand_as(h_prev)
+            else:
+                e = e_dec = tables.embed(prev_ids, self.dtype)
+            h = self.decoder(h_prev, e_dec)
         elif self.regressive_proj is not None:
             e = tables.embed(prev_ids, self.dtype)
             h = h0 + self.regressive_proj(e)
@@ -234,7 +212,7 @@ class HeadLoop(nn.Module):
         h0 is the (augmented) hidden state at the last accepted position, t0 the token the
         target produced there; each step feeds its own draft (the argmax, or with a
         ``sampler`` a draw from the head's distribution, which the sampler records) to the
-        next, whose decoder [k | v] comes from ``regressive_table`` when there is one.
+        next.
 
         ``min_confidence`` (num_steps,): a request's chain stops at the first head whose
         best draft token has probability below that head's entry; the rest of its row is
@@ -243,12 +221,12 @@ class HeadLoop(nn.Module):
         drafts [d0, d1, -1] and [-1, -1, -1] (a chain never resumes after a stop).
         """
         self.check_steps(num_steps)
-        rows, table = tables.draft_rows(self.dtype), self.regressive_table(tables)
+        rows = tables.draft_rows(self.dtype)
         h0 = h0.to(self.dtype)
-        h, prev, kv, drafts = h0, t0, None, []
+        h, prev, drafts = h0, t0, []
         alive = torch.ones(t0.shape, dtype=torch.bool, device=t0.device)  # (M,)
         for i in range(num_steps):
-            h, z = self.step(i, h, h0, prev, tables, kv)
+            h, z = self.step(i, h, h0, prev, tables)
             threshold = None if min_confidence is None else min_confidence[i]
             best, confident = _pick(z, rows, tables, threshold, sampler)  # (M,), (M,) or None
             if confident is not None:
@@ -257,27 +235,11 @@ class HeadLoop(nn.Module):
             drafts.append(ids if min_confidence is None else ids.masked_fill(~alive, -1))
             if min_confidence is not None and not bool(alive.any()):
                 break
-            if table is not None:
-                kv = F.embedding(best, table)  # (M, 2D)
             prev = ids
         out = torch.stack(drafts, dim=-1).long()  # (M, steps drafted)
         if out.shape[-1] < num_steps:  # every chain stopped early
             out = F.pad(out, (0, num_steps - out.shape[-1]), value=-1)
         return out  # (M, num_steps)
-
-    def regressive_table(self, tables: TargetTables) -> torch.Tensor | None:
-        """The decoder's [k | v] of every draft-vocabulary token: (N, 2D), or None.
-
-        From the second head step on, a draft's input token is the previous draft, always a
-        draft-vocabulary id, and k, v depend on that token only: a row lookup replaces the
-        regressive embedding and the k, v products (docs/history/drafting-cost-2026-11.md).
-        None without a draft vocabulary or when the decoder reads no token (learned step
-        embeddings).
-        """
-        if self.decoder is None or self.step_embed is not None:
-            return None
-        sources = (self.decoder.k_proj.weight, self.decoder.v_proj.weight)
-        return tables.draft_token_table(self.decoder.key_value, sources, self.dtype)
 
     def check_steps(self, num_steps: int) -> None:
         """ValueError unless 1 <= num_steps <= the number of trained heads."""

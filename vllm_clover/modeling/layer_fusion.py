@@ -72,18 +72,8 @@ class LayerFusion(nn.Module):
         # the A norms at once: few rows cost per operator, not per value
         weights = torch.stack([norm.weight for norm in self.norms])  # (A, D)
         normed = rms_norm(layers, weights, self.norms[0].eps)  # (..., A, D)
-        return hidden + self.project(normed.flatten(-2))  # (..., D)
-
-    def project(self, normed: torch.Tensor) -> torch.Tensor:
-        """sum_j W_j n_j for normed = [n_a | n_b ...] (..., A * D) -> (..., D): one product
-        with [W_a | W_b ...] (D, A * D), which a serving layer may hand to a faster kernel
-        with those weights (cpu/gemm.py)."""
-        parts = normed.chunk(len(self.projs), dim=-1)  # A x (..., D)
-        return sum(proj(part) for proj, part in zip(self.projs, parts, strict=True))
-
-    def projection_weight(self) -> torch.Tensor:
-        """[W_a | W_b ...] (D, A * D): the weight of ``project`` as one product."""
-        return torch.cat([proj.weight for proj in self.projs], dim=-1)
+        fused = sum(proj(n) for proj, n in zip(self.projs, normed.unbind(-2), strict=True))
+        return hidden + fused  # (..., D)
 
 
 def signal_columns(

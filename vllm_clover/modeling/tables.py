@@ -243,27 +243,6 @@ class TargetTables(nn.Module):
         """
         return best_of(rows.logits(z))
 
-    def draft_token_table(
-        self,
-        fn: Callable[[torch.Tensor], torch.Tensor],
-        sources: tuple[torch.Tensor, ...],
-        dtype: torch.dtype,
-    ) -> torch.Tensor | None:
-        """fn(embed(every draft-vocabulary token)): (N, ...), or None for the full vocabulary
-        (a table of all V tokens would be too large).
-
-        Rebuilt when the LM head, the vocabulary or any of ``sources`` (the weights fn reads)
-        change. The head loop keeps its decoder's [k | v] of each draft token here.
-        """
-        if self.draft_vocab_ids is None:
-            return None
-        key = (dtype, fn.__qualname__, versions_key(*sources))
-        return self._cached(
-            "draft_token_table",
-            key,
-            lambda: fn(self.embed(self.draft_vocab_ids, dtype)).contiguous(),
-        )
-
     def _cached(self, name: str, key: tuple, build: Callable[[], Any]) -> Any:
         """build(), reused while the LM head, the vocabulary and ``key`` stay the same."""
         full_key = (versions_key(self.lm_head, self.draft_vocab_ids), *key)

@@ -17,7 +17,6 @@ Example, the tree ``[(0,), (1,), (0, 0), (0, 1), (1, 0)]`` (nodes n0..n4)::
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from vllm_clover.modeling.head_loop import HeadLoop
 from vllm_clover.modeling.tables import TargetTables
@@ -32,7 +31,7 @@ def propose_tree(
     head step per depth over its source nodes (those with children)."""
     cfg = loop.config
     tree.check_fits(cfg.num_heads, cfg.draft_vocab_size or cfg.vocab_size)
-    rows, table = tables.draft_rows(loop.dtype), loop.regressive_table(tables)
+    rows = tables.draft_rows(loop.dtype)
     h0 = h0.to(loop.dtype)
     m, n = t0.shape[0], tree.num_nodes
     best = torch.zeros(m, n, dtype=torch.long)  # draft-vocab index of each node
@@ -41,8 +40,8 @@ def propose_tree(
     sources = [ROOT]  # the nodes whose children the next head step drafts
     for depth in range(1, tree.depth + 1):
         level = tree.level(depth)
-        h_in, prev, kv = _step_inputs(tree, sources, h0, t0, state, best, tables, table)
-        h_out, z = loop.step(depth - 1, h_in, h0[:, None].expand_as(h_in), prev, tables, kv)
+        h_in, prev = _step_inputs(tree, sources, h0, t0, state, best, tables)
+        h_out, z = loop.step(depth - 1, h_in, h0[:, None].expand_as(h_in), prev, tables)
         ranks = torch.tensor(tree.ranks[level], dtype=torch.long)
         top = rows.scores(z.flatten(0, 1)).topk(1 + int(ranks.max()), dim=-1).indices
         column = {s: c for c, s in enumerate(sources)}
@@ -63,12 +62,10 @@ def _step_inputs(
     state: torch.Tensor,
     best: torch.Tensor,
     tables: TargetTables,
-    table: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """(h_prev (M, S, D), previous target ids (M, S), decoder [k | v] (M, S, 2D) or None) of
-    the S source nodes a depth's head step reads."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(h_prev (M, S, D), previous target ids (M, S)) of the S source nodes a depth's head
+    step reads."""
     if sources == [ROOT]:
-        return h0[:, None], t0[:, None], None
+        return h0[:, None], t0[:, None]
     index = torch.tensor(sources, dtype=torch.long)
-    kv = None if table is None else F.embedding(best[:, index], table)
-    return state[:, index], tables.draft_to_target(best[:, index]), kv
+    return state[:, index], tables.draft_to_target(best[:, index])
