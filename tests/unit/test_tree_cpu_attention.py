@@ -52,17 +52,17 @@ def test_the_probed_layout_reads_back_what_vllm_wrote(dtype, block_size, head_si
     assert torch.equal(read_k, keys) and torch.equal(read_v, values)
 
 
-@pytest.mark.parametrize("read", ["blockwise", "gathered", "entrywise"])
+@pytest.mark.parametrize("read", ["gathered", "entrywise"])
 def test_batched_rows_equal_the_reference_tree_attention(read):
     """Two requests, prefixes of 40 and 75 tokens, all 6 nodes and 3 scheduled (the second's
     n0, n1, n2: vLLM cuts drafts near a request's token limit to a breadth-first prefix),
     all written to the cache as vLLM does before its kernel: each real
     row equals tree_attention over that request's own prefix and tree,
-    whether the layer reads the blocks as stored (``TreePlan.attend`` on this CPU's layout),
-    the keys and values put in order by their strided views, or gathered entry by entry."""
+    whether the keys and values are put in order by their strided views (``TreePlan.attend``
+    on this CPU's layout) or gathered entry by entry."""
     import dataclasses
 
-    from vllm_clover.tree.cpu_attention import CacheLayout, TreePlan, tree_attention_rows
+    from vllm_clover.tree.cpu_attention import CacheLayout, TreePlan
 
     gen = torch.Generator().manual_seed(0)
     block_size, hs, nh, nkv, t = 32, 64, 4, 2, TREE.num_nodes + 1
@@ -77,11 +77,7 @@ def test_batched_rows_equal_the_reference_tree_attention(read):
     if read == "entrywise":
         layout = dataclasses.replace(layout, key_view=None, value_view=None)
     plan = TreePlan.of(TREE, layout, table, seq_lens, num_nodes)
-    if read == "gathered":
-        out = tree_attention_rows(plan, q, *plan.gather(kv_cache), scale=hs**-0.5)
-    else:
-        assert layout.plain == (read == "blockwise")  # what attend reads
-        out = plan.attend(q, kv_cache, scale=hs**-0.5)
+    out = plan.attend(q, kv_cache, scale=hs**-0.5)
     for r in range(2):
         rows, length = 1 + int(num_nodes[r]), int(seq_lens[r])
         sub = TokenTree.from_paths(TREE.paths[: rows - 1])
@@ -93,22 +89,15 @@ def test_batched_rows_equal_the_reference_tree_attention(read):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("block_size", "head_size"), [(16, 64), (128, 64), (64, 128)])
-def test_blockwise_rows_equal_the_gathered_read(dtype, block_size, head_size):
-    """For every block size, head size and cache dtype: where the probed layout is plain
-    (every vLLM-CPU ISA this machine picks), reading the blocks as stored gives the rows
-    that the ordered read does; bfloat16 caches are read in float32 both ways."""
-    from vllm_clover.tree.cpu_attention import (
-        CacheLayout,
-        TreePlan,
-        blockwise_rows,
-        tree_attention_rows,
-    )
+def test_attend_equals_the_reference_for_every_cache_shape(dtype, block_size, head_size):
+    """For every block size, head size and cache dtype this CPU's layout is probed for, the
+    rows ``TreePlan.attend`` computes equal the reference tree attention over each request's
+    own prefix and nodes (bfloat16 caches are read in float32)."""
+    from vllm_clover.tree.cpu_attention import CacheLayout, TreePlan
 
     gen = torch.Generator().manual_seed(1)
     isa, kv_cache, key_cache, value_cache = _cache(dtype, block_size, head_size, 8, 3)
     layout = CacheLayout.probe(isa, dtype, block_size, head_size)
-    if not layout.plain:
-        pytest.skip(f"{isa} stores {dtype} blocks in tiles: attend reads them in order")
     table = torch.tensor([[5, 2, 7], [0, 4, 1]])
     num_nodes = torch.tensor([6, 2])  # all; n0 and n1
     seq_lens = torch.tensor([block_size + 9, 2 * block_size + 3])
@@ -116,12 +105,15 @@ def test_blockwise_rows_equal_the_gathered_read(dtype, block_size, head_size):
     _write(isa, key_cache, value_cache, keys, values, table, block_size)
     plan = TreePlan.of(TREE, layout, table, seq_lens, num_nodes)
     q = torch.randn(2, TREE.num_nodes + 1, 9, head_size, generator=gen).to(dtype)
-    ordered = tree_attention_rows(plan, q, *plan.gather(kv_cache), scale=0.125)
-    blockwise = blockwise_rows(plan, q, kv_cache, 0.125)
+    out = plan.attend(q, kv_cache, scale=0.125)
     for r in range(2):
-        rows = 1 + int(num_nodes[r])
-        got, expected = blockwise[r, :rows].float(), ordered[r, :rows].float()
-        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+        rows, length = 1 + int(num_nodes[r]), int(seq_lens[r])
+        sub = TokenTree.from_paths(TREE.paths[: rows - 1])
+        expected = tree_attention(
+            q[r, :rows].float(), keys[r, :length].float(), values[r, :length].float(), sub, 0.125
+        )
+        tol = 1e-5 if dtype == torch.float32 else 1e-2
+        torch.testing.assert_close(out[r, :rows].float(), expected, rtol=tol, atol=tol)
 
 
 def test_entry_index_moves_a_slot_in_the_kernel_layout():
@@ -181,14 +173,3 @@ def test_strided_half_finds_tiles_and_refuses_a_shuffle():
     assert view == StridedHalf((2, 4, 3, 2), (24, 2, 8, 1), 0)
     shuffled = torch.randperm(48, generator=torch.Generator().manual_seed(0)).view(8, 6)
     assert StridedHalf.find(shuffled) is None
-
-
-def test_plain_names_how_a_block_half_is_stored():
-    """Rows (block, head) row-major and their transpose are plain; tiles and an offset not."""
-    from vllm_clover.tree.cpu_attention import StridedHalf
-
-    j, d = torch.arange(8)[:, None], torch.arange(6)[None, :]
-    assert StridedHalf.find(j * 6 + d).plain == "rows"
-    assert StridedHalf.find(j + d * 8).plain == "columns"
-    assert StridedHalf.find((j // 4) * 24 + (d // 2) * 8 + (j % 4) * 2 + d % 2).plain is None
-    assert StridedHalf((8, 1, 6, 1), (6, 0, 1, 0), origin=2).plain is None

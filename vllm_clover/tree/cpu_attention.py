@@ -14,11 +14,7 @@ writes known values with vLLM's own writer (`cpu_attn_reshape_and_cache`) into a
 cache and reads back where each (token, channel) landed. Every layout seen so far is a strided
 view of the block (``StridedHalf``), so a layer's keys and values are read as whole blocks (one
 ``index_select``) and reordered by one strided copy; a layout that is not strided falls back
-to a gather of every entry, about twice as slow. Where each half is a plain matrix per block
-(``StridedHalf.plain``: `vec` and `vec16` store keys as (head_size, block_size), values as
-(block_size, head_size)), ``TreePlan.attend`` skips the reordering: it multiplies by the blocks
-as stored and sums over them (``blockwise_rows``), faster per layer
-(docs/history/benchmarks-2026-11.md).
+to a gather of every entry, about twice as slow.
 """
 
 from __future__ import annotations
@@ -67,20 +63,6 @@ class StridedHalf:
                     return cls(sizes, strides, origin)
         return None
 
-    @property
-    def plain(self) -> str | None:
-        """How a block's half is stored when it is a plain matrix from the block's first value:
-        "rows" (block_size, head_size) row-major, "columns" (head_size, block_size), the
-        transpose (`vec` keys); None for any other layout (tiles, an offset)."""
-        (block_size, q, head_size, p), strides = self.sizes, self.strides
-        if self.origin != 0 or q != 1 or p != 1:
-            return None
-        if strides[0] == head_size and strides[2] == 1:
-            return "rows"
-        if strides[0] == 1 and strides[2] == block_size:
-            return "columns"
-        return None
-
 
 def _powers_of_two(n: int) -> list[int]:
     return [1 << i for i in range(n.bit_length()) if n % (1 << i) == 0]
@@ -121,13 +103,6 @@ class CacheLayout:
             index[flat] = torch.arange(flat.numel())
             inverse.append(index.view(block_size, head_size))
         return CacheLayout(*inverse, *map(StridedHalf.find, inverse))
-
-    @property
-    def plain(self) -> bool:
-        """Whether both halves are plain matrices per block (``StridedHalf.plain``), which
-        ``blockwise_rows`` multiplies as stored."""
-        views = (self.key_view, self.value_view)
-        return all(view is not None and view.plain is not None for view in views)
 
 
 def entry_index(layout: CacheLayout, slots: torch.Tensor, heads: int, block_size: int):
@@ -183,11 +158,8 @@ class TreePlan:
         return cls(layout, blocks, mask[:, None])
 
     def attend(self, q: torch.Tensor, kv_cache: torch.Tensor, scale: float) -> torch.Tensor:
-        """One layer's attention of the tree rows: q (R, T, nh, hs) -> (R, T, nh, hs), read
-        from the blocks as stored where the layout allows (``blockwise_rows``), else from
+        """One layer's attention of the tree rows: q (R, T, nh, hs) -> (R, T, nh, hs), from
         keys and values put in order first (``gather``, ``tree_attention_rows``)."""
-        if self.layout.plain:
-            return blockwise_rows(self, q, kv_cache, scale)
         return tree_attention_rows(self, q, *self.gather(kv_cache), scale)
 
     def gather(self, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -229,40 +201,3 @@ def tree_attention_rows(
         attn_mask=plan.mask, scale=scale, enable_gqa=True,
     )  # fmt: skip
     return out.transpose(1, 2).to(q.dtype)  # (R, T, nh, hs)
-
-
-def blockwise_rows(
-    plan: TreePlan, q: torch.Tensor, kv_cache: torch.Tensor, scale: float
-) -> torch.Tensor:
-    """``tree_attention_rows`` on the requests' blocks as the cache stores them (both halves
-    ``plain``): q (R, T, nh, hs) -> (R, T, nh, hs).
-
-    Each KV head h serves the g = nh / H query heads h * g .. h * g + g - 1, so the T * g
-    query rows of a head are scored against every block b of the request at once::
-
-        scores[r, h, (t, i), (b, j)] = q[r, t, h * g + i] . key[r, b, h, j] * scale + mask
-        out[r, t, h * g + i] = sum_b  softmax(scores)[r, h, (t, i), (b, :)] @ value[r, b, h]
-
-    Example, block_size 128, a 150-token prefix and a 4-node tree, 9 query and 3 KV heads:
-    2 blocks, key blocks (1, 2, 3, 64, 128) as stored, scores (1, 2, 3, 15, 128) -> one
-    softmax over the 256 columns of (1, 3, 5, 3, 256), the padding's columns masked.
-    """
-    (r, t, nh, hs), (r, nb) = q.shape, plan.blocks.shape
-    n, heads, block_size, _ = kv_cache.shape
-    g, dtype = nh // heads, torch.promote_types(q.dtype, torch.float32)
-    regions = kv_cache.view(n, heads, 2, block_size * hs)  # each (block, head): keys, values
-    halves = []  # keys as (hs, block_size) columns, values as (block_size, hs) rows
-    views = (plan.layout.key_view, plan.layout.value_view)
-    for half, (view, wanted) in enumerate(zip(views, ("columns", "rows"), strict=True)):
-        stored = regions[:, :, half].index_select(0, plan.blocks.view(-1)).to(dtype)
-        shape = (block_size, hs) if view.plain == "rows" else (hs, block_size)
-        stored = stored.view(r, nb, heads, *shape)  # (R, nb, H, *shape)
-        halves.append(stored if view.plain == wanted else stored.transpose(-1, -2))
-    keys, values = halves  # (R, nb, H, hs, block_size), (R, nb, H, block_size, hs)
-    rows = q.view(r, t, heads, g, hs).permute(0, 2, 1, 3, 4).reshape(r, 1, heads, t * g, hs)
-    scores = torch.matmul(rows.to(dtype), keys)  # (R, nb, H, T * g, block_size)
-    scores = scores.permute(0, 2, 3, 1, 4).reshape(r, heads, t, g, nb * block_size)
-    scores = scores.mul_(scale).add_(plan.mask.view(r, 1, t, 1, -1))  # (R, H, T, g, S)
-    weights = torch.softmax(scores, dim=-1).view(r, heads, t * g, nb, block_size)
-    out = torch.matmul(weights.permute(0, 3, 1, 2, 4), values).sum(dim=1)  # (R, H, T * g, hs)
-    return out.view(r, heads, t, g, hs).permute(0, 2, 1, 3, 4).reshape(r, t, nh, hs).to(q.dtype)
