@@ -78,34 +78,6 @@ def build_tables(config: CloverConfig, tensor_parallel_size: int) -> TargetTable
     return VocabParallelTables(config, group=get_tp_group().device_group)
 
 
-def rows_after_attention(
-    layer: LlamaDecoderLayer,
-    positions: torch.Tensor,  # [num_tokens]
-    hidden_states: torch.Tensor,  # [num_tokens, D]
-    residual: torch.Tensor | None,  # [num_tokens, D]; None before the first layer
-    rows: torch.Tensor,  # [num_rows] token indices
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """vLLM's `LlamaDecoderLayer.forward` with everything after the attention kernel on
-    `rows` only: (hidden_states, residual), both [num_rows, D]. The kernel still runs on
-    every token, so every token's K and V enter the paged cache; with no rows the output
-    projection and the MLP do not run at all."""
-    if residual is None:
-        residual = hidden_states
-        hidden_states = layer.input_layernorm(hidden_states)
-    else:
-        hidden_states, residual = layer.input_layernorm(hidden_states, residual)
-    attention = layer.self_attn
-    qkv, _ = attention.qkv_proj(hidden_states)
-    q, k, v = qkv.split([attention.q_size, attention.kv_size, attention.kv_size], dim=-1)
-    q, k = attention.rotary_emb(positions, q, k)
-    out = attention.attn(q, k, v)[rows]  # [num_rows, H * hd]
-    if not rows.numel():
-        return out, residual[rows]
-    out, _ = attention.o_proj(out)
-    out, residual = layer.post_attention_layernorm(out, residual[rows])
-    return layer.mlp(out), residual
-
-
 class CloverDraftModel(nn.Module):
     """Augmenting Block (vLLM layers, own KV cache) and its adapter + head loop + tables."""
 
@@ -149,46 +121,26 @@ class CloverDraftModel(nn.Module):
         rows: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """h0 at `rows` (every token when None): the Augmenting Block over H, or H itself
-        when it is off. Every token's K and V enter the block's cache either way.
+        when it is off. The block runs over every token, whose K and V enter its cache.
 
         Returns (h0, h0), both [num_rows, hidden_size] (EAGLE-style proposers expect a
         pair). `input_ids` are EAGLE's shifted ids, the token after each position (the
         sampled t0 after a request's last one); only a next-token fusion reads them.
         """
-        if not self.layers:
-            h0 = hidden_states if rows is None else hidden_states[rows]
-            return h0, h0
-        h0 = self.block(self.block_input(hidden_states, input_ids), positions, rows)
+        h0 = hidden_states
+        if self.layers:
+            h0 = self.block(
+                self.adapter.block_input(hidden_states, input_ids, self.tables), positions
+            )
+        h0 = h0 if rows is None else h0[rows]
         return h0, h0
 
-    def block_input(self, hidden_states: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-        """x [num_tokens, D]: what the Augmenting Block reads at each position (H, or H fused
-        with the next token); position-wise, so it can be computed ahead of the block."""
-        return self.adapter.block_input(hidden_states, input_ids, self.tables)
-
-    def block(
-        self, x: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """h0 [num_rows, D] from x [num_tokens, D]: the block's layers, reading and writing
-        its paged KV cache (the forward context's attention metadata), then the gate.
-
-        Only the last layer's attention has to see every token (it writes their K and V);
-        what follows it is position-wise, so it runs on the rows whose h0 is read: one per
-        request where a prefill or a verified chain schedules many, none at a step that
-        drafts nothing.
-        """
+    def block(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """h0 [num_tokens, D] from x [num_tokens, D]: the block's layers, reading and writing
+        its paged KV cache (the forward context's attention metadata), then the gate."""
         hidden_states, residual = x, None
-        for layer in self.layers[:-1]:
+        for layer in self.layers:
             hidden_states, residual = layer(positions, hidden_states, residual)
-        if rows is None:
-            hidden_states, residual = self.layers[-1](positions, hidden_states, residual)
-        else:
-            hidden_states, residual = rows_after_attention(
-                self.layers[-1], positions, hidden_states, residual, rows
-            )
-            x = x[rows]
-            if not rows.numel():
-                return x
         hidden_states, _ = self.norm(hidden_states, residual)
         return self.adapter.block_output(x, hidden_states)
 

@@ -270,7 +270,7 @@ class CloverProposer(EagleProposer):
     ) -> torch.Tensor:
         """The Augmenting Block over every scheduled token, writing its paged KV cache:
         h0 at each request's last accepted token, [num_reqs, hidden_size] (or [0,
-        hidden_size] when not `needed`: then only the K and V are computed).
+        hidden_size] when not `needed`: then the pass only fills the cache).
 
         EAGLE's first draft pass (`SpecDecodeBaseProposer.propose`, up to its first sample),
         without the branches Clover never takes (EAGLE-3/DFlash hidden-state combining,

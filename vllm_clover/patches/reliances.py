@@ -167,17 +167,12 @@ RELIANCES = (
         "draft_model_layers",
         "relies",
         "the Augmenting Block is vLLM's Llama layer (its "
-        "config fields, call signature and stacked q/k/v, gate/up weight loaders); "
-        "rows_after_attention replays its forward and its attention's (the submodules "
-        "input_layernorm, self_attn.{qkv_proj, rotary_emb, attn, o_proj}, "
-        "post_attention_layernorm, mlp and q_size, kv_size) to run the output projection "
-        "and the MLP on the rows whose h0 is read",
+        "config fields, call signature and stacked q/k/v, gate/up weight loaders)",
         "core/model.py",
         {
             f"{LLAMA}:LlamaDecoderLayer.__init__": "2ea68a20c877",
             f"{LLAMA}:LlamaDecoderLayer.forward": "ab84e4013463",
             f"{LLAMA}:LlamaAttention.__init__": "5d21c8f75a4d",
-            f"{LLAMA}:LlamaAttention.forward": "a0f9f508aa38",
             f"{LAYERS}.layernorm:RMSNorm": "aa290a8d5974",
             f"{LAYERS}.linear:QKVParallelLinear.weight_loader": "00825ed9842a",
             f"{LAYERS}.linear:MergedColumnParallelLinear.weight_loader": "ce9ec205b936",
