@@ -215,9 +215,10 @@ class CloverProposer(EagleProposer):
 
     def _draft(self, h0: torch.Tensor, t0: torch.Tensor, k: int, sampling_metadata) -> torch.Tensor:
         """[num_reqs, k >= 1] drafts from h0 [num_reqs, D] and t0 (num_reqs,): a tree's
-        first k nodes, or a chain."""
+        first k nodes (a BFS prefix of a tree is a tree), or a chain."""
         if self.trees is not None:
-            return self._propose_tree(h0, t0, k)
+            heads, tables = self.model.heads, self.model.tables
+            return propose_tree(heads, h0, t0, self.trees.tree, tables)[:, :k]
         return self._propose_chain(h0, t0, k, sampling_metadata)
 
     def _propose_chain(
@@ -243,12 +244,6 @@ class CloverProposer(EagleProposer):
             return None
         temperature = sampling_metadata.temperature[:num_reqs]  # (num_reqs,), 0: greedy
         return DraftSampler(temperature, sampling_metadata.generators)
-
-    def _propose_tree(self, h0: torch.Tensor, t0: torch.Tensor, k: int) -> torch.Tensor:
-        """[num_reqs, k] drafts of the tree's first k nodes (a BFS prefix of a tree is a
-        tree)."""
-        heads, tables = self.model.heads, self.model.tables
-        return propose_tree(heads, h0, t0, self.trees.tree, tables)[:, :k]
 
     def _chain_order(self, *rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The step's per-token inputs with each accepted tree path moved right after its
