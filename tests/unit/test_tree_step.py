@@ -27,7 +27,7 @@ def test_rows_of_the_tree_requests():
     assert real.tolist() == [[True] * 4, [True, True, True, False]]
     targets, where = step.targets
     assert targets.tolist() == [5, 6, 7, 8, 9, 10, 11]
-    assert rows[where].tolist() == targets.tolist() and not step.dense
+    assert rows[where].tolist() == targets.tolist()
 
 
 def test_the_kernel_runs_only_when_other_rows_share_the_step():
@@ -37,8 +37,7 @@ def test_the_kernel_runs_only_when_other_rows_share_the_step():
 
     assert not _step().covers(12)
     assert TreeStep.of(TREE, [3, 2], np.array([0, 4, 7])).covers(7)
-    dense = TreeStep.of(TREE, [3, 3], np.array([0, 4, 8]))
-    assert dense.covers(8) and dense.dense
+    assert TreeStep.of(TREE, [3, 3], np.array([0, 4, 8])).covers(8)
 
 
 def test_no_drafts_no_step():

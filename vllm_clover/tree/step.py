@@ -94,13 +94,6 @@ class TreeStep:
         return rows[real], real.nonzero(as_tuple=True)
 
     @cached_property
-    def dense(self) -> bool:
-        """Whether the tree rows are the step's first R * T rows, every request with T - 1
-        nodes (the steady state of decoding): request r's rows are r * T .. r * T + T - 1."""
-        rows, real = self.rows
-        return bool(real.all()) and bool((rows.view(-1) == torch.arange(rows.numel())).all())
-
-    @cached_property
     def num_rows(self) -> int:
         """Query rows of the step's tree requests: each one's root and nodes."""
         return int(self.num_nodes.sum()) + len(self.num_nodes)
@@ -125,14 +118,9 @@ class TreeStep:
             )
             self.slot_mapping = metadata.slot_mapping.clone()
         rows, _ = self.rows
-        dense = self.dense  # then the rows are 0 .. R * T - 1, in order: views, no gathers
-        q = query[: rows.numel()].view(*rows.shape, *query.shape[1:]) if dense else query[rows]
-        out = self.plan.attend(q, kv_cache, impl.scale)
-        if dense:
-            output[: rows.numel()].view_as(out).copy_(out)
-        else:
-            targets, real = self.targets
-            output.index_copy_(0, targets, out[real])
+        out = self.plan.attend(query[rows], kv_cache, impl.scale)  # (R, T, nh, hs)
+        targets, real = self.targets
+        output.index_copy_(0, targets, out[real])
         self.caches.append(kv_cache)
 
     def settle(self, verdict: TreeVerdict) -> None:
