@@ -37,4 +37,3 @@ class Entry:
     # A fix that changes every engine the plugin is loaded in (vanilla ones too), not only
     # those that speculate with Clover; $CLOVER_SKIP_FIXES names the ones not to apply.
     every_engine: bool = False
-    upstream: str = ""  # an every-engine fix: the vLLM bug or limitation it works around

