@@ -168,7 +168,7 @@ def test_tie_check_reruns_vanilla_and_flags_a_parting_beyond_rounding(
             settings,
         ),
     ]
-    reruns = check_ties(config, job.target, results)
+    reruns = check_ties(results)
     report = build_report(config, "test", len(chats), results, reruns)
     row = next(r for r in report["runs"] if r["method"] == "clover")
     assert set(reruns[("in-process", 2)]) == {0, 1, 2}  # every chat, as the batch ran

@@ -1,15 +1,13 @@
-"""The bench's tie check (bench/tie_check.py): which chats to rerun, in which engines, for
+"""The bench's tie check (bench/runner.py): which chats to rerun, in which engines, for
 how long; the reruns themselves are in tests/engine/test_bench_engine.py."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
-from vllm_clover.bench.config import BenchConfig, Method
+from vllm_clover.bench.config import Method
 from vllm_clover.bench.measure import Counters, Run
-from vllm_clover.bench.tie_check import parted_lengths, tie_jobs
+from vllm_clover.bench.runner import EngineJob, parted_lengths, tie_jobs
 
 pytestmark = pytest.mark.unit
 
@@ -20,9 +18,7 @@ CHATS = [[{"role": "user", "content": f"q{i}"}] for i in range(3)]
 
 
 def _result(method, tokens, repeat=0, mode="in-process", batch=1, temperature=0.0):
-    job = SimpleNamespace(
-        method=method, repeat=repeat, engine_mode=mode, batch_size=batch, chats=CHATS
-    )
+    job = EngineJob("target", method, batch, CHATS, (temperature,), 16, repeat, mode, "bfloat16")
     return (job, {temperature: Run(tokens, 1.0, Counters(steps=1))}, {})
 
 
@@ -40,17 +36,12 @@ def test_each_chat_reruns_up_to_its_latest_parting_per_mode_and_batch():
         _result(CLOVER, [[0], [0], [0]], batch=2, temperature=1.0),
     ]
     assert parted_lengths(results) == {("in-process", 1): {1: 4, 2: 1}}
-    config = BenchConfig(methods=(VANILLA, CLOVER), max_tokens=16, dtype="bfloat16")
-    (job,) = tie_jobs(config, "target", results)
-    assert (job.key, job.lengths, job.chats, job.max_tokens) == (
-        ("in-process", 1),
-        {1: 4, 2: 1},
-        CHATS,
-        16,
-    )
-    assert (job.dtype, job.compiled, job.ignore_eos) == ("bfloat16", False, False)
+    (job,) = tie_jobs(results)
+    assert job.lengths == {1: 4, 2: 1}
+    # the rerun takes a timed engine's settings (target, chats, dtype, max_tokens, ...)
+    assert job.timed in [j for j, _, _ in results[:4]]
 
 
 def test_a_run_whose_vanilla_has_not_run_is_not_compared():
     assert parted_lengths([_result(CLOVER, [[1], [2], [3]], repeat=1)]) == {}
-    assert tie_jobs(BenchConfig(methods=(VANILLA,)), "target", []) == []
+    assert tie_jobs([]) == []

@@ -29,6 +29,8 @@ from vllm_clover.bench.measure import (
     timed_chat,
 )
 from vllm_clover.bench.prompts import Chat, load_prompts, take_prompts
+from vllm_clover.bench.report import round_key, round_vanillas
+from vllm_clover.bench.ties import VanillaRerun, first_difference, rerun_vanilla
 
 WARM_UP_TOKENS = 8
 
@@ -182,26 +184,85 @@ def run_bench(config: BenchConfig, command: str) -> dict[str, Any]:
         report = build_report(config, command, len(chats), results)
         write_json(report, config.out)
     progress.close()
-    reruns = check_ties(config, target, results) if config.tie_check else None
+    reruns = check_ties(results) if config.tie_check else None
     report = build_report(config, command, len(chats), results, reruns)
     write_outputs(report, config.out)
     return report
 
 
-def check_ties(config: BenchConfig, target: str, results: list) -> dict:
-    """Vanilla's reruns where T = 0 runs parted from it (`tie_check`), by (engine mode,
-    batch size) and chat index; untimed, after every timed engine."""
-    from vllm_clover.bench.tie_check import run_tie_job, tie_jobs
+def check_ties(results: list[tuple[EngineJob, dict[float, Run], Any]]) -> dict:
+    """The tie check: where a T = 0 run's output parts from its round's vanilla output, was
+    vanilla's best token a rounding tie there, or did it clearly lead (a bug)? Vanilla's
+    reruns, by (engine mode, batch size) and chat index; untimed, after every timed engine.
 
+    In float32 no output should part; in bfloat16 some do, at rounding ties (bench/ties.py,
+    docs/equivalence.md). One vanilla engine per (engine mode, batch size) whose runs parted
+    reruns those chats greedily with two logprobs per position, with the timed engines'
+    settings, and `report.py` gives each parted prompt vanilla's top-2 gap at its first
+    differing token.
+
+    Example, batch size 1, 8 chats: round 0's clover parts from vanilla at chat 3, token 17;
+    round 1's at chat 3, token 17 and chat 5, token 40. One engine reruns chat 3 for 18 tokens
+    and chat 5 for 41, and both rounds read their gaps from those reruns. At batch size 4 it
+    reruns all 8 chats whole, so that the same requests share the same steps as in the timed
+    runs.
+    """
     reruns = {}
-    for job in tie_jobs(config, target, results):
-        which = "them" if job.batch_size == 1 else f"all {len(job.chats)}, as the batches ran"
+    for job in tie_jobs(results):
+        batch, mode = job.timed.batch_size, job.timed.engine_mode
+        which = "them" if batch == 1 else f"all {len(job.timed.chats)}, as the batches ran"
         print(
-            f"tie check: {len(job.lengths)} prompt(s) parted at batch {job.batch_size} "
-            f"({job.engine_mode}); rerunning {which} in a vanilla engine"
+            f"tie check: {len(job.lengths)} prompt(s) parted at batch {batch} "
+            f"({mode}); rerunning {which} in a vanilla engine"
         )
-        reruns[job.key] = run_isolated(run_tie_job, job)
+        reruns[mode, batch] = run_isolated(run_tie_job, job)
     return reruns
+
+
+@dataclass(frozen=True)
+class TieJob:
+    """One vanilla rerun engine: a timed engine of its (engine mode, batch size), whose
+    settings it takes (not its method), and the chats to rerun for how many tokens."""
+
+    timed: EngineJob
+    lengths: dict[int, int]  # chat index -> tokens up to and including its latest parting
+
+
+def parted_lengths(results: list[tuple[Any, dict[float, Run], Any]]) -> dict[tuple, dict]:
+    """Per (engine mode, batch size), each chat that some T = 0 run parted at, with the
+    tokens its rerun needs (the latest first difference + 1). Runs are compared with the
+    vanilla run of their round, engine mode and batch size."""
+    vanilla = round_vanillas(results)
+    groups: dict[tuple[str, int], dict[int, int]] = {}
+    for job, runs, _ in results:
+        reference = vanilla.get(round_key(job, 0.0))
+        if job.method.kind == "vanilla" or 0.0 not in runs or reference is None:
+            continue
+        for i, (a, b) in enumerate(zip(reference.tokens, runs[0.0].tokens, strict=True)):
+            if (first := first_difference(a, b)) is not None:
+                lengths = groups.setdefault((job.engine_mode, job.batch_size), {})
+                lengths[i] = max(lengths.get(i, 0), first + 1)
+    return groups
+
+
+def tie_jobs(results: list[tuple[EngineJob, dict[float, Run], Any]]) -> list[TieJob]:
+    """The rerun engines the timed `results` (EngineJob, runs, settings) call for."""
+    timed = {(job.engine_mode, job.batch_size): job for job, _, _ in results}
+    return [TieJob(timed[key], lengths) for key, lengths in parted_lengths(results).items()]
+
+
+def run_tie_job(job: TieJob) -> dict[int, VanillaRerun]:
+    """(In a child process.) The reruns of `job`, by chat index: greedy, with the timed
+    runs' max_tokens and EOS policy at T = 0 (every chat whole above batch size 1)."""
+    timed = job.timed
+    set_engine_mode(timed.engine_mode)
+    eager = not timed.compiled
+    with engine(
+        timed.target, None, timed.batch_size, dtype=timed.dtype, enforce_eager=eager
+    ) as llm:
+        whole = None if timed.batch_size == 1 else timed.max_tokens
+        ignore_eos = ignores_eos(timed.ignore_eos, 0.0)
+        return rerun_vanilla(llm, timed.chats, job.lengths, whole, ignore_eos)
 
 
 def prepare_engine_server() -> None:
