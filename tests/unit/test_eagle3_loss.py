@@ -7,8 +7,9 @@ import torch
 import torch.nn.functional as F
 from test_eagle3_network import D, V, drafter
 
-from vllm_clover.eagle3.loss import eagle3_loss, graded
+from vllm_clover.eagle3.loss import eagle3_loss
 from vllm_clover.training.data import Batch
+from vllm_clover.training.loss import graded_positions
 
 pytestmark = pytest.mark.unit
 
@@ -28,7 +29,7 @@ def test_loss_and_chains_match_their_definitions() -> None:
     with torch.no_grad():
         model.lm_head.weight.copy_(lm_head[model.draft_ids])
     b = batch(lm_head)
-    valid = graded(b, 3)
+    valid = graded_positions(b, 3)[1]
     assert valid[1, 3, 0] and not valid[1, 4, 0] and not valid[1, 3, 1]  # x_{t+2+k} must exist
     loss, stats = eagle3_loss(model, b, decay=0.5)
     states = model.unrolled(b.hidden[..., D:], b.input_ids, b.attention_mask)
@@ -47,3 +48,4 @@ def test_loss_and_chains_match_their_definitions() -> None:
             accepted += 1
     torch.testing.assert_close(loss, expected)
     assert (stats.chains, stats.accepted) == (chains, accepted)
+    assert stats.count.tolist() == valid.sum(dim=(0, 1)).tolist() and not stats.hidden.any()

@@ -22,35 +22,24 @@ import torch.nn.functional as F
 
 from vllm_clover.eagle3.network import Eagle3Drafter
 from vllm_clover.training.data import Batch
-from vllm_clover.training.loss import target_distributions
-
-
-def graded(batch: Batch, steps: int) -> torch.Tensor:
-    """(B, T, K) bool: where step k at t is graded (x_{t+2+k} exists, an assistant token)."""
-    label = batch.loss_mask & batch.attention_mask  # (B, T)
-    return torch.stack([F.pad(label[:, 2 + k :], (0, 2 + k)) for k in range(steps)], dim=-1)
+from vllm_clover.training.loss import (
+    HeadStats,
+    grade_head,
+    graded_positions,
+    target_distributions,
+)
 
 
 @dataclass
-class StepStats:
-    """Sums over graded positions per step (K,), and the chains' accepted drafts."""
+class StepStats(HeadStats):
+    """HeadStats per TTT step (its hidden-state sums stay 0), and the chains' accepted
+    drafts."""
 
-    ce: torch.Tensor
-    count: torch.Tensor
-    top1: torch.Tensor
-    top5: torch.Tensor
     chains: int = 0  # positions where step 0 is graded
     accepted: int = 0  # sum over them of the greedy chain's accepted drafts
 
-    @classmethod
-    def zeros(cls, steps: int) -> StepStats:
-        return cls(*(torch.zeros(steps, dtype=torch.float64) for _ in range(4)))
-
     def add_(self, other: StepStats) -> StepStats:
-        self.ce += other.ce
-        self.count += other.count
-        self.top1 += other.top1
-        self.top5 += other.top5
+        super().add_(other)
         self.chains += other.chains
         self.accepted += other.accepted
         return self
@@ -75,7 +64,7 @@ def eagle3_loss(
 ) -> tuple[torch.Tensor, StepStats]:
     """The batch's loss (to backward) and its stats (module docstring)."""
     d, steps = drafter.config.hidden_size, drafter.config.ttt_steps
-    valid = graded(batch, steps)  # (B, T, K)
+    valid = graded_positions(batch, steps)[1]  # (B, T, K): x_{t+2+k} exists, an assistant's
     states = drafter.unrolled(batch.hidden[..., d:], batch.input_ids, batch.attention_mask)
     with torch.no_grad():  # step k at t reads H_{t+1+k}, as Clover's head k does: once each
         rows, probs = target_distributions(batch, valid, drafter.lm_head.weight)
@@ -92,10 +81,8 @@ def eagle3_loss(
         with torch.no_grad():
             best = drafter.draft_ids[log_q.topk(min(5, log_q.shape[-1])).indices.cpu()]  # (M, 5)
             want = batch.target_top1[b, t + 1 + k].cpu()
-            hit = best[:, 0] == want
-            hits[b.cpu(), t.cpu(), k] = hit
-            stats.ce[k], stats.count[k], stats.top1[k] = ce.item(), b.numel(), hit.sum()
-            stats.top5[k] = (best == want[:, None]).any(-1).sum()
+            hits[b.cpu(), t.cpu(), k] = best[:, 0] == want
+            grade_head(stats, k, best, want, ce, ce.new_zeros(()))
     first = valid[..., 0]
     chain = torch.cumprod((hits & valid).int(), dim=-1).sum(-1)  # (B, T) accepted drafts
     stats.chains, stats.accepted = int(first.sum()), int(chain[first].sum())

@@ -191,12 +191,12 @@ def distill_loss(
         with torch.no_grad():
             want = batch.target_top1[b, t + 1 + i]  # (M,) target argmax for x_{t+2+i}
             best = tables.draft_to_target(top_rows)  # (M, 5)
-            _grade_head(stats, i, best, want, ce, hl)
+            grade_head(stats, i, best, want, ce, hl)
             preds[b, t, i], confidence[b, t, i] = best[:, 0], top_log_q[:, 0].exp()
     return loss, stats, preds, confidence
 
 
-def _grade_head(
+def grade_head(
     stats: HeadStats,
     i: int,
     best: torch.Tensor,
