@@ -14,10 +14,11 @@ from transformers import AutoModelForCausalLM
 
 from tiny_targets import synthetic_conversations, tiny_workspace, torch_threads
 from vllm_clover.training import cache as cache_module
+from vllm_clover.training import pipeline as pipeline_module
 from vllm_clover.training.cache import HiddenStateCache, padded_batch
 from vllm_clover.training.config import TrainingError
 from vllm_clover.training.data import TokenizedSequence, tokenize_all
-from vllm_clover.training.pipeline import DataSpec, fill_cache
+from vllm_clover.training.pipeline import DataSpec, check_disk, fill_cache
 from vllm_clover.training.runtime import init_runtime
 from vllm_clover.training.teacher import (
     check_architecture,
@@ -258,11 +259,11 @@ def test_cache_out_of_disk_leaves_nothing(tiny, teacher, monkeypatch) -> None:
 
 
 def test_cache_refuses_up_front_when_disk_too_small(tiny, teacher, monkeypatch) -> None:
-    cache = make_cache(tiny, teacher, tiny["cache"] / "small")
     usage = type("U", (), {"free": 1000})()
-    monkeypatch.setattr(cache_module.shutil, "disk_usage", lambda p: usage)
-    with pytest.raises(TrainingError, match="out of disk space.*GiB"):
-        cache.check_free_space(num_tokens=10_000, width=64)
+    monkeypatch.setattr(pipeline_module.shutil, "disk_usage", lambda p: usage)
+    with pytest.raises(TrainingError, match="needs about .*GiB.*--cache-dir"):
+        check_disk(tiny["cache"] / "small", sequences(teacher), width=64)
+    check_disk(tiny["cache"] / "small", [], width=64)  # nothing to cache fits anywhere
 
 
 def test_corrupt_shard_is_named(tiny, teacher) -> None:

@@ -24,7 +24,6 @@ import errno
 import hashlib
 import json
 import os
-import shutil
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -121,18 +120,6 @@ class HiddenStateCache:
         )
 
     # ------------------------------------------------------------------ writing
-    def check_free_space(self, num_tokens: int, width: int) -> None:
-        """TrainingError up front when the shards would not fit on the cache's disk; width:
-        values per token of the cached signal (D, or (1 + A) * D with target layers)."""
-        needed = shard_bytes(num_tokens, width)
-        free = shutil.disk_usage(self.dir).free
-        if needed > free:
-            raise TrainingError(
-                f"out of disk space for the hidden-state cache {self.dir}: it needs "
-                f"{needed / 2**30:.2f} GiB for {num_tokens} tokens, {free / 2**30:.2f} GiB free "
-                "(free space, pass --cache-dir elsewhere, or lower --max-samples)"
-            )
-
     def write_shard(
         self, keys: list[str], hidden: list[torch.Tensor], top1: list[torch.Tensor]
     ) -> Path:

@@ -182,7 +182,7 @@ def prepare(
         compiled = compiled_teacher(teacher, spec)
         stream = TeacherStream(teacher, runtime.device, rows, *compiled, spec.target_layers)
         to_cache = []
-    check_disk(root, [s for s in to_cache + held if s.key not in cache], width, spec)
+    check_disk(root, [s for s in to_cache + held if s.key not in cache], width)
     if rows is None:
         fill_cache(cache, teacher, to_cache + held, runtime, spec)
     else:
@@ -207,7 +207,7 @@ def cache_fingerprint(
     return fingerprint
 
 
-def check_disk(root: Path, missing: list[TokenizedSequence], width: int, spec: DataSpec) -> None:
+def check_disk(root: Path, missing: list[TokenizedSequence], width: int) -> None:
     """TrainingError, naming --cache-dir, where the cache's disk cannot hold the new shards
     (their bfloat16 signal, with a tenth more for their token ids and index)."""
     need = int(1.1 * sum(len(s) for s in missing) * width * 2)
@@ -271,9 +271,6 @@ def fill_cache(
     which a faster process may already have changed), so every sequence has exactly one owner.
     """
     mine = cache.missing(sequences[runtime.rank :: runtime.world_size])
-    if mine:
-        width = spec.signal_width(int(teacher.lm_head.shape[1]))
-        cache.check_free_space(sum(len(s) for s in mine), width)
     bar = tqdm(
         total=sum(len(s) for s in mine),
         unit="tok",
