@@ -23,7 +23,7 @@ import os
 import sys
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -348,18 +348,7 @@ class Batch:
     target_top1: torch.Tensor  # (B, T) int64, argmax of the target's logits at t
 
     def to(self, device: torch.device | str) -> Batch:
-        return Batch(
-            *(
-                t.to(device, non_blocking=True)
-                for t in (
-                    self.input_ids,
-                    self.attention_mask,
-                    self.loss_mask,
-                    self.hidden,
-                    self.target_top1,
-                )
-            )
-        )
+        return Batch(*(getattr(self, f.name).to(device, non_blocking=True) for f in fields(self)))
 
 
 def collate(
