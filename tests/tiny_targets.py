@@ -43,7 +43,7 @@ def synthetic_conversations(n: int, seed: int = 0, turns: int = 1) -> list[Conve
 
 
 def write_jsonl(path: Path, conversations: Sequence[Conversation]) -> Path:
-    """Our {id, messages} JSONL format (what ``sharegpt_conversations`` reads)."""
+    """Our {id, messages} JSONL format (the cached ShareGPT set's, ``fetch_sharegpt``)."""
     lines = [json.dumps({"id": c.id, "messages": c.as_chat()}) for c in conversations]
     Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
     return Path(path)

@@ -8,6 +8,7 @@ import pytest
 
 from vllm_clover import fsutil
 from vllm_clover.assets import cache, data, target, wheels
+from vllm_clover.training.data import load_conversations
 
 pytestmark = pytest.mark.unit
 
@@ -123,7 +124,7 @@ def test_missing_gguf_package_is_named_before_any_download(monkeypatch, tmp_path
 
 
 def test_cached_data_sets(sharegpt_path, mtbench_path):
-    conversations = list(data.sharegpt_conversations(sharegpt_path))
+    conversations = load_conversations(sharegpt_path)  # what training reads it with
     # 17,671 complete records survive the truncation; 143 have no assistant turn or an
     # unknown speaker and are dropped.
     assert len(conversations) == 17528

@@ -148,15 +148,6 @@ def fetch_mtbench(cache_dir: str | Path | None = None, force: bool = False) -> P
     return final
 
 
-def sharegpt_conversations(path: str | Path | None = None) -> Iterator[Conversation]:
-    """Conversations from a cached (or any) JSONL in the format above; fetches if needed."""
-    path = Path(path) if path else fetch_sharegpt()
-    for line in _jsonl_lines(path):
-        record = json.loads(line)
-        messages = tuple(Message(m["role"], m["content"]) for m in record["messages"])
-        yield Conversation(record["id"], messages)
-
-
 def mtbench_questions(path: str | Path | None = None) -> list[MTBenchQuestion]:
     """The MT-Bench questions in file order (question ids 81-160)."""
     path = Path(path) if path else fetch_mtbench()
