@@ -16,8 +16,7 @@ from typing import Any
 MEDIANS = ("tokens_per_second", "ratio_to_vanilla", "seconds_per_step")
 OPTIONAL_MEDIANS = ("tau", "drafting_overhead", "drafting_share", "step_time_ratio")
 SUMS = ("num_prompts", "output_tokens", "drafts", "draft_tokens", "accepted", "steps")
-# rows of older reports lack these
-LOOKUP_SUMS = ("lookup_verified", "lookup_accepted", "lookup_only_steps")
+SUMS += ("lookup_verified", "lookup_accepted", "lookup_only_steps")  # 0 without "lookup"
 PARTING_SUMS = ("tie_prompts", "unknown_partings", "beyond_rounding")  # after the tie check
 
 
@@ -43,8 +42,6 @@ def _summary_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
         row[f"{name}_range"] = [min(values), max(values)] if values else None
     for name in SUMS:
         row[name] = sum(r[name] for r in runs)
-    for name in LOOKUP_SUMS:
-        row[name] = sum(r.get(name, 0) for r in runs)
     per_pos = [sum(col) for col in zip(*(_padded(r, runs) for r in runs), strict=True)]
     row["accepted_per_pos"] = per_pos
     row["acceptance_rates"] = [n / row["drafts"] for n in per_pos] if row["drafts"] else []
