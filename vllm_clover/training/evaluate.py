@@ -55,8 +55,8 @@ def chain_hits(
     preds: (B, T, K) head argmax as target ids; tokens/valid from ``graded_positions``.
     A start's accepted drafts are its leading run of hits (``ok.cumprod``).
     """
-    k = preds.shape[-1]
-    top1_next = tokens_shift(batch.target_top1, k, batch.attention_mask)  # (B, T, K): at t+1+i
+    k, mask = preds.shape[-1], batch.attention_mask  # the argmax at t+1+i, a head's input's
+    top1_next = shift_tokens_for_heads(batch.target_top1, k, mask).input_ids  # (B, T, K)
     ok = valid & (preds == top1_next) & (top1_next == tokens.target_ids)  # (B, T, K)
     start = valid[..., 0] & (tokens.input_ids[..., 0] == batch.target_top1)  # (B, T)
     return start, ok
@@ -81,11 +81,6 @@ def decode_steps(start: torch.Tensor, ok: torch.Tensor, domain: torch.Tensor) ->
             steps.append(t)
             next_start = t + accepted[t] + 1
     return (ok & start[:, None])[steps]  # (S, K)
-
-
-def tokens_shift(values: torch.Tensor, k: int, attention_mask: torch.Tensor) -> torch.Tensor:
-    """values[b, t+1+i] as (B, T, K) (0 past the end): same shift as a head's input token."""
-    return shift_tokens_for_heads(values, k, attention_mask).input_ids
 
 
 @dataclass
@@ -239,7 +234,6 @@ def eval_eagle3(path, embed, prepared, sequences, cfg: EvalConfig, runtime) -> d
     prepared signal."""
     from vllm_clover.eagle3.checkpoint import load_eagle3
     from vllm_clover.eagle3.loss import evaluate as evaluate_eagle3
-    from vllm_clover.modeling.layer_fusion import signal_columns
 
     drafter = load_eagle3(path, embed).to(runtime.device)
     d = drafter.config.hidden_size
