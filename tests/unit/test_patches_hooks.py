@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from vllm_clover.patches.hooks import drafting_time, time_drafting
+from vllm_clover.patches.hooks import DRAFTING, method_times, time_methods
 
 pytestmark = pytest.mark.unit
 
@@ -22,11 +22,11 @@ class Runner:
 
 def test_timer_counts_calls_and_passes_everything_through():
     worker = SimpleNamespace(model_runner=Runner())
-    assert drafting_time(worker) == (0.0, 0)
-    time_drafting(worker)
-    time_drafting(worker)  # installing twice wraps once
+    assert method_times(worker) == {}
+    time_methods(worker, (DRAFTING,))
+    time_methods(worker, (DRAFTING,))  # installing twice wraps once
     assert worker.model_runner.propose_draft_token_ids(1, k=2) == "drafts"
-    seconds, calls = drafting_time(worker)
+    seconds, calls = method_times(worker)[DRAFTING]
     assert calls == 1 and seconds >= 0.0
     assert worker.model_runner.calls == [((1,), {"k": 2})]
     other = Runner()  # only that runner instance is wrapped, not the class
@@ -34,8 +34,6 @@ def test_timer_counts_calls_and_passes_everything_through():
 
 
 def test_step_phases_are_timed_per_method():
-    from vllm_clover.patches.hooks import method_times, time_methods
-
     class PhasedRunner(Runner):
         def _sample(self):
             return "sampled"
@@ -43,7 +41,7 @@ def test_step_phases_are_timed_per_method():
     worker = SimpleNamespace(model_runner=PhasedRunner())
     assert method_times(worker) == {}
     time_methods(worker, ("_sample", "propose_draft_token_ids"))
-    time_drafting(worker)  # the bench's timer on top: still one wrapper per method
+    time_methods(worker, (DRAFTING,))  # the bench's timer on top: still one wrapper per method
     assert worker.model_runner._sample() == "sampled"
     worker.model_runner._sample()
     worker.model_runner.propose_draft_token_ids()
@@ -52,4 +50,3 @@ def test_step_phases_are_timed_per_method():
         "_sample": 2,
         "propose_draft_token_ids": 1,
     }
-    assert drafting_time(worker) == times["propose_draft_token_ids"]

@@ -139,18 +139,18 @@ def metric_total(llm: LLM, name: str) -> float:
 
 def install_drafting_timer(llm: LLM) -> None:
     """Make `read_counters` include the time spent drafting (see the module docstring)."""
-    from vllm_clover.patches.hooks import time_drafting
+    from vllm_clover.patches.hooks import DRAFTING, time_methods
 
-    llm.collective_rpc(time_drafting)
+    llm.collective_rpc(time_methods, args=((DRAFTING,),))
 
 
 def read_counters(llm: LLM) -> Counters:
     """A snapshot of the engine's cumulative counters (drafting time and the lookup's counts
     summed over workers)."""
     from vllm_clover.hybrid.drafter import lookup_counts
-    from vllm_clover.patches.hooks import drafting_time
+    from vllm_clover.patches.hooks import DRAFTING, method_times
 
-    timers = llm.collective_rpc(drafting_time)
+    timers = [t.get(DRAFTING, (0.0, 0)) for t in llm.collective_rpc(method_times)]
     drafting = (sum(t[0] for t in timers), sum(t[1] for t in timers))
     counters = counters_from_metrics(llm.get_metrics(), drafting)
     lookup = llm.collective_rpc(lookup_counts)[0]  # the first worker's: every rank drafts alike

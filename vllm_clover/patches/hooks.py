@@ -45,16 +45,6 @@ def method_times(worker: Any) -> dict[str, tuple[float, int]]:
     return {name: (float(s), int(n)) for name, (s, n) in timers.items()}
 
 
-def time_drafting(worker: Any) -> None:
-    """Start timing every `propose_draft_token_ids` call of this worker's model runner."""
-    time_methods(worker, (DRAFTING,))
-
-
-def drafting_time(worker: Any) -> tuple[float, int]:
-    """(seconds, calls) spent drafting since `time_drafting` (0, 0 if never installed)."""
-    return method_times(worker).get(DRAFTING, (0.0, 0))
-
-
 def _timed(inner, stats: list) -> Any:
     def timed(*args: Any, **kwargs: Any) -> Any:
         started = time.perf_counter()
