@@ -10,11 +10,11 @@ one of four kinds (the patches below, the other kinds in `reliances.py`):
     hook      our tools install it on a running engine when asked (the bench's timer)
 
 Each entry names the vLLM objects ("module:qualified.name") with a fingerprint of their source
-as read from vLLM `read_from` (`fingerprint.py`), says why, and says who uses it. The ledger
-test (`tests/unit/test_patches.py`) fails when any fingerprinted object changes in the
-installed vLLM, when an entry was read from a vLLM other than the pinned one, and when the
-proposer uses a base-class method or attribute that no entry lists. Patches are applied once
-per process (vLLM runs the plugin in every process, sometimes twice) and marked.
+as read from vLLM `READ_FROM` (`entry.py`, `fingerprint.py`), says why, and says who uses it.
+The ledger test (`tests/unit/test_patches.py`) fails when any fingerprinted object changes in
+the installed vLLM, when the ledger was read from a vLLM other than the pinned one, and when
+the proposer uses a base-class method or attribute that no entry lists. Patches are applied
+once per process (vLLM runs the plugin in every process, sometimes twice) and marked.
 
 | entry               | kind     | can go when                                         |
 |---------------------|----------|-----------------------------------------------------|

@@ -33,7 +33,6 @@ class Entry:
     targets: dict[str, str]  # "module:qualified.name" -> fingerprint of its source
     attributes: tuple[str, ...] = ()  # instance attributes read or written (not methods)
     apply: Callable[[], None] | None = field(default=None, compare=False)
-    read_from: str = READ_FROM
     # A fix that changes every engine the plugin is loaded in (vanilla ones too), not only
     # those that speculate with Clover; $CLOVER_SKIP_FIXES names the ones not to apply.
     every_engine: bool = False
