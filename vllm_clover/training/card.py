@@ -49,16 +49,7 @@ distribution; see docs/training.md of vllm-clover).
 
 ## Use with vLLM 0.32 (vllm-clover plugin)
 
-```python
-LLM(
-    model="{cfg.target}",
-    speculative_config={{
-        "method": "clover",
-        "model": "<this folder>",
-        "num_speculative_tokens": {config.num_heads},
-    }},
-)
-```
+{vllm_usage(cfg.target, "clover", config.num_heads)}
 
 ## Training
 
@@ -76,6 +67,20 @@ LLM(
 {json.dumps(settings, indent=2)}
 ```
 """
+
+
+def vllm_usage(target: str, method: str, num_heads: int) -> str:
+    """A card's Python block: vLLM's `LLM` on `target` drafting with the card's folder."""
+    return f"""```python
+LLM(
+    model="{target}",
+    speculative_config={{
+        "method": "{method}",
+        "model": "<this folder>",
+        "num_speculative_tokens": {num_heads},
+    }},
+)
+```"""
 
 
 def _training_table(cfg: TrainConfig, summary: dict[str, Any]) -> str:

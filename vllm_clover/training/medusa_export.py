@@ -36,6 +36,7 @@ from vllm_clover.modeling.checkpoint import (
     read_config_json,
     stored_tensor,
 )
+from vllm_clover.training.card import vllm_usage
 from vllm_clover.training.config import ExportMedusaConfig, TrainingError
 from vllm_clover.training.flags import to_command_line
 
@@ -154,16 +155,7 @@ def medusa_model_card(source_card: str | None, command: str, target: str, num_he
 Exported with `{command}` from Medusa-configured heads trained by `vllm-clover train
 --medusa`; loads with vLLM's own Medusa proposer (no plugin code runs for it).
 
-```python
-LLM(
-    model="{target}",
-    speculative_config={{
-        "method": "medusa",
-        "model": "<this folder>",
-        "num_speculative_tokens": {num_heads},
-    }},
-)
-```
+{vllm_usage(target, "medusa", num_heads)}
 
 ## Source heads
 
