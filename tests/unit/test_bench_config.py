@@ -143,8 +143,10 @@ def test_a_tree_variant_drafts_its_nodes():
     ],
 )
 def test_bad_variants_name_the_problem(variant, message):
-    with pytest.raises(BenchError, match=message):
-        resolve_methods(["clover"], str(REFERENCE_HEADS), "", 4, [], (variant,))
+    with pytest.raises(BenchError, match=message):  # as config_from_args meets them
+        BenchConfig(
+            methods=resolve_methods(["clover"], str(REFERENCE_HEADS), "", 4, [], (variant,))
+        )
 
 
 def test_a_default_tree_needs_one_in_the_checkpoint(tmp_path):
@@ -176,7 +178,7 @@ def test_bad_methods_and_checkpoints(tmp_path):
         ({"temperatures": (-1.0,)}, "temperatures"),
         ({"max_tokens": 0}, "--max-tokens"),
         ({"methods": (CLOVER,)}, "first method must be vanilla"),
-        ({"methods": (VANILLA, CLOVER, CLOVER)}, "unique"),
+        ({"methods": (VANILLA, CLOVER, CLOVER)}, "two methods are named clover: name them"),
         ({"repeats": 0}, "--repeats must be >= 1"),
         ({"engines": ("threads",)}, "--engines must be distinct values among"),
         ({"engines": ()}, "--engines must be"),

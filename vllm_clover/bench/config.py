@@ -112,8 +112,9 @@ def validate(config: BenchConfig) -> None:
     if not config.methods or config.methods[0].kind != "vanilla":
         raise BenchError("the first method must be vanilla (the baseline of every ratio)")
     names = [m.name for m in config.methods]
-    if len(set(names)) != len(names):
-        raise BenchError(f"method names must be unique, got {names}")
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise BenchError(f"two methods are named {', '.join(repeated)}: name them apart")
     if not config.batch_sizes or min(config.batch_sizes) < 1:
         raise BenchError(f"batch sizes must be >= 1, got {list(config.batch_sizes)}")
     if not config.temperatures or min(config.temperatures) < 0:
@@ -228,11 +229,7 @@ def resolve_methods(
         name, folder = parse_named_dir(text)
         methods.append(_clover(name, folder, f"--clover {name}"))
     methods += [_variant(text, clover_heads) for text in variants]
-    names = [m.name for m in methods]
-    repeated = sorted({n for n in names if names.count(n) > 1})
-    if repeated:
-        raise BenchError(f"two methods are named {', '.join(repeated)}: name them apart")
-    return tuple(methods)
+    return tuple(methods)  # BenchConfig refuses two methods of one name
 
 
 def _clover(
