@@ -10,9 +10,7 @@ too. The draft budget prices K = 0 at what such a step costs, since every K = 0 
 
 from __future__ import annotations
 
-import functools
-
-from vllm_clover.patches.marking import CLOVER_METHOD, is_patched, mark
+from vllm_clover.patches.marking import CLOVER_METHOD, patch_attribute
 
 
 def rest_applies(vllm_config) -> bool:
@@ -37,12 +35,8 @@ def patch_block_rest() -> None:
     nothing to draft or write before the runner prepares its inputs."""
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    original = GPUModelRunner.propose_draft_token_ids
-    if is_patched(original, "block_rest"):
-        return
-
-    @functools.wraps(original)
-    def propose_draft_token_ids(self, scheduler_output, *args, **kwargs):
+    @patch_attribute(GPUModelRunner, "propose_draft_token_ids", "block_rest")
+    def propose_draft_token_ids(original, self, scheduler_output, *args, **kwargs):
         idle_step = getattr(getattr(self, "drafter", None), "idle_step", None)
         if idle_step is not None:
             drafts = idle_step(
@@ -53,5 +47,3 @@ def patch_block_rest() -> None:
             if drafts is not None:
                 return drafts
         return original(self, scheduler_output, *args, **kwargs)
-
-    GPUModelRunner.propose_draft_token_ids = mark(propose_draft_token_ids, "block_rest")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 
-from vllm_clover.patches.marking import is_patched, mark
+from vllm_clover.patches.marking import is_patched, mark, patch_attribute
 
 
 # --------------------------------------------------------------------------- cpu_float_expand
@@ -40,21 +40,15 @@ def patch_cpu_float_expand() -> None:
     import torch
     from vllm.utils import cpu_triton_utils
 
-    original = cpu_triton_utils._expand_kernel_impl
-    if is_patched(original, "cpu_float_expand"):
-        return
-
-    @functools.wraps(original)
+    @patch_attribute(cpu_triton_utils, "_expand_kernel_impl", "cpu_float_expand")
     def _expand_kernel_impl(
-        output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None
+        original, output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None
     ) -> None:
         if output.dtype == torch.int64 and input_val.dtype == torch.int64:
             return original(
                 output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS
             )
         return _torch_expand(output, input_val, cu_num_tokens, replace_from, replace_to)
-
-    cpu_triton_utils._expand_kernel_impl = mark(_expand_kernel_impl, "cpu_float_expand")
 
 
 # --------------------------------------------------------------------------- medusa_token_map
@@ -68,18 +62,12 @@ def patch_medusa_token_map() -> None:
     """
     from vllm.model_executor.models.medusa import Medusa
 
-    original = Medusa.load_weights
-    if is_patched(original, "medusa_token_map"):
-        return
-
-    @functools.wraps(original)
-    def load_weights(self, weights) -> set[str]:
+    @patch_attribute(Medusa, "load_weights", "medusa_token_map")
+    def load_weights(original, self, weights) -> set[str]:
         loaded = original(self, weights)
         if getattr(self, "token_map", None) is not None:
             loaded.add("token_map")
         return loaded
-
-    Medusa.load_weights = mark(load_weights, "medusa_token_map")
 
 
 # --------------------------------------------------------------------------- http_shutdown_grace
@@ -128,12 +116,8 @@ def patch_zero_draft_sampling() -> None:
     """
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    original = GPUModelRunner._sample
-    if is_patched(original, "zero_draft_sampling"):
-        return
-
-    @functools.wraps(original)
-    def _sample(self, logits, spec_decode_metadata):
+    @patch_attribute(GPUModelRunner, "_sample", "zero_draft_sampling")
+    def _sample(original, self, logits, spec_decode_metadata):
         if (
             spec_decode_metadata is not None
             and not self.use_async_scheduling
@@ -141,8 +125,6 @@ def patch_zero_draft_sampling() -> None:
         ):
             spec_decode_metadata = None  # the plain sampler, as without speculation
         return original(self, logits, spec_decode_metadata)
-
-    GPUModelRunner._sample = mark(_sample, "zero_draft_sampling")
 
 
 def bonus_tokens_only(spec_decode_metadata, sampling_metadata) -> bool:
@@ -174,12 +156,9 @@ def patch_cpu_recovered_tokens() -> None:
 
     from vllm_clover.modeling.draft_sampling import residual_tokens
 
-    original = rejection_sampler.sample_recovered_tokens
-    if is_patched(original, "cpu_recovered_tokens"):
-        return
-
-    @functools.wraps(original)
+    @patch_attribute(rejection_sampler, "sample_recovered_tokens", "cpu_recovered_tokens")
     def sample_recovered_tokens(
+        _original,  # its noise is what this patch replaces
         max_spec_len,
         num_draft_tokens,
         cu_num_draft_tokens,
@@ -195,10 +174,6 @@ def patch_cpu_recovered_tokens() -> None:
             target_probs, draft_probs, draft_token_ids, num_draft_tokens, generators
         )
 
-    rejection_sampler.sample_recovered_tokens = mark(
-        sample_recovered_tokens, "cpu_recovered_tokens"
-    )
-
 
 # --------------------------------------------------------------------------- cpu_bf16_gemm
 def patch_cpu_bf16_gemm() -> None:
@@ -212,13 +187,7 @@ def patch_cpu_bf16_gemm() -> None:
 
     from vllm_clover.cpu.gemm import dispatch_bf16
 
-    original = utils.dispatch_cpu_unquantized_gemm
-    if is_patched(original, "cpu_bf16_gemm"):
-        return
-
-    @functools.wraps(original)
-    def dispatch_cpu_unquantized_gemm(layer, remove_weight: bool) -> None:
+    @patch_attribute(utils, "dispatch_cpu_unquantized_gemm", "cpu_bf16_gemm")
+    def dispatch_cpu_unquantized_gemm(original, layer, remove_weight: bool) -> None:
         if not dispatch_bf16(layer):  # keeps the weight, as vLLM's own fallback does
             original(layer, remove_weight)
-
-    utils.dispatch_cpu_unquantized_gemm = mark(dispatch_cpu_unquantized_gemm, "cpu_bf16_gemm")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from typing import Any
 
 CLOVER_METHOD = "clover"
 MARKER = "__vllm_clover_patch__"
@@ -23,3 +25,27 @@ def is_patched(obj: object, name: str) -> bool:
             return True
         obj = getattr(obj, "__wrapped__", None)
     return False
+
+
+def patch_attribute(owner: object, attribute: str, name: str) -> Callable[[Callable], Callable]:
+    """Decorator of a patch's wrapper, called as `wrapper(original, *args, **kwargs)`: puts it
+    in place of `owner.attribute` unless the patch `name` is in already. The replacement
+    looks through to the original (functools.wraps: `__wrapped__`, which fingerprints and
+    `is_patched` follow) and carries the mark `name`. Example::
+
+        @patch_attribute(Medusa, "load_weights", "medusa_token_map")
+        def load_weights(original, self, weights): ...
+    """
+
+    def install(wrapper: Callable) -> Callable:
+        original = getattr(owner, attribute)
+        if not is_patched(original, name):
+
+            @functools.wraps(original)
+            def patched(*args: Any, **kwargs: Any) -> Any:
+                return wrapper(original, *args, **kwargs)
+
+            setattr(owner, attribute, mark(patched, name))
+        return wrapper
+
+    return install

@@ -16,7 +16,7 @@ from typing import Literal
 from vllm.logger import init_logger
 
 from vllm_clover.patches.channel import RunnerChannel, attach
-from vllm_clover.patches.marking import CLOVER_METHOD, is_patched, mark
+from vllm_clover.patches.marking import CLOVER_METHOD, is_patched, mark, patch_attribute
 
 logger = init_logger("vllm.clover.patches")
 
@@ -232,15 +232,9 @@ def patch_use_eagle() -> None:
     """`use_eagle()` drives the draft KV cache, lookahead slots and the EAGLE code path."""
     from vllm.config.speculative import SpeculativeConfig
 
-    original = SpeculativeConfig.use_eagle
-    if is_patched(original, "use_eagle"):
-        return
-
-    @functools.wraps(original)
-    def use_eagle(self) -> bool:
+    @patch_attribute(SpeculativeConfig, "use_eagle", "use_eagle")
+    def use_eagle(original, self) -> bool:
         return self.method == CLOVER_METHOD or original(self)
-
-    SpeculativeConfig.use_eagle = mark(use_eagle, "use_eagle")
 
 
 # --------------------------------------------------------------------------- runner_drafter
@@ -251,12 +245,8 @@ def patch_runner_drafter() -> None:
     """
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    original = GPUModelRunner.__init__
-    if is_patched(original, "runner_drafter"):
-        return
-
-    @functools.wraps(original)
-    def __init__(self, vllm_config, device, *args, **kwargs) -> None:
+    @patch_attribute(GPUModelRunner, "__init__", "runner_drafter")
+    def __init__(original, self, vllm_config, device, *args, **kwargs) -> None:
         original(self, vllm_config, device, *args, **kwargs)
         spec = vllm_config.speculative_config
         if spec is not None and spec.method == CLOVER_METHOD and hasattr(self, "drafter"):
@@ -270,8 +260,6 @@ def patch_runner_drafter() -> None:
                 "Clover: drafting with CloverProposer on the V1 model runner (%s)",
                 type(self).__name__,
             )
-
-    GPUModelRunner.__init__ = mark(__init__, "runner_drafter")
 
 
 def request_target_layers(runner, config) -> None:
@@ -295,14 +283,10 @@ def patch_target_signal() -> None:
     """
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    original = GPUModelRunner.propose_draft_token_ids
-    if is_patched(original, "target_signal"):
-        return
+    signature = inspect.signature(GPUModelRunner.propose_draft_token_ids)
 
-    signature = inspect.signature(original)
-
-    @functools.wraps(original)
-    def propose_draft_token_ids(self, *args, **kwargs):
+    @patch_attribute(GPUModelRunner, "propose_draft_token_ids", "target_signal")
+    def propose_draft_token_ids(original, self, *args, **kwargs):
         if not getattr(getattr(self, "drafter", None), "reads_target_layers", False):
             return original(self, *args, **kwargs)  # every other drafter: untouched, no binding
         bound = signature.bind(self, *args, **kwargs)
@@ -311,28 +295,18 @@ def patch_target_signal() -> None:
             bound.arguments["aux_hidden_states"] = [bound.arguments["hidden_states"], *aux]
         return original(*bound.args, **bound.kwargs)
 
-    GPUModelRunner.propose_draft_token_ids = mark(propose_draft_token_ids, "target_signal")
-
 
 # --------------------------------------------------------------------------- v1_runner_only
 def patch_v1_runner_only() -> None:
     """List Clover as unsupported by the V2 runner, as vLLM does for medusa/custom_class."""
     from vllm.config.vllm import VllmConfig
 
-    original = VllmConfig._get_v2_model_runner_unsupported_features
-    if is_patched(original, "v1_runner_only"):
-        return
-
-    @functools.wraps(original)
-    def unsupported_features(self) -> list[str]:
+    @patch_attribute(VllmConfig, "_get_v2_model_runner_unsupported_features", "v1_runner_only")
+    def unsupported_features(original, self) -> list[str]:
         features = original(self)
         if self.speculative_config is not None and self.speculative_config.method == CLOVER_METHOD:
             features.append(f"speculative method '{CLOVER_METHOD}'")
         return features
-
-    VllmConfig._get_v2_model_runner_unsupported_features = mark(
-        unsupported_features, "v1_runner_only"
-    )
 
 
 # --------------------------------------------------------------------------- async_scheduling
@@ -367,12 +341,8 @@ def patch_draft_lengths() -> None:
     """
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    original = GPUModelRunner.take_draft_token_ids
-    if is_patched(original, "draft_lengths"):
-        return
-
-    @functools.wraps(original)
-    def take_draft_token_ids(self):
+    @patch_attribute(GPUModelRunner, "take_draft_token_ids", "draft_lengths")
+    def take_draft_token_ids(original, self):
         drafts = original(self)
         drafter = getattr(self, "drafter", None)
         if drafts is not None and getattr(drafter, "stops_early", False):
@@ -380,5 +350,3 @@ def patch_draft_lengths() -> None:
                 if -1 in row:
                     del row[row.index(-1) :]
         return drafts
-
-    GPUModelRunner.take_draft_token_ids = mark(take_draft_token_ids, "draft_lengths")

