@@ -23,7 +23,7 @@ from typing import Any
 from vllm_clover.assets.data import fetch_mtbench, fetch_sharegpt
 from vllm_clover.assets.target import REFERENCE_TARGET, fetch_reference_target
 from vllm_clover.assets.wheels import AssetError
-from vllm_clover.bench.arguments import add_arguments as add_bench_arguments
+from vllm_clover.bench.arguments import BenchFlags
 from vllm_clover.bench.config import BenchError
 from vllm_clover.bench.tree_search import TreeSearchConfig, search_tree
 from vllm_clover.demo import DemoConfig, run_demo
@@ -132,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="vanilla, ngram, Medusa and Clover through vLLM "
         "on the same prompts: throughput, tau, acceptance, equality",
     )
-    add_bench_arguments(bench)
+    add_arguments(bench, BenchFlags)
     for name, (config, text, _) in COMMANDS.items():
         add_arguments(commands.add_parser(name, help=text, description=text), config)
     return parser
