@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from vllm_clover.assets.cache import cache_root
+from vllm_clover.assets.cache import CACHE_HELP, cache_root
 from vllm_clover.assets.data import fetch_mtbench, mtbench_questions
 from vllm_clover.assets.target import fetch_reference_target
 from vllm_clover.bench.config import BenchError
@@ -117,7 +117,7 @@ class DemoConfig:
     max_tokens: int = opt(128, "new tokens per prompt")
     batch_size: int = opt(1, "vLLM max_num_seqs")
     heads: str | None = opt(None, "Clover checkpoint (default: the bundled Clover-2 heads)")
-    cache_dir: str | None = opt(None, "asset cache (default: $CLOVER_CACHE_DIR or ~/.cache)")
+    cache_dir: str | None = opt(None, CACHE_HELP)
     verbose: bool = opt(False, "show vLLM's own output here (default: in <cache>/logs/demo.log)")
     dtype: str = opt(
         "auto",

@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 CACHE_ENV = "CLOVER_CACHE_DIR"
+CACHE_HELP = "asset cache (default: $CLOVER_CACHE_DIR, else ~/.cache/vllm-clover)"
 
 
 def cache_root(override: str | os.PathLike | None = None) -> Path:

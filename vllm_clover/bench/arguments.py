@@ -10,6 +10,7 @@ import argparse
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from vllm_clover.assets.cache import CACHE_HELP
 from vllm_clover.bench.config import (
     DEFAULT_METHODS,
     DTYPES,
@@ -119,7 +120,7 @@ class BenchFlags:
         "table tells rounding ties (bfloat16) from partings beyond rounding (a bug: the "
         "bench then fails)",
     )
-    cache_dir: str | None = opt(None, "asset cache (default: $CLOVER_CACHE_DIR or ~/.cache)")
+    cache_dir: str | None = opt(None, CACHE_HELP)
 
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
