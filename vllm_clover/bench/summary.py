@@ -15,8 +15,17 @@ from typing import Any
 
 MEDIANS = ("tokens_per_second", "ratio_to_vanilla", "seconds_per_step")
 OPTIONAL_MEDIANS = ("tau", "drafting_overhead", "drafting_share", "step_time_ratio")
-SUMS = ("num_prompts", "output_tokens", "drafts", "draft_tokens", "accepted", "steps")
-SUMS += ("lookup_verified", "lookup_accepted", "lookup_only_steps")  # 0 without "lookup"
+SUMS = (
+    "num_prompts",
+    "output_tokens",
+    "drafts",
+    "draft_tokens",
+    "accepted",
+    "steps",
+    "lookup_verified",  # the lookup's counts: 0 without "lookup"
+    "lookup_accepted",
+    "lookup_only_steps",
+)
 PARTING_SUMS = ("tie_prompts", "unknown_partings", "beyond_rounding")  # after the tie check
 
 
