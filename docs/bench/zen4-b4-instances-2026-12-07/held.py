@@ -1,5 +1,6 @@
 """One engine held for many timed runs, so that methods alternate run by run without a
-fresh start each time. usage: python held.py TAG MODE BATCH CHATS DIR
+fresh start each time. usage: python held.py TAG MODE BATCH CHATS DIR (TAG: vanilla...,
+floor... (K = 0 at every step) or any other name: the default)
 Waits for DIR/go-TAG-N (N = 0, 1, ...), runs the timed chat, appends a JSON line to
 DIR/TAG.jsonl, then writes DIR/done-TAG-N; DIR/stop ends it."""
 
@@ -31,6 +32,11 @@ def main() -> None:
     from vllm_clover.bundled import CLOVER2_HEADS
 
     spec = {"method": "clover", "model": str(CLOVER2_HEADS), "num_speculative_tokens": 4}
+    if tag.startswith("floor"):  # K = 0 at every step: a speculating engine that only rests
+        spec |= {
+            "draft_budget": "fixed",
+            "num_speculative_tokens_per_batch_size": [[1, 1 << 20, 0]],
+        }
     spec = None if tag.startswith("vanilla") else spec
     chats = take_prompts(load_prompts(), num_chats)
     greedy = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
