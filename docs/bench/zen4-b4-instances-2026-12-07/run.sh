@@ -3,7 +3,7 @@
 # usage: run.sh OLD NEW OUT.jsonl MODE BATCH CHATS ROUNDS
 old=$1 new=$2 out=$3 mode=$4 b=$5 chats=$6 rounds=$7
 here=$(cd "$(dirname "$0")" && pwd)
-orders=(${ORDERS:-"vanilla old new" "new vanilla old" "old new vanilla"})
+orders=("vanilla old new" "new vanilla old" "old new vanilla")
 for r in $(seq 1 "$rounds"); do
   for t in ${orders[$(( (r - 1) % 3 ))]}; do
     tree=$new; [ "$t" = old ] && tree=$old

@@ -1,7 +1,9 @@
 """Does backing the target's weights with 2 MB pages speed a decode-sized forward?
 All 2-D weights of the reference target packed into one flat bfloat16 buffer per copy;
 copy A madvised MADV_HUGEPAGE then MADV_COLLAPSE, copy B MADV_NOHUGEPAGE; the linears of
-the whole model (M rows each, the LM head included) timed on A and B alternately.
+the whole model (M rows each, the LM head included) timed on A and B alternately. (Here the
+collapse of the still empty region fails with EINVAL, printed; A's pages come in as 2 MiB
+pages when the weights are copied, as the AnonHugePages line shows.)
 usage: python thp.py MODEL.safetensors [M ...]"""
 
 import ctypes
