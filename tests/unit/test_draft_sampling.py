@@ -14,6 +14,7 @@ pytestmark = pytest.mark.unit
 
 
 def test_docstring_example_greedy_row_one_hot_and_scatter_to_the_target_vocabulary():
+    """The worked example of docs/design/network.md, "Drafts drawn at T > 0"."""
     logits = torch.tensor([[0.0, 0.0, math.log(2)], [3.0, 1.0, 0.0]])
     sampler = DraftSampler(torch.tensor([1.0, 0.0]))
     picked = sampler.pick(logits)
@@ -89,8 +90,9 @@ def test_a_confidence_stop_still_cuts_drawn_chains():
 
 
 def test_residual_tokens_follow_the_docstring_example_and_skip_refused_drafts():
-    """p = [0.5, 0.3, 0.2] with greedy draft 0: draws from [0, 0.6, 0.4]; a -1 draft (one a
-    grammar refused) zeroes nothing. Chi-square fit of 4,000 draws, with its power control."""
+    """The residual's example in docs/design/network.md, "Drafts drawn at T > 0": p = [0.5, 0.3,
+    0.2] with greedy draft 0 draws from [0, 0.6, 0.4]; a -1 draft (one a grammar refused) zeroes
+    nothing. Chi-square fit of 4,000 draws, with its power control."""
     torch.manual_seed(0)
     n = 4000
     p = torch.tensor([0.5, 0.3, 0.2]).expand(n, -1).contiguous()

@@ -42,6 +42,7 @@ def test_attach_checks_shapes_and_shares_the_tensors() -> None:
 
 
 def test_draft_vocabulary_mapping_worked_example() -> None:
+    """The worked example of docs/design/network.md, "tables.py"."""
     tables = TargetTables(tiny_config(vocab_size=10, draft_vocab_size=3))
     tables.set_draft_vocab(torch.tensor([2, 5, 9]))
     assert tables.draft_to_target(torch.tensor([0, 2, 1])).tolist() == [2, 9, 5]

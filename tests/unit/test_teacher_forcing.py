@@ -11,6 +11,7 @@ pytestmark = pytest.mark.unit
 
 
 def test_shift_tokens_for_heads_worked_example() -> None:
+    """The worked example of docs/design/network.md, "Teacher forcing: teacher_forcing.py"."""
     ids = torch.tensor([[10, 11, 12, 13, 14, 15]])
     out = shift_tokens_for_heads(ids, 2, pad_id=-1)
     assert out.input_ids[0].T.tolist() == [[11, 12, 13, 14, 15, -1], [12, 13, 14, 15, -1, -1]]

@@ -1,16 +1,9 @@
 """What the EAGLE-3 drafter is trained and judged against: the target's own distribution.
 
-Step k at position t guesses x_{t+2+k}; the target's distribution for that token is
-``softmax(W_lm[draft] @ H_{t+1+k})`` over the draft vocabulary (H: the cached last hidden
-state, the first D columns of the signal), as the Clover heads' soft labels are
-(``training/loss.py``). A position is graded for step k where x_{t+2+k} exists and is an
-assistant token. Loss: ``sum_k decay^k CE_k / n_k``, CE the soft-label cross-entropy (the
-forward KL up to the label's entropy), n_k step k's graded positions.
-
-A greedy chain at t is accepted up to its first step whose argmax is not the target's
-(full-vocabulary) argmax; teacher forcing feeds the true tokens, which along an accepted
-chain are the drafts themselves, so ``tau = 1 + E[accepted]`` is what vLLM would count at
-T = 0 with K = ttt_steps. Example: step hits (1, 1, 0) at t -> 2 accepted there.
+Step k at t guesses x_{t+2+k}, graded against softmax(W_lm[draft] @ H_{t+1+k}) where x_{t+2+k}
+is an assistant token; loss ``sum_k decay^k CE_k / n_k``. ``tau = 1 + E[accepted]`` of the
+teacher-forced greedy chains is what vLLM would count at T = 0 with K = ttt_steps.
+How it works: docs/design/network.md, "The EAGLE-3 loss and its figures: eagle3/loss.py".
 """
 
 from __future__ import annotations
@@ -62,7 +55,7 @@ class StepStats(HeadStats):
 def eagle3_loss(
     drafter: Eagle3Drafter, batch: Batch, decay: float
 ) -> tuple[torch.Tensor, StepStats]:
-    """The batch's loss (to backward) and its stats (module docstring)."""
+    """The batch's loss (to backward) and its stats (see the module docstring)."""
     d, steps = drafter.config.hidden_size, drafter.config.ttt_steps
     valid = graded_positions(batch, steps)[1]  # (B, T, K): x_{t+2+k} exists, an assistant's
     states = drafter.unrolled(batch.hidden[..., d:], batch.input_ids, batch.attention_mask)

@@ -1,20 +1,10 @@
 """The EAGLE-3 drafter in pure PyTorch, as vLLM's ``llama_eagle3.py`` computes it, with the
 training-time test (TTT) unrolled over a whole sequence at once.
 
-One draft step at position t reads the token after t, e = embed(x_{t+1}), and a hidden state
-g: at step 0 the fused target layers, g = fc([L_a | L_b | L_c]_t); at step k > 0 the
-pre-norm output s of step k - 1 at the same t. With norms n_*::
-
-    x = [n_in(e) ; n_hid(g)]                     (2D)   the layer's input
-    a = o(attn(q(x), k(x), v(x)))                        keys: step 0's at positions <= t,
-                                                         and steps 1..k's at t (their own)
-    r = g + a,  s = r + mlp(n_post(r))           (D)    pre-norm output, the next step's g
-    logits = lm_head(n(s))                       (N)    over the draft vocabulary
-
-Step k at t guesses x_{t+2+k}, at RoPE position t + k. At inference step k's keys are those
-of the drafts before it, which is why training lets step k see steps 1..k at t only
-(arXiv 2503.01840, "training-time test"). Example, T = 3, k = 1: the query at t = 2 attends
-to step 0's keys at 0, 1, 2 and to step 1's key at 2.
+Step k at position t reads embed(x_{t+1}) and g (step 0: the fused target layers; later: the
+previous step's output at t), and guesses x_{t+2+k}; it attends to step 0's keys at positions
+<= t and to steps 1..k's at t only, as at inference. How it works, with an example:
+docs/design/network.md, "The EAGLE-3 drafter: eagle3/network.py".
 """
 
 from __future__ import annotations

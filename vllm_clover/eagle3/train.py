@@ -3,10 +3,7 @@ teacher signal as the Clover heads, saved in the speculators format vLLM loads.
 
     train_eagle3(Eagle3TrainConfig(target="smollm2-135m-instruct", out="eagle3", max_samples=300))
 
-Flow: ``training.pipeline.prepare`` (target, tokenised data, the cached signal
-[H | L_a | L_b | L_c]) -> a drafter whose LM head is the target's draft-vocabulary rows (frozen,
-as speculators trains it) -> AdamW, warmup + cosine over the same step plan as `train` ->
-held-out figures -> the folder. One process (no DDP).
+One process (no DDP). The flow: docs/design/network.md, "Training the drafter: eagle3/train.py".
 """
 
 from __future__ import annotations

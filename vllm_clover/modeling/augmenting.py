@@ -1,16 +1,8 @@
 """The Augmenting Block: decoder layer(s) and a norm over the target's hidden states.
 
-Written from scratch (nanoGPT/gpt-fast style), with parameter names that match
-vLLM's ``LlamaDecoderLayer`` so the vLLM wrapper can load the same weights:
-
-    layers.{j}.input_layernorm.weight            (D,)
-    layers.{j}.self_attn.{q,k,v,o}_proj.weight   (H*hd, D) / (KV*hd, D) / (D, H*hd)
-    layers.{j}.post_attention_layernorm.weight   (D,)
-    layers.{j}.mlp.{gate,up,down}_proj.weight    (I, D) / (I, D) / (D, I)
-    norm.weight                                  (D,)
-
-Training uses causal SDPA over a whole (right-padded) sequence; there is no KV
-cache here (vLLM runs its own paged cache in the wrapper).
+Parameter names match vLLM's ``LlamaDecoderLayer``, so the vLLM wrapper loads the same weights.
+Training runs causal SDPA over a whole right-padded sequence; no KV cache here.
+How it works: docs/design/network.md, "The Augmenting Block: augmenting.py".
 """
 
 from __future__ import annotations
@@ -49,11 +41,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def rope_cos_sin(
     positions: torch.Tensor, head_dim: int, theta: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin tables for neox-style RoPE (the half-split layout used by Llama).
-
-    positions: (B, T) int. Returns cos, sin: (B, T, head_dim) float32, where
-    column c and c + head_dim/2 share the frequency theta^(-2c/head_dim).
-    """
+    """cos/sin tables for neox-style (half-split, Llama) RoPE: positions (B, T) int ->
+    cos, sin (B, T, head_dim) float32; columns c and c + head_dim/2 share one frequency."""
     exponents = torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32)
     inv_freq = theta ** (-exponents / head_dim)  # (hd/2,)
     freqs = positions.float().unsqueeze(-1) * inv_freq  # (B, T, hd/2)
@@ -62,10 +51,8 @@ def rope_cos_sin(
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs (x[c], x[c + hd/2]) by the position angle.
-
-    x: (B, nH, T, hd); cos, sin: (B, T, hd). Returns (B, nH, T, hd) in x's dtype.
-    """
+    """Rotate pairs (x[c], x[c + hd/2]) by the position angle: x (B, nH, T, hd), cos, sin
+    (B, T, hd) -> (B, nH, T, hd) in x's dtype."""
     x1, x2 = x.float().chunk(2, dim=-1)
     rotated = torch.cat((-x2, x1), dim=-1)  # rotate_half(x)
     out = x.float() * cos.unsqueeze(1) + rotated * sin.unsqueeze(1)
@@ -137,10 +124,8 @@ class DecoderLayer(nn.Module):
 class AugmentingBlock(nn.Module):
     """h0 = norm(layer_L(... layer_1(H))) at every position: the Augmenting Block.
 
-    Initialise it as a copy of the target's last L decoder layers and final norm
-    (``init_from_target``), so that at step 0 it reproduces the target's own last layers.
-    State-dict names are the checkpoint's: ``layers.{j}.*`` and ``norm.weight``.
-    """
+    ``init_from_target`` makes it a copy of the target's last L layers and final norm. State-dict
+    names are the checkpoint's: ``layers.{j}.*`` and ``norm.weight``."""
 
     def __init__(self, config: CloverConfig) -> None:
         super().__init__()
@@ -166,12 +151,9 @@ class AugmentingBlock(nn.Module):
     ) -> None:
         """Copy the target's last decoder layer(s) and final norm into this block.
 
-        ``layer_states[j]`` initialises ``layers.{j}`` (pass the target's last L layers in
-        order, e.g. from ``select_last_layers``); a single mapping is accepted when L == 1.
-        Keys may carry any prefix ('model.layers.31.'), and fused projections (Phi-3's
-        qkv_proj, gate_up_proj) are split (``target_layers.layer_weights``). Raises ValueError
-        on a missing key or a shape mismatch; values are cast to the parameter dtype.
-        """
+        ``layer_states[j]`` initialises ``layers.{j}`` (the last L layers in order, e.g. from
+        ``select_last_layers``; one mapping when L == 1); keys may carry any prefix. ValueError
+        on a missing key or a shape mismatch; values are cast to the parameter dtype."""
         if isinstance(layer_states, Mapping):
             layer_states = [layer_states]
         if len(layer_states) != len(self.layers):

@@ -1,28 +1,9 @@
 """What surrounds the Augmenting Block: the next-token fusion before it, the gate after it.
 
-The block itself is decoder layers over a sequence (``AugmentingBlock`` in training, vLLM's
-paged layers in serving); this module owns the two optional, position-wise pieces around
-it, shared by both::
-
-    x  = H_t                                   (the paper's Clover)
-    x  = H_t + cos(q, k) * v,  k, v from emb(x_{t+1})
-                                               fuse_next_token (Clover-2): one attention-
-                                               decoder step reads the next token before the
-                                               block, as EAGLE feeds (H_t, x_{t+1}) to its layer
-    y  = block(x)
-    h0 = y                                     (no gate)
-    h0 = x + g * (y - x),  g (D,) = 0 at init  augmenting_gate: training starts from h0 = x
-
-Worked example of the token each position reads, prompt x0 x1 x2 and t0 = x3 just sampled::
-
-    position t       0    1    2
-    H_t              H0   H1   H2
-    next token       x1   x2   x3 (= t0)
-
-In vLLM these are EAGLE's shifted ``input_ids``, which the draft model's forward receives.
-
-Checkpoint names (docs/checkpoint-format.md): ``fuse.{norm,q_proj,k_proj,v_proj}.weight``
-and ``gate``.
+Both optional and position-wise, shared by training and serving: ``fuse_next_token`` (Clover-2)
+fuses H_t with emb(x_{t+1}) by one attention-decoder step before the block, as EAGLE feeds
+(H_t, x_{t+1}) to its layer; ``augmenting_gate`` makes h0 = x + g * (y - x), g = 0 at init.
+How it works: docs/design/network.md, "Around the block: block_adapter.py".
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """The Clover checkpoint folder: save, read and validate, load; the target LM-head fingerprint.
 
-A checkpoint is a Hugging Face-style folder (see docs/checkpoint-format.md)::
-
-    config.json          CloverConfig (model_type "clover"), incl. target identity
-    model.safetensors    trainable weights + draft_vocab_ids; never the target LM head
-    README.md            optional model card
-
-Folders are written to a temporary sibling and renamed into place, so a folder
-named ``out_dir`` is always complete.
+A Hugging Face-style folder (config.json, model.safetensors, README.md), written to a temporary
+sibling and renamed into place, so a folder named ``out_dir`` is always complete. Layout, names
+and checks: docs/checkpoint-format.md.
 """
 
 from __future__ import annotations
@@ -41,17 +36,11 @@ class CloverCheckpointError(ValueError):
 
 # ---------------------------------------------------------------------- fingerprint
 def lm_head_fingerprint(weight: torch.Tensor, num_rows: int = 64) -> str:
-    """Cheap, dtype-robust fingerprint of a target LM head weight (V, D).
+    """Cheap, dtype-robust fingerprint of a target LM head weight (V, D): "v1:{V}x{D}:{hex}".
 
-    Recipe (version "v1"): take ``num_rows`` rows at a fixed stride
-    (rows 0, s, 2s, ... with s = max(1, V // num_rows)), cast to float32, round to
-    bfloat16 precision (round-to-nearest-even), flush |x| < 2**-14 to +0.0 (fp16's
-    smallest normal; also turns -0.0 into +0.0), and sha256 the float32 bytes
-    together with the shape. The same weights therefore give the same string
-    whether held in float32, bfloat16 or (for bf16-representable weights, i.e. any
-    bf16 checkpoint) float16, on any device. Example: ``"v1:32000x4096:3fa1...``.
-    Pass the unpadded (V, D) weight (slice off vLLM's vocab padding first).
-    """
+    The same weights give the same string in float32, bfloat16 or (any bf16 checkpoint) float16,
+    on any device. Pass the unpadded weight (slice off vLLM's vocab padding first). The recipe:
+    docs/checkpoint-format.md, "LM-head fingerprint"."""
     if weight.dim() != 2:
         raise ValueError(
             f"lm_head weight must be 2-D (vocab, hidden), got shape {tuple(weight.shape)}"
@@ -79,12 +68,9 @@ def save_clover(
 ) -> Path:
     """Write ``config.json`` + ``model.safetensors`` (+ ``README.md``) atomically to out_dir.
 
-    ``config`` must describe the same architecture as ``model`` (checked by weight
-    names/shapes). If the model has an attached LM head, its fingerprint is recorded
-    (and must equal a fingerprint already set in ``config``). ``dtype``: store the float
-    weights in it (e.g. bfloat16: half the size; loading casts to the serving dtype).
-    Returns the folder path.
-    """
+    ``config`` must describe the same architecture as ``model``. An attached LM head's
+    fingerprint is recorded (it must equal one already set in ``config``). ``dtype``: store
+    the float weights in it (e.g. bfloat16). Returns the folder path."""
     config = copy.deepcopy(config)
     check_same_architecture(model, config)
     if model.tables.lm_head_weight is not None:
@@ -143,13 +129,10 @@ def _expected_shapes(config: CloverConfig) -> dict[str, tuple[int, ...]]:
 
 # ---------------------------------------------------------------------- load
 def read_config_json(path: str | os.PathLike, model_type: str | None = "clover") -> dict:
-    """``path/config.json`` of a checkpoint folder as a dict, if its model_type matches
-    (any model_type with None).
-
-    The one reader of checkpoint configs (Clover's, and the Medusa folders the bench runs);
+    """``path/config.json`` of a checkpoint folder as a dict, if its model_type matches (any
+    with None): the one reader of checkpoint configs (Clover's, the bench's Medusa folders).
     CloverCheckpointError names the problem: no folder, no or unreadable config.json, or a
-    checkpoint of another kind.
-    """
+    checkpoint of another kind."""
     folder = Path(path)
     config_file = folder / CONFIG_NAME
     if not folder.is_dir():
@@ -203,12 +186,10 @@ def load_clover(
 ) -> CloverModel:
     """Load a Clover checkpoint for the target whose LM head weight (V, D) is given.
 
-    Validates the folder, the weights file, names and shapes, and that the target
-    fits (hidden size, vocab size, LM-head fingerprint); every failure raises
-    CloverCheckpointError naming the problem and the path. ``dtype`` defaults to the
-    stored dtype, ``device`` to the LM head's device. A differing ``target_name``
-    only warns (names and local paths of one model differ; the fingerprint decides).
-    """
+    Validates the folder, weights, names, shapes and the target's fit (hidden size, vocab,
+    LM-head fingerprint): CloverCheckpointError naming the problem and the path. ``dtype``
+    defaults to the stored dtype, ``device`` to the LM head's; a differing ``target_name``
+    only warns (the fingerprint decides)."""
     config = load_clover_config(path)
     check_target_fits(config, path, lm_head_weight, target_name)
     state = _read_weights(Path(path) / WEIGHTS_NAME)
@@ -231,9 +212,8 @@ def load_clover(
 def validate_checkpoint(path: str | os.PathLike) -> CloverConfig:
     """Check a checkpoint folder on its own (config, weights file, names, shapes); no target.
 
-    Returns its config; CloverCheckpointError naming the problem otherwise. Used by the
-    vLLM layer at start-up, before any worker (and any target weight) exists.
-    """
+    Returns its config; CloverCheckpointError naming the problem otherwise. The vLLM layer
+    calls it at start-up, before any worker (and any target weight) exists."""
     return read_clover(path)[0]
 
 

@@ -1,25 +1,9 @@
 """The whole Clover network for training and offline use, and its checkpoint weight names.
 
-``CloverModel`` composes the three parts, each owning one thing::
-
-    fusion      LayerFusion       H and the target's middle layers -> x, the input in H's
-                                  place; None without ``target_layers``
-    adapter     BlockAdapter      the block's input (H, or H fused with the next token)
-                                  and its gated output
-    augmenting  AugmentingBlock   x (B, T, D) -> y (B, T, D); None when the block is off
-    heads       HeadLoop          h0, previous tokens -> head features z, drafts
-    tables      TargetTables      the target's LM head / embedding, the draft vocabulary
-
-vLLM's draft model (``core/model.py``) composes vLLM layers for the block with the
-same ``HeadLoop`` and a ``TargetTables`` (or its tensor-parallel variant).
-
-The checkpoint stores the parts' tensors under flat names (docs/checkpoint-format.md):
-``layers.{j}.*`` and ``norm.weight`` are the Augmenting Block's, ``fuse.*`` and ``gate`` the
-adapter's, ``layer_fusion.*`` the fusion's (stored with its prefix), ``draft_vocab_ids`` the
-tables', everything else (``decoder.*``, ``blocks.{i}.*``,
-``regressive_proj.weight``, ``step_embed.weight``) the head loop's. Example:
-``heads.blocks.0.layers.0.weight`` in ``CloverModel.state_dict()`` is
-``blocks.0.layers.0.weight`` in the file.
+``CloverModel`` composes LayerFusion, BlockAdapter, AugmentingBlock, HeadLoop and TargetTables,
+each owning one thing; vLLM's draft model (``core/model.py``) uses the same HeadLoop and tables.
+The file stores the parts' tensors under flat names (docs/checkpoint-format.md, "Weights").
+How it works: docs/design/network.md, "How the parts fit: clover.py".
 """
 
 from __future__ import annotations
@@ -52,7 +36,7 @@ class CheckpointParts(NamedTuple):
 
 
 def split_checkpoint_state(state: dict[str, torch.Tensor]) -> CheckpointParts:
-    """Flat checkpoint names -> the tensors of each part (see the module docstring)."""
+    """Flat checkpoint names -> the tensors of each part (docs/checkpoint-format.md)."""
     parts = CheckpointParts({}, {}, {}, {}, {})
     for name, tensor in state.items():
         if name.startswith(FUSION_PREFIX):
@@ -71,10 +55,8 @@ def split_checkpoint_state(state: dict[str, torch.Tensor]) -> CheckpointParts:
 class CloverModel(nn.Module):
     """Augmenting Block + head loop + target tables (the paper's network, any ablation).
 
-    Attach the target's LM head with ``attach_target`` after any ``.to(dtype)``. Entry
-    points: ``forward`` (teacher-forced logits, training) and ``propose`` (greedy drafting
-    from h0).
-    """
+    Attach the target's LM head with ``attach_target`` after any ``.to(dtype)``. Entry points:
+    ``forward`` (teacher-forced logits, training) and ``propose`` (greedy drafting from h0)."""
 
     def __init__(self, config: CloverConfig) -> None:
         super().__init__()
@@ -101,9 +83,9 @@ class CloverModel(nn.Module):
     ) -> torch.Tensor:
         """h0 for every position: the Augmenting Block over H (B, T, D), or H when off.
 
-        With ``target_layers``, hidden_states is the target signal (B, T, (1 + A) * D) and
-        x = ``LayerFusion``(signal) takes H's place. next_ids (B, T): x_{t+1} at each
-        position, read only with ``fuse_next_token``."""
+        With ``target_layers``, hidden_states is the signal (B, T, (1 + A) * D) and
+        ``LayerFusion``(signal) takes H's place. next_ids (B, T): x_{t+1} at each position,
+        read only with ``fuse_next_token``."""
         x = self.fuse_layers(hidden_states)
         if self.augmenting is None:
             return x

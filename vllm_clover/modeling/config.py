@@ -1,18 +1,9 @@
 """The typed configuration of a Clover network (``model_type = "clover"``).
 
-One ``CloverConfig`` describes everything needed to rebuild the draft network
-from its checkpoint: which Clover components are on, the shape of the
-Augmenting Block (copied from the target's decoder layers) and the identity of
-the target the heads were trained for. See docs/checkpoint-format.md.
-
-Example::
-
-    cfg = CloverConfig(hidden_size=4096, vocab_size=32000, num_heads=3)   # full Clover
-    med = CloverConfig(
-        hidden_size=4096, vocab_size=32000, num_heads=5, use_augmenting_block=False,
-        use_attention_decoder=False, use_regressive_connection=False,
-    )
-    assert med.is_medusa and not cfg.is_medusa
+One ``CloverConfig`` describes everything needed to rebuild the draft network from its
+checkpoint: which components are on, the Augmenting Block's shape (copied from the target's
+decoder layers) and the target's identity. Fields: docs/checkpoint-format.md; an example:
+docs/design/network.md, "The configuration: config.py".
 """
 
 from __future__ import annotations
@@ -32,9 +23,7 @@ CLOVER_ARCHITECTURE = "CloverModel"
 class CloverConfig(PretrainedConfig):
     """Configuration of the Clover heads (Augmenting Block + Attention Decoder + heads).
 
-    One keyword per config.json field; docs/checkpoint-format.md gives each field's type,
-    default and meaning, and the constraints ``_validate`` enforces.
-    """
+    One keyword per config.json field (docs/checkpoint-format.md: type, default, meaning)."""
 
     model_type = "clover"
 
@@ -202,11 +191,9 @@ class CloverConfig(PretrainedConfig):
 
     @property
     def num_hidden_layers(self) -> int:
-        """Decoder layers that need a KV cache (Augmenting Block), 0 when it is off.
-
-        Read-only view for code (e.g. vLLM's ModelConfig) that sizes caches from
-        ``num_hidden_layers``; never written to config.json. Setting it to another value raises.
-        """
+        """Decoder layers that need a KV cache (Augmenting Block), 0 when it is off: a derived
+        view for code that sizes caches from it (vLLM's ModelConfig), never in config.json.
+        Setting it to another value raises."""
         return self.num_augmenting_layers if self.use_augmenting_block else 0
 
     @num_hidden_layers.setter
@@ -224,13 +211,9 @@ class CloverConfig(PretrainedConfig):
     ) -> CloverConfig:
         """Copy hidden/vocab size and decoder-layer shape from a target config (its text part).
 
-        The activation and RoPE base are read under any of the names configs give them
-        (target_layers.py); whether the block can mirror the layer is a separate check
-        (``target_layers.mirror_problems``).
-
-        ``kwargs`` set the Clover fields (num_heads, use_* flags, ...) and may
-        override any copied field.
-        """
+        ``kwargs`` set the Clover fields (num_heads, use_* flags, ...) and may override any
+        copied field. Whether the block can mirror the layer is a separate check
+        (``target_layers.mirror_problems``)."""
         text = target.get_text_config() if hasattr(target, "get_text_config") else target
         copied = dict(
             hidden_size=text.hidden_size,

@@ -1,28 +1,10 @@
 """The Clover head loop: Attention Decoder and per-head blocks, one ``step`` per draft token.
 
-Indexing convention (used everywhere in this package)::
-
-    H_t       target hidden state at position t (post final norm, after reading x_0..x_t)
-    t0        x_{t+1}: the token the target's own LM head produced from H_t
-    head i    (0-based) predicts x_{t+2+i}; its regressive input is x_{t+1+i}
-              (head 0 reads t0 = x_{t+1}, head 1 reads x_{t+2}, ...)
-
-Per head step i (``HeadLoop.step``, the one function training and drafting share)::
-
-    h0  = AugmentingBlock(H)_t            (or H_t when the block is off)
-    e   = emb(x_{t+1+i})                  regressive embedding of the previous token
-    h_i = h_{i-1} + cos(q, k) * v         attention decoder, q = W_Q norm(h_{i-1}),
-                                          k = W_K e, v = W_V e (per decoder head)
-    z_i = h_i + SiLU(W_i h_i + b_i)       per-head residual block ("residual"), or
-    z_i = W_i [h_i ; e] + b_i             plain projection ("linear", Clover-2)
-    logits_i = z_i @ W_lm[draft_vocab_ids]^T
-
-With ``fuse_next_token`` (Clover-2) h0 has already read t0 before the Augmenting Block
-(``BlockAdapter``), so step 0 makes no decoder step: h_0 = h0.
-
-The loop owns only its small D x D layers. Everything vocabulary-sized (the embedding rows,
-the scored rows, the draft vocabulary) is read through a ``TargetTables`` passed to each
-call, so the same loop runs in training, in vLLM, and on a tensor-parallel rank.
+Indexing (used everywhere in this package): H_t is the target's post-norm hidden state at t,
+t0 = x_{t+1} its own next token; head i (0-based) reads x_{t+1+i} and predicts x_{t+2+i}.
+The loop owns only D x D layers: everything vocabulary-sized is read through the TargetTables
+passed to each call, so one loop runs in training, in vLLM and on a tensor-parallel rank.
+Formulas: docs/checkpoint-format.md, "Indexing convention"; docs/design/network.md.
 """
 
 from __future__ import annotations
@@ -41,9 +23,7 @@ from vllm_clover.modeling.tables import TargetTables, best_of
 class ResidualBlock(nn.Module):
     """Medusa's head block ``x + SiLU(Linear(x))`` with bias, zero-initialised (= identity).
 
-    Same layout as vLLM's ``medusa.ResidualBlock`` with ``medusa_fc_bias=True``:
-    ``layers.{j}.weight`` (D, D) and ``layers.{j}.bias`` (D,).
-    """
+    vLLM's ``medusa.ResidualBlock`` layout: ``layers.{j}.weight`` (D, D), ``layers.{j}.bias``."""
 
     def __init__(self, hidden_size: int, num_layers: int = 1) -> None:
         super().__init__()
@@ -64,9 +44,7 @@ class ResidualBlock(nn.Module):
 class LinearHead(nn.Module):
     """Clover-2's head: ``z = W [h ; e] + b``, initialised to ``z = h`` (W = [I | 0], b = 0).
 
-    ``weight`` (D, 2D), ``bias`` (D,). Reading e lets a head see the token it follows
-    directly, not only through the decoder's gated sum.
-    """
+    ``weight`` (D, 2D), ``bias`` (D,)."""
 
     def __init__(self, hidden_size: int) -> None:
         super().__init__()
@@ -80,18 +58,16 @@ class LinearHead(nn.Module):
         return self.project(torch.cat([h, e], dim=-1))
 
     def project(self, x: torch.Tensor) -> torch.Tensor:
-        """x (..., 2D) -> W x + b (..., D): the affine map, which a serving layer may hand to
-        a faster kernel with the same weights (cpu/gemm.py)."""
+        """x (..., 2D) -> W x + b (..., D): the affine map (a serving layer may use a faster
+        kernel with the same weights, cpu/gemm.py)."""
         return F.linear(x, self.weight, self.bias)
 
 
 class AttentionDecoder(nn.Module):
     """One query, one key: ``h + concat_h(cos(q_h, k_h) * v_h)``, no output projection.
 
-    With a single key per query a softmax is constant, so each decoder head is gated by
-    the cosine similarity of its query and key slice. Init: W_Q, W_K = I + N(0, noise_std),
-    W_V = 0, so the decoder is exactly the identity on h at initialisation.
-    """
+    A softmax over one key is constant, hence the cosine gate. Init: W_Q, W_K = I + N(0,
+    noise_std), W_V = 0: the identity on h (docs/design.md, section 1)."""
 
     def __init__(
         self, hidden_size: int, num_heads: int, eps: float, noise_std: float = 1e-3
@@ -121,9 +97,8 @@ class AttentionDecoder(nn.Module):
 class HeadLoop(nn.Module):
     """K heads made sequential: Attention Decoder (or W_R, or nothing) + per-head blocks.
 
-    Entry points: ``teacher_forced`` (training: every position, inputs from the data) and
-    ``propose`` (drafting: greedy, each step fed its own previous draft); both run ``step``.
-    """
+    Entry points, both running ``step``: ``teacher_forced`` (training: every position, inputs
+    from the data) and ``propose`` (drafting: each step fed its own previous draft)."""
 
     def __init__(self, config: CloverConfig) -> None:
         super().__init__()
@@ -159,10 +134,8 @@ class HeadLoop(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Head step i: (h_{i-1}, h0, previous token) -> (h_i, z_i). All (..., D), prev_ids (...,).
 
-        prev_ids are target ids of x_{t+1+i} (step 0: t0). Returns h_i (input of the next
-        step) and z_i, head i's block or projection of h_i (score it against
-        ``tables.vocab_weight`` or ``tables.draft_rows``).
-        """
+        prev_ids are target ids of x_{t+1+i} (step 0: t0). Returns h_i (the next step's input)
+        and z_i (score it against ``tables.vocab_weight`` or ``tables.draft_rows``)."""
         e = None
         if self.config.fuse_next_token and i == 0:
             h = h_prev  # h0 read t0 before the Augmenting Block (BlockAdapter)
@@ -185,10 +158,8 @@ class HeadLoop(nn.Module):
     def teacher_forced(
         self, h0: torch.Tensor, head_input_ids: torch.Tensor, tables: TargetTables
     ) -> torch.Tensor:
-        """z for every position and head: h0 (B, T, D), ids (B, T, K') -> (B, T, K', D).
-
-        head_input_ids from ``shift_tokens_for_heads`` (column i = x_{t+1+i}).
-        """
+        """z for every position and head: h0 (B, T, D), ids (B, T, K') -> (B, T, K', D);
+        head_input_ids from ``shift_tokens_for_heads`` (column i = x_{t+1+i})."""
         num_steps = head_input_ids.shape[-1]
         self.check_steps(num_steps)
         h, features = h0, []
@@ -209,17 +180,10 @@ class HeadLoop(nn.Module):
     ) -> torch.Tensor:
         """Regressive drafting: h0 (M, D), t0 (M,) -> draft target ids (M, num_steps).
 
-        h0 is the (augmented) hidden state at the last accepted position, t0 the token the
-        target produced there; each step feeds its own draft (the argmax, or with a
-        ``sampler`` a draw from the head's distribution, which the sampler records) to the
-        next.
-
-        ``min_confidence`` (num_steps,): a request's chain stops at the first head whose
-        best draft token has probability below that head's entry; the rest of its row is
-        -1, and the loop ends early once every chain has stopped. Example, thresholds
-        [0.2, 0.3, 0.3], head probabilities per request [0.9, 0.5, 0.1] and [0.1, 0.9, 0.9]:
-        drafts [d0, d1, -1] and [-1, -1, -1] (a chain never resumes after a stop).
-        """
+        Each step feeds its draft (the argmax, or a ``sampler``'s draw, which it records) to
+        the next. ``min_confidence`` (num_steps,): a chain stops at the first head whose best
+        token is less likely than its entry, the rest of its row -1. How it works, with an
+        example: docs/design/network.md, "The head loop: head_loop.py"."""
         self.check_steps(num_steps)
         rows = tables.draft_rows(self.dtype)
         h0 = h0.to(self.dtype)
@@ -259,10 +223,9 @@ def _pick(
     sampler: DraftSampler | None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One head step's drafts from its features z (M, D): (draft-vocab indices (M,), whether
-    the head's best token reaches ``threshold`` (M,) bool, None without one). The argmax, or
-    a draw by ``sampler``; the confidence is the best token's probability either way. A
-    sampler scores the rows here, on one process (checks.check_draft_sampling refuses it
-    under tensor parallelism, where ``tables`` would gather the best row over ranks)."""
+    the head's best token reaches ``threshold`` (M,) bool, None without one). The argmax, or a
+    draw by ``sampler``, which scores the rows here, on one process (refused under tensor
+    parallelism by checks.check_draft_sampling)."""
     if sampler is None and threshold is None:
         return tables.greedy_draft_ids(z, rows), None
     if sampler is None:

@@ -1,25 +1,10 @@
 """The target's middle layers fused into the heads' input (``CloverConfig.target_layers``).
 
-EAGLE-3 feeds its draft layer a low, a middle and a high layer of the target, not only the
-last one. Clover reads them the same way, as a correction to H that starts at zero::
-
-    x_t = H_t + sum_j W_j rmsnorm_j(L_j(t))      W_j (D, D), zero at initialisation
-
-where H_t is the target's last hidden state after its final norm and L_j(t) the residual
-stream entering its decoder layer j. x then takes H's place everywhere: the Augmenting
-Block's input, or h0 itself without a block. With zero W_j, heads warm-started from a
-checkpoint that read H alone draft exactly as before until training moves W_j.
-
-The heads receive one **target signal** per token, H then the layers in ``target_layers``
-order, concatenated (vLLM's EAGLE-3 concatenates its auxiliary layers the same way).
-Example, D = 576 and target_layers [2, 15, 27]::
-
-    signal (T, 2304) = [ H (T, 576) | L_2 (T, 576) | L_15 (T, 576) | L_27 (T, 576) ]
-    fuse(signal)     -> x (T, 576)
-
-Checkpoint names (docs/checkpoint-format.md): ``layer_fusion.norms.{a}.weight`` (D,) and
-``layer_fusion.projs.{a}.weight`` (D, D), where a is the slot: target layer
-``target_layers[a]``.
+As EAGLE-3 reads a low, a middle and a high target layer, Clover adds them to H as a
+correction that starts at zero: x_t = H_t + sum_j W_j rmsnorm_j(L_j(t)), W_j (D, D) zero at
+init, so warm-started heads draft as before until training moves W_j. x takes H's place; the
+input is one target signal per token, [H | L_a | L_b ...] in ``target_layers`` order.
+How it works: docs/design/network.md, "The target's middle layers: layer_fusion.py".
 """
 
 from __future__ import annotations
@@ -37,7 +22,7 @@ FUSION_PREFIX = "layer_fusion."
 
 
 class LayerFusion(nn.Module):
-    """Target signal [H | L_a | L_b ...] (..., (1 + A) * D) -> x (..., D), see the module doc."""
+    """Target signal [H | L_a | L_b ...] (..., (1 + A) * D) -> x (..., D), as the module says."""
 
     def __init__(self, config: CloverConfig) -> None:
         super().__init__()
@@ -69,7 +54,7 @@ class LayerFusion(nn.Module):
         d, slots = self.hidden_size, len(self.projs)
         hidden = signal[..., :d].to(dtype)  # (..., D) H
         layers = signal[..., d:].unflatten(-1, (slots, d)).to(dtype)  # (..., A, D) L_j
-        # the A norms at once: few rows cost per operator, not per value
+        # the A norms at once: with few rows the cost is per operator, not per value
         weights = torch.stack([norm.weight for norm in self.norms])  # (A, D)
         normed = rms_norm(layers, weights, self.norms[0].eps)  # (..., A, D)
         fused = sum(proj(n) for proj, n in zip(self.projs, normed.unbind(-2), strict=True))

@@ -1,22 +1,10 @@
 """The target table the heads read (the LM head) and the draft vocabulary.
 
-The head loop never owns a vocabulary-sized tensor. It reads one table of the target, shared
-and never copied whole, through a ``TargetTables`` object:
-
-    W_lm  (V, D)  the target's LM head: heads score draft tokens against its rows and
-                  embed the previous token with a row (the regressive embedding)
-
-and restricts drafting to a draft vocabulary of N target ids (``draft_vocab_ids``, sorted;
-the checkpoint stores it). This object owns attaching the table, mapping between draft
-indices and target ids, the gathered-row caches (rebuilt when the table, the vocabulary or a
-weight they were derived from changes), and the format and dtype drafting scores the rows in
-(the scoring policy below). Tensor parallelism swaps it for ``VocabParallelTables``.
-
-Worked example, draft_vocab_ids = [2, 5, 9] (N = 3) of V = 10:
-
-    draft index -> target id     [0, 2, 1] -> [2, 9, 5]            (draft_to_target)
-    target id -> draft index     [5, 3, 9] -> [1, -1, 2]           (target_to_draft)
-    rows scored by the heads     W_lm[[2, 5, 9]]  (3, D)           (vocab_weight, draft_rows)
+The head loop never owns a vocabulary-sized tensor: it reads the target's LM head W_lm (V, D),
+shared and never copied whole, through ``TargetTables``, which also maps draft indices to
+target ids, caches gathered rows and sets the format drafting scores them in. Tensor
+parallelism swaps it for ``VocabParallelTables``. How it works, with a worked example:
+docs/design/network.md, "The target's tables and the draft vocabulary: tables.py".
 """
 
 from __future__ import annotations
@@ -53,17 +41,9 @@ def draft_dtype_setting() -> str:
 
 
 def cpu_scoring_dtype(packed: Collection[torch.dtype] = ()) -> torch.dtype:
-    """The CPU's "auto" scoring format, given the row formats a packed GEMM takes (`packed`:
-    vLLM-CPU's oneDNN kernel takes float32, and bfloat16 where the CPU has bf16 units; the
-    plugin's AVX2 GEMM takes bfloat16 where it has not, cpu/gemm.py):
-
-    - packed bfloat16, half float32's bytes, read once for all rows (oneDNN, or the
-      plugin's AVX2 GEMM: every x86 CPU with AVX2 and a C compiler);
-    - else packed float32;
-    - else float16 (PyTorch's matmuls, where it beat float32 and bfloat16).
-    Timings per CPU family: docs/history/drafting-cost-2026-11.md.
-
-    Examples: () -> float16; (float32,) -> float32; (float32, bfloat16) -> bfloat16."""
+    """The CPU's "auto" scoring format, given the row formats a packed GEMM takes (`packed`):
+    packed bfloat16, else packed float32, else float16 (PyTorch's matmuls). Why this order:
+    docs/design/network.md, "tables.py"."""
     for dtype in (torch.bfloat16, torch.float32):
         if dtype in packed:
             return dtype
@@ -76,16 +56,10 @@ def scoring_dtype_for(
     device_type: str,
     packed: Collection[torch.dtype] = (),
 ) -> torch.dtype:
-    """The format drafting scores the draft-vocabulary rows in.
+    """The format drafting scores the draft-vocabulary rows in (never changes the output).
 
-    Scoring N x D LM-head rows is the one large read of a head step; the head network runs
-    in the target's dtype. "auto" picks, on a CPU, by the formats a packed GEMM takes
-    (``cpu_scoring_dtype``: packed bfloat16, else packed float32, else float16), and the
-    target's dtype elsewhere; any other setting is a key of DRAFT_DTYPES. Drafts only
-    propose: vLLM verifies them against the target, so this never changes the output.
-    Examples: ("auto", float32, "cpu", (float32, bfloat16)) -> bfloat16; ("auto",
-    bfloat16, "cuda") -> bfloat16; ("float16", float32, "cpu") -> float16.
-    """
+    "auto": on a CPU ``cpu_scoring_dtype(packed)``, elsewhere the target's dtype; any other
+    setting is a key of DRAFT_DTYPES. Examples: docs/design/network.md, "tables.py"."""
     if setting == "auto":
         return cpu_scoring_dtype(packed) if device_type == "cpu" else target_dtype
     return DRAFT_DTYPES[setting]
@@ -121,10 +95,8 @@ def check_draft_vocab(token_ids: torch.Tensor, size: int, vocab_size: int) -> No
 class TargetTables(nn.Module):
     """The target's LM head as the heads see it, via the draft vocab.
 
-    Buffers: ``draft_vocab_ids`` (N,) int64, saved in the checkpoint (None: full vocabulary);
-    ``lm_head_weight`` (V, D), shared with the target, never saved (``attach``; attach after
-    any ``.to(dtype)``, which would copy it).
-    """
+    Buffers: ``draft_vocab_ids`` (N,) int64, saved (None: full vocabulary); ``lm_head_weight``
+    (V, D), shared, never saved (``attach`` it after any ``.to(dtype)``, which would copy it)."""
 
     def __init__(self, config: CloverConfig) -> None:
         super().__init__()
@@ -205,11 +177,8 @@ class TargetTables(nn.Module):
         return F.embedding(token_ids, self.lm_head)
 
     def vocab_weight(self, dtype: torch.dtype) -> torch.Tensor:
-        """The (N, D) rows of W_lm the heads score against, in ``dtype`` (training).
-
-        Gathered once and reused while neither W_lm nor the vocabulary changes; the full
-        vocabulary is W_lm itself, never copied.
-        """
+        """The (N, D) rows of W_lm the heads score against, in ``dtype`` (training); gathered
+        once and reused while neither changes. The full vocabulary is W_lm itself, never copied."""
         if self.draft_vocab_ids is None:
             return self.lm_head
         return self._cached(
@@ -235,12 +204,8 @@ class TargetTables(nn.Module):
         return rows.scores(z).argmax(dim=-1)
 
     def best_draft(self, z: torch.Tensor, rows: DraftRows) -> tuple[torch.Tensor, torch.Tensor]:
-        """(draft-vocab index (M,), its probability (M,)) of each row's best draft token.
-
-        The probability is the head's softmax over the N draft rows (what training fits):
-        p = exp(l_best - logsumexp_j l_j). Example: logits [2, 0, 0] -> index 0,
-        p = e^2 / (e^2 + 2) = 0.787.
-        """
+        """(draft-vocab index (M,), its probability (M,)) of each row's best draft token; the
+        probability is the head's softmax over the N draft rows (what training fits)."""
         return best_of(rows.logits(z))
 
     def _cached(self, name: str, key: tuple, build: Callable[[], Any]) -> Any:

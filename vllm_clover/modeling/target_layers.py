@@ -1,18 +1,9 @@
 """Which target decoder layers the Augmenting Block can mirror, and how to read their weights.
 
-The block is a pre-norm Llama layer: ``x + attn(norm(x))``, then ``+ mlp(norm(.))``, with a
-plain RMSNorm (``weight * x / rms(x)``), plain RoPE over the whole head, scores scaled by
-``1 / sqrt(head_dim)``, full causal attention and a SwiGLU MLP with SiLU. A target whose last
-layer computes exactly that gets a block that starts as a copy of it: Llama, Mistral without
-a sliding window, Qwen2 (q/k/v biases), Phi-3 (fused q/k/v and gate/up projections, split
-here). Any other target is refused with what does not fit, before training, so heads are
-never trained on a block that silently computes something else (train them without it:
-``--no-augmenting-block``). Example, an OLMo-2 target (norms after the sublayers)::
-
-    mirror_problems(olmo2_config, parameter_names(last_layer)) ->
-    ["its last layer has parameters the block does not: ['post_feedforward_layernorm.weight',
-      'self_attn.k_norm.weight', 'self_attn.q_norm.weight']",
-     "its last layer lacks ['input_layernorm.weight'] (a pre-norm layer has them)"]
+The block is a pre-norm Llama layer (plain RMSNorm and RoPE, 1/sqrt(head_dim) scores, full
+causal attention, SiLU SwiGLU MLP). Any other target's block is refused, naming what does not
+fit, before training: heads never train on a block that silently computes something else.
+Which targets fit, and an example: docs/training.md, "Which targets, and the Augmenting Block".
 """
 
 from __future__ import annotations
@@ -50,10 +41,8 @@ OFFSET_NORM_FAMILIES = ("gemma",)  # model types whose RMSNorm scales by (1 + we
 
 
 def strip_layer_prefix(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """'model.layers.31.self_attn.q_proj.weight' -> 'self_attn.q_proj.weight'.
-
-    Keys without a layer prefix are kept as they are; rotary caches (inv_freq) are dropped.
-    """
+    """'model.layers.31.self_attn.q_proj.weight' -> 'self_attn.q_proj.weight'; keys without a
+    layer prefix are kept as they are, rotary caches (inv_freq) dropped."""
     out = {}
     for key, value in state.items():
         if not key.endswith("inv_freq"):
@@ -72,11 +61,8 @@ def parameter_names(raw: Mapping[str, torch.Tensor]) -> set[str]:
 
 def layer_weights(raw: Mapping[str, torch.Tensor], config: Any) -> dict[str, torch.Tensor]:
     """One target layer's weights under the block's names: prefixes stripped, fused
-    projections split. config: the CloverConfig (head counts and widths give the split).
-
-    Example (Phi-3, H = 32, KV = 32, hd = 96): qkv_proj (9216, 3072) -> q_proj, k_proj,
-    v_proj, each (3072, 3072); gate_up_proj (16384, 3072) -> gate_proj, up_proj (8192, 3072).
-    """
+    projections split by the CloverConfig's head counts and widths. Example (Phi-3, H = KV =
+    32, hd = 96): qkv_proj (9216, 3072) -> q_proj, k_proj, v_proj, each (3072, 3072)."""
     state = strip_layer_prefix(raw)
     q, kv = (
         config.num_attention_heads * config.head_dim,
@@ -96,11 +82,9 @@ def layer_weights(raw: Mapping[str, torch.Tensor], config: Any) -> dict[str, tor
 def select_last_layers(
     state_dict: Mapping[str, torch.Tensor], num_layers: int
 ) -> list[dict[str, torch.Tensor]]:
-    """The last ``num_layers`` decoder layers of a full target state dict, in order.
-
-    Example: a 32-layer Llama and num_layers=2 -> [state of layers.30, state of layers.31],
-    each with keys relative to the layer ('self_attn.q_proj.weight', ...).
-    """
+    """The last ``num_layers`` decoder layers of a full target state dict, in order, keys
+    relative to the layer. Example: a 32-layer Llama and num_layers=2 -> [state of layers.30,
+    state of layers.31], each with keys like 'self_attn.q_proj.weight'."""
     by_index: dict[int, dict[str, torch.Tensor]] = {}
     for key, value in state_dict.items():
         match = re.search(r"(?:^|\.)layers\.(\d+)\.(.+)$", key)

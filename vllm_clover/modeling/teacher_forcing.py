@@ -24,21 +24,9 @@ def shift_tokens_for_heads(
 ) -> HeadTokens:
     """Which token feeds which head and which token each head must predict.
 
-    input_ids: (B, T) right-padded; attention_mask: (B, T) 1/True for real tokens.
-    Head i at position t reads x_{t+1+i} and predicts x_{t+2+i}. Out-of-range
-    entries are ``pad_id`` with mask False. Worked example, T = 6, K = 2::
-
-        t                 0    1    2    3    4    5
-        (target LM head)  x1   x2   x3   x4   x5   -
-        head 0 input      x1   x2   x3   x4   x5   pad
-        head 0 target     x2   x3   x4   x5   pad  pad
-        head 1 input      x2   x3   x4   x5   pad  pad
-        head 1 target     x3   x4   x5   pad  pad  pad
-        mask head 0       1    1    1    1    0    0
-        mask head 1       1    1    1    0    0    0
-
-    Returns HeadTokens(input_ids, target_ids, mask), each (B, T, K).
-    """
+    input_ids: (B, T) right-padded; attention_mask: (B, T) 1/True for real tokens. Head i at t
+    reads x_{t+1+i} and predicts x_{t+2+i}; out-of-range entries are ``pad_id``, mask False.
+    Returns HeadTokens, each (B, T, K). Worked example: docs/design/network.md."""
     device = input_ids.device
     rows = torch.arange(input_ids.shape[1], device=device).unsqueeze(1)  # (T, 1)
     steps = rows + torch.arange(num_heads, device=device)  # (T, K): t + i

@@ -1,24 +1,9 @@
 """The target tables on one tensor-parallel rank: the vocabulary split by rows.
 
-Under tensor parallelism vLLM splits the target's LM head by rows:
-rank r holds the rows of target ids [start_r, end_r). The head loop's small layers
-(Attention Decoder, per-head blocks: D x D each) are replicated on every rank; only the two
-vocabulary operations of a head step need the other ranks:
-
-    regressive embedding  e = W[x]: each rank looks up the ids it holds (zeros elsewhere),
-                          then all-reduce(sum): the full row on every rank (x + 0 is exact)
-    greedy draft          argmax_j z . W[j] over the draft vocabulary: each rank scores its
-                          own draft rows, then all-gather (best score, its id) and keep the
-                          best; ties go to the lowest id, as torch.argmax over all rows does;
-                          its probability (confidence stop) also gathers each rank's
-                          logsumexp
-
-Worked example: V = 10 on two ranks, [0, 5) and [5, 10); draft vocabulary [1, 4, 6, 9].
-Rank 0 scores rows 1 and 4 -> [0.2, 0.7], rank 1 rows 6 and 9 -> [0.7, 0.1]. Candidates:
-(0.7, id 4) from rank 0, (0.7, id 6) from rank 1 -> id 4 on both ranks, which is what
-argmax over [0.2, 0.7, 0.7, 0.1] picks unsharded. Two collectives per head step, on (N, D)
-and (N,) tensors; the (V, D) LM head is never gathered. Drafting only (`propose`): the
-teacher-forced training logits (`vocab_weight`) are not sharded.
+Rank r holds the LM-head rows of ids [start_r, end_r); the head loop's D x D layers are
+replicated. Only the regressive embedding (an all-reduce) and the best draft (an all-gather of
+each rank's best) cross ranks; the (V, D) head is never gathered. Drafting only: training
+logits are not sharded. How it works: docs/design/network.md, "vocab_parallel.py".
 """
 
 from __future__ import annotations
@@ -45,10 +30,8 @@ class VocabParallelTables(TargetTables):
         raise TypeError("VocabParallelTables holds a shard: use attach_shard")
 
     def attach_shard(self, lm_head_shard: torch.Tensor, vocab_start: int) -> None:
-        """Share this rank's rows (n, D) of the target's LM head, ids [vocab_start, +n).
-
-        Pass the rows of real ids only (drop vLLM's vocabulary padding).
-        """
+        """Share this rank's rows (n, D) of the target's LM head, ids [vocab_start, +n); pass
+        the rows of real ids only (drop vLLM's vocabulary padding)."""
         n, d = lm_head_shard.shape
         if d != self.config.hidden_size or not 0 <= vocab_start <= vocab_start + n <= (
             self.config.vocab_size
@@ -94,12 +77,8 @@ class VocabParallelTables(TargetTables):
         return DraftRows.of(rows, dtype, self.row_packer if rows.shape[0] else None)
 
     def greedy_draft_ids(self, z: torch.Tensor, rows: DraftRows) -> torch.Tensor:
-        """Draft-vocab indices of the best rows over all ranks: z (M, D) -> (M,) int64.
-
-        Draft ids are sorted and each rank holds a contiguous id range, so rank r's rows are
-        draft indices [first_r, first_r + n_r). Scores are comparable across ranks: z is the
-        same on every rank.
-        """
+        """Draft-vocab indices of the best rows over all ranks: z (M, D) -> (M,) int64; ties
+        go to the lowest id, as unsharded (docs/design/network.md, "vocab_parallel.py")."""
         scores = rows.scores(z).float() if rows.weight.shape[0] else None  # (M, n)
         return self._best_over_ranks(z, scores, with_lse=False)[0]
 
