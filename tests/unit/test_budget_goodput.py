@@ -92,6 +92,7 @@ def test_warmup_advances_on_decode_steps_only():
 
 
 def test_acceptance_counts_follow_the_docstring_example():
+    """The counts example of docs/design/drafting.md, "Acceptance as a chain"."""
     model = AcceptanceModel(GoodputConfig(max_k=3, acceptance_memory=1.0))
     for counts in (model.offered, model.drafted, model.reached, model.accepted):
         counts[:] = 0  # no prior

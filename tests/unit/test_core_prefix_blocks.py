@@ -22,6 +22,8 @@ def blocks(*ids, cached=None):
 
 
 def test_the_docstring_example():
+    """The worked example of docs/design/drafting.md, "Prefix-cache blocks and the
+    next-token fusion"."""
     followers = BlockFollowers(block_size=4)
     followers.record("a", blocks(10, 11, 12, cached=2), [5, 6, 7, 8, 9, 1, 2, 3, 4])
     assert followers.keeps(10, 9) and followers.keeps(11, 4)

@@ -27,6 +27,7 @@ def test_expected_length_is_a_chain_of_rates():
 
 
 def test_the_docstring_example_and_ties_to_clover():
+    """The example of docs/design/drafting.md, "Choosing the source", and ties."""
     choice = SourceChoice(depth=3, max_n=4)
     choice.lookup[3].prior = 0.8
     choice.clover.reached[:2], choice.clover.accepted[:2] = 1000, (500, 300)

@@ -14,6 +14,7 @@ pytestmark = pytest.mark.unit
 
 
 def test_the_docstring_example():
+    """The example of docs/design/drafting.md, "The lookup rule"."""
     history = np.array([5, 9, 2, 7, 5, 9, 2])
     continuation, n = prompt_lookup(history, 2, 3, 4, 1000)
     assert n == 3 and continuation.tolist() == [7, 5, 9, 2]

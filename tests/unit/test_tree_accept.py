@@ -23,6 +23,7 @@ def test_children_table():
 
 
 def test_greedy_docstring_example():
+    """The greedy worked example of docs/design/drafting.md, "Which path is accepted"."""
     verdict = accept_greedy(
         EXAMPLE, torch.tensor([[7, 8, 9, 4, 5, 6]]), torch.tensor([[8, 1, 5, 2, 3, 3, 3]])
     )

@@ -32,6 +32,7 @@ def _one_hot_logits(argmax_rows):
 
 
 def test_padded_layout_docstring_example():
+    """The `_padded` example of docs/design/drafting.md, "The tree sampler"."""
     from vllm_clover.tree.sampler import _padded
 
     tree = TokenTree.parse("[(0,), (1,), (0, 0)]")

@@ -1,38 +1,10 @@
 """Goodput-driven draft budget: how many tokens a speculative step may draft, chosen per step.
 
-Speculation trades compute for steps. Whether the trade pays depends on the batch and the
-machine: where verifying a few more rows is nearly free, K = 4 pays at batch 1; where the
-target is compute-bound, every drafted token costs as much as a decoded one. A hand-written
-batch-size -> K table (vLLM's `num_speculative_tokens_per_batch_size`) encodes one machine,
-one model and one acceptance rate; `GoodputController` measures all three while serving.
-
-For a step of B requests it predicts, for every K in 0..K_max,
-
-    tokens(K) = B * (1 + A(K))           A(K) = sum_{i<K} a_i, a_i: accepted drafts at
-                                                position i per request offered >= i+1 drafts
-    time(K)   = f(B * (1 + D(K)))        D(K) = sum_{i<K} d_i, d_i: drafted at position i
-                + g * [K > 0] + K * (c + e * B)          (the confidence stop makes d_i < 1)
-
-and drafts with the K of the highest tokens(K) / time(K); K = 0 when no K beats not drafting.
-f (the target's forward, sampling and bookkeeping for N scheduled tokens) is a piecewise-
-linear function of N on knots 1, 2, 4, ...; g, c, e price the drafting. `StepCostModel`
-fits them to the measured step times (``step_cost.py``), `AcceptanceModel` keeps a_i and d_i
-from the verified drafts; the choice reads a_i at an upper confidence bound (`optimism`), so
-that a few unlucky early requests cannot hold K at 0.
-
-Exploration keeps the model measured where it chooses: a share of steps (`explore`) tries a
-K next to the best one, when the model predicts it within `explore_margin` of the best, or
-when fewer than `min_measured` decode steps of batch sizes like this one (the same power-of-
-two bucket: 33-64 is one) have run it; an unmeasured K is tried in a burst of consecutive
-steps, so that it is measured as it runs, not from one step among others.
-
-Worked example (illustrative figures, not measurements): f(1) = 30 ms, f(2) = 31.5 ms,
-f(5) = 36 ms, f(16) = 60 ms, f(32) = 96 ms, each head step 3 ms (g = e = 0), a = (0.3, 0.1,
-0.04, 0.01), d = (1, 1, 1, 1). Batch 1: K=0 -> 1 / 30 ms = 33 tok/s; K=1 -> 1.3 / (31.5 + 3)
-ms = 38 tok/s; K=4 -> 1.45 / (36 + 12) ms = 30 tok/s: K = 1. Batch 16: K=0 -> 16 / 60 ms =
-267 tok/s; K=1 -> 20.8 / (96 + 3) ms = 210 tok/s: K = 0.
-
-Pure Python and NumPy: the vLLM side (`patches/scheduling.py`) feeds it from the scheduler.
+Whether speculation pays depends on the batch, the machine, the model and the acceptance rate,
+which a hand-written batch-size -> K table fixes once. `GoodputController` measures them while
+serving and drafts the K of the highest predicted tokens per second (0 when none beats not
+drafting). Pure Python and NumPy; `patches/scheduling.py` feeds it from the scheduler.
+How it works: docs/design/drafting.md, "The goodput draft budget".
 """
 
 from __future__ import annotations
@@ -73,9 +45,8 @@ class GoodputConfig:
             raise ValueError(f"explore must be in [0, 1), got {self.explore}")
 
     def warmup_top(self, batch: int) -> int:
-        """The largest K the warm-up tries at `batch` requests: a step verifying K drafts
-        for each costs about K + 1 decode steps where the target is compute-bound, so
-        large batches try K = 1 only (max_k 4, 16 tokens: batch 1 -> 4, 4 -> 3, 8+ -> 1)."""
+        """The largest K the warm-up tries at `batch` requests (max_k 4, 16 tokens: batch
+        1 -> 4, 4 -> 3, 8+ -> 1; why: docs/design/drafting.md, "Warm-up")."""
         return min(self.max_k, max(1, self.warmup_tokens // batch - 1))
 
     def warmup(self, batch: int) -> int:
@@ -83,26 +54,10 @@ class GoodputConfig:
 
 
 class AcceptanceModel:
-    """a_i and d_i per draft position from the verified drafts, with exponential forgetting.
-
-    Each request verified in a step was offered k drafts when they were made (the budget of
-    the step before), drafted n <= k (the confidence stop) and had m <= n accepted. Example,
-    k = 3, n = 2, m = 1: offered (1, 1, 1), drafted (1, 1, 0), accepted (1, 0, 0), reached
-    (1, 1, 0): position i was reached when the i drafts before it were accepted.
-    a_i is a chain, a_i = p_0 * p_1 * ... * p_i with p_i = accepted_i / reached_i the rate at
-    position i of the drafts that got there: a position is accepted only after the ones
-    before it. Read as accepted_i / offered_i instead, a position that few requests were
-    offered (steps of a smaller K are the many) keeps its prior: untrained heads that had
-    accepted nothing in 40 requests at the first position and 5 at the last read a_3 = a_0,
-    so K = 4 looked four times as good as K = 1.
-    Each p_i has a weak prior of one request at the rate before it, p_{i-1} (p_0: 0.5; d_i:
-    1), so that a position few drafts reached reads about as its predecessor: no more than
-    a_{i-1} * p_{i-1}, below which the heads' own decay usually lies. Without data a_i is
-    0.5^(i+1). (A fixed prior of 0.5 at every position drafted longer chains than they paid
-    for at batch 4: with K mostly 1, few drafts reach position 2.) Only steps that verify
-    drafts forget: a stretch of K = 0 steps teaches nothing about the heads, so it leaves the
-    counts, and the confidence in them, as they were.
-    """
+    """a_i and d_i per draft position from the verified drafts, with exponential forgetting:
+    a_i = p_0 * p_1 * ... * p_i, p_i the share of the drafts that reached position i that were
+    accepted there, with a prior of one request at p_{i-1}. Only steps that verify drafts
+    forget. Why, with a worked example: docs/design/drafting.md, "Acceptance as a chain"."""
 
     def __init__(self, config: GoodputConfig) -> None:
         self.memory = config.acceptance_memory
@@ -140,17 +95,8 @@ class AcceptanceModel:
 
     def optimistic_rates(self, z: float) -> tuple[np.ndarray, np.ndarray]:
         """(a+, d): a with p_0 at its Wilson upper bound (z standard errors over the
-        forgotten counts); d as in ``rates``.
-
-        Choosing K on a's plain mean can stall: an opening that accepts nothing drives it to
-        a few percent, K = 0 wins, and K = 0 steps verify no drafts, so the mean recovers
-        only through exploration. The bound shrinks as requests are verified, so a guess
-        from a few of them gets checked and a well-measured rate is taken nearly as is. Only
-        the first position gets its own bound: every chain starts there, and a bound on each
-        later p_i too would pay for the longest chain even when nothing was ever accepted.
-        Example, z = 1: 0 of 20 accepted -> p_0+ = 0.048, p_1 = p_0 = 0 with no draft past
-        the first, a+ = (0.048, 0, ...); 54 of 200 at the first position -> 0.30 (mean 0.27).
-        """
+        forgotten counts), the later p_i at their means; d as in ``rates``. Why p_0 alone,
+        with examples: docs/design/drafting.md, "The optimistic first position"."""
         p, n = self._conditional(), self.reached[0]
         centre = p[0] + z**2 / (2 * n)
         spread = z * np.sqrt(p[0] * (1 - p[0]) / n + z**2 / (4 * n**2))
@@ -198,9 +144,7 @@ class GoodputController:
     def choose(self, batch: int, prefill: bool = False) -> int:
         """The K for a step of `batch` requests: a step of the warm-up cycle, an exploration
         (``_explore``), or the K of the highest predicted goodput. A step that carries prompt
-        tokens (`prefill`) never explores: drafting there runs the Augmenting Block over the
-        prompt chunks, a price the model does not predict, in a step whose time says little about
-        drafting's."""
+        tokens (`prefill`) never explores: the model does not predict its drafting price."""
         self.steps += 1
         if self.decode_steps < self.config.warmup(batch):  # prefill alone does not advance it
             k = _warmup_k(self.decode_steps, self.config.warmup_top(batch))
@@ -218,8 +162,7 @@ class GoodputController:
 
     def _note_idle(self, batch: int, best: int) -> None:
         """Queue one notice the first time a batch bucket has chosen K = 0 `quiet_after`
-        times in a row: there the heads do not pay on this machine, and the user should know
-        why speculation is not speeding anything up (it still explores now and then)."""
+        times in a row: the user should know why speculation is not speeding anything up."""
         bucket = batch_bucket(batch)
         self._idle[bucket] = self._idle[bucket] + 1 if best == 0 else 0
         if self._idle[bucket] == self.config.quiet_after:
@@ -234,12 +177,8 @@ class GoodputController:
     def _explore(self, batch: int, best: int, goodput: np.ndarray) -> int | None:
         """The K to try instead of `best` this step, if any: the next step of a burst on an
         unmeasured K, or (one step in 1 / explore) a neighbour that is unmeasured, which
-        starts a burst, or a close call. Example, min_measured 4: K = 1 unmeasured at batch
-        64 is tried on 4 consecutive decode steps of batch sizes 33-64, then only as a close
-        call; a step of batch 16 (another bucket) ends the burst. A close call of K = 0 holds
-        for two steps: the first verifies the drafts of the step before it, so only the second
-        prices a step that rests; alone, it leaves K = 0's price to what the fit of the
-        drafting steps says."""
+        starts a burst, or a close call; a close call of K = 0 holds for two steps. Examples
+        and why: docs/design/drafting.md, "Exploration"."""
         bucket = batch_bucket(batch)
         rest_again, self._rest_again = self._rest_again, None
         if rest_again == bucket and best != 0:
@@ -265,10 +204,8 @@ class GoodputController:
 
     def _neighbour(self, best: int, bucket: int) -> int:
         """best - 1 or best + 1 within 0..max_k, at random among those that fewer than
-        `min_measured` decode steps of this batch bucket ran, if any. Example: best 1 at
-        batch 1, K = 2 measured, K = 0 not (the first steps alone drafted): K = 0. Drawn
-        from both, the model could hold K = 1 for dozens of steps on a price of K = 0 it
-        had only extrapolated from larger batches (one run of untrained heads held it 47)."""
+        `min_measured` decode steps of this batch bucket ran, if any (why:
+        docs/design/drafting.md, "Exploration")."""
         options = [k for k in (best - 1, best + 1) if 0 <= k <= self.config.max_k]
         unmeasured = [k for k in options if self.measured[(bucket, k)] < self.config.min_measured]
         return self._random.choice(unmeasured or options)
@@ -323,10 +260,8 @@ def batch_bucket(batch: int) -> int:
 
 def _warmup_k(step: int, max_k: int) -> int:
     """max_k, 0, 0, max_k - 1, 1, max_k - 2, ... : the extremes first, so both ends of the
-    cost are seen, and K = 0 twice: a step verifies the drafts of the step before, so only
-    the second K = 0 prices a step that neither verifies nor drafts, which the prices of
-    drafting are read against (without it the first decisions at batch 64 took drafting's
-    price for the target's and drafted where it lost)."""
+    cost are seen, and K = 0 twice, since only the second prices a step that neither
+    verifies nor drafts (docs/design/drafting.md, "Warm-up")."""
     i = step % (max_k + 2)
     if i < 3:
         return (max_k, 0, 0)[i]

@@ -3,7 +3,8 @@
 A step's time is a piecewise-linear function of its scheduled tokens, so the model's features
 are hat functions on knots (`hats`), a prior keeps the function linear where no step has
 measured it (`curvature_penalty`), and the fit holds every coefficient >= 0
-(`nonnegative_least_squares`). Pure NumPy.
+(`nonnegative_least_squares`). Pure NumPy. How it works: docs/design/drafting.md, "The
+step-cost model".
 """
 
 from __future__ import annotations

@@ -27,21 +27,10 @@ def cost_knots(max_tokens: int) -> np.ndarray:
 
 
 class StepCostModel:
-    """Step time as f(tokens) + g [K > 0] + c K + e K B, fitted online (seconds).
-
-    f is given by its values at the knots (linear interpolation between them, linear
-    extrapolation past the last one), written f_j = f_0 + delta_1 + ... + delta_j so that
-    the fit can keep f non-decreasing: every coefficient (f_0, the deltas, g, c, e) is held
-    >= 0. Example, knots 1, 2, 4, 8: N = 3 -> hats (0, 0.5, 0.5, 0), f(3) = (f(2) + f(4)) / 2
-    = f_0 + delta_1 + delta_2 / 2.
-
-    The fit minimises relative errors (each step weighted by 1 / seconds^2): a step's jitter
-    is proportional to its length, so in absolute terms the few long prefill steps, which
-    the warm-up cycle drafts on, would set the drafting prices that the short decode steps
-    measure (docs/history/benchmarks-2026-11.md, "T = 1 with every answer run to the token
-    limit"). The prior is scaled by the mean weight, so its strength relative to the data
-    does not depend on how fast the machine is.
-    """
+    """Step time as f(tokens) + g [K > 0] + c K + e K B in seconds, fitted online: f piecewise
+    linear on the knots, f_j = f_0 + delta_1 + ... + delta_j with every coefficient >= 0, on
+    relative errors (weights 1 / seconds^2). Why: docs/design/drafting.md, "The step-cost
+    model"."""
 
     def __init__(self, config: GoodputConfig) -> None:
         self.config = config

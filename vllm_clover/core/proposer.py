@@ -1,19 +1,10 @@
 """`CloverProposer`: Clover drafting inside vLLM 0.32's V1 model runner.
 
-One step of speculative decoding, for a batch of requests (vLLM verifies, we only draft):
-
-    target forward over the scheduled tokens  -> H [num_tokens, D], and the runner
-                                                 samples/accepts -> t0 per request
-    Augmenting Block over H (paged KV cache)  -> h0 at each request's last accepted token
-    K head steps, no KV cache:  h_i = step_i(h_{i-1}, emb(x_i)),  x_{i+1} = argmax logits_i
-    return drafts [num_reqs, K]               -> vLLM's rejection sampler verifies them
-
-The Augmenting Block pass is EAGLE's first draft pass (same inputs, same draft KV cache
-handling, so prefix caching, chunked prefill and preemption apply), so `CloverProposer` is an
-`EagleProposer` that runs that pass with the base class's own helpers and then the head loop
-where EAGLE would run K - 1 more draft-model forwards. Every base-class method it overrides or
-calls, and every attribute it reads, is listed in the patches ledger
-(`patches/reliances.py`, entries "proposer_*").
+An `EagleProposer` that runs EAGLE's first draft pass (the Augmenting Block over H, with the
+same draft KV cache handling) with the base class's own helpers, then the head loop where
+EAGLE would run K - 1 more draft-model forwards. Every base-class member it overrides, calls
+or reads is listed in the patches ledger (`patches/reliances.py`, entries "proposer_*").
+How it works: docs/design/drafting.md, "The proposer".
 """
 
 from __future__ import annotations
@@ -42,10 +33,7 @@ logger = init_logger("vllm.clover.proposer")
 @dataclass
 class DraftLog:
     """What the proposer was asked to draft, step by step (diagnostics and tests).
-
-    keep_drafts: also keep every step's drafts ([num_reqs, K] as lists, in the runner's row
-    order); off by default, since a long-running server would keep them all.
-    """
+    keep_drafts also keeps every step's drafts (off: a long-running server would keep all)."""
 
     steps_by_k: Counter[int] = field(default_factory=Counter)  # propose calls per draft length
     drafts_by_length: Counter[int] = field(default_factory=Counter)  # requests per drafted length
@@ -87,11 +75,9 @@ class CloverProposer(EagleProposer):
         self.reads_target_layers = bool(getattr(draft_config, "target_layers", None))
         self.hybrid = hybrid_drafter(vllm_config, self.trees is not None)  # "lookup"
         self._runner = runner  # its input batch: the histories the lookup reads
-        # Whether the Augmenting Block may skip its pass at K = 0 (``idle_step``); set with the
-        # KV config (patches/block_rest.py).
+        # May the block skip its pass at K = 0 (idle_step); set by patches/block_rest.py.
         self.may_rest = False
-        # Read by the draft_lengths patch: rows may end in -1 (a chain stopped, a lookup chain
-        # shorter than K).
+        # Read by the draft_lengths patch: rows may end in -1 (stopped or short chains).
         self.stops_early = self.min_confidence is not None or self.hybrid is not None
 
     def propose(
@@ -114,11 +100,8 @@ class CloverProposer(EagleProposer):
         slot_mappings=None,
     ) -> torch.Tensor:
         """Draft a chain of K = `num_speculative_tokens` per request: [num_reqs, K] int64.
-
-        K may change from step to step (dynamic speculation) and may be 0; a step at K = 0
-        that reaches `propose` still writes the Augmenting Block's KV cache (the steps where
-        the block rests are answered by ``idle_step`` before).
-        """
+        K may change every step and may be 0; a K = 0 step that reaches `propose` still
+        writes the Augmenting Block's KV cache (resting steps end in ``idle_step``)."""
         self.num_speculative_tokens = k = num_speculative_tokens
         self._last_draft_probs = None  # vLLM treats drafts as one-hot unless _propose_chain sets it
         # Rows [H | L_a ...] with target_layers (patch target_signal); fuse() -> x, H's stand-in.
@@ -164,14 +147,8 @@ class CloverProposer(EagleProposer):
     def idle_step(self, k: int, num_reqs: int, num_tokens: int) -> torch.Tensor | None:
         """[num_reqs, 0] drafts for a step with nothing to draft or write, else None (then
         `propose` runs): K = 0 and no lookup, where the Augmenting Block may rest
-        (``may_rest``). There the block skips its pass, and the runner what it prepares for
-        `propose` (the block_rest patch asks here first).
-
-        A resting step leaves a hole in its requests' draft KV: the block never sees those
-        positions, prompt chunks included. The drafts of a request that later drafts again
-        attend past the hole; they only lose some acceptance, and verification keeps the
-        output exact. Only where the block may rest: under async scheduling the runner's
-        next step reads what the skipped preparation leaves."""
+        (``may_rest``) and the runner skips what it prepares for `propose` (the block_rest
+        patch asks here first; docs/design.md, section 3, "The resting block")."""
         if k or not self.may_rest or self.hybrid is not None:
             return None
         self.num_speculative_tokens = 0
@@ -182,10 +159,9 @@ class CloverProposer(EagleProposer):
         return drafts
 
     def _rests(self, heads_draft: bool, step: StepTokens | None) -> bool:
-        """Whether the block skips its pass at a step that reached `propose` with nothing for
-        the heads to draft: the lookup's steps (which come here to settle its chains), as
-        ``idle_step`` does at K = 0, except at a step that carries prompt tokens, whose hole
-        would cost every later draft of the request."""
+        """Whether the block skips its pass at a step where the heads draft nothing (the
+        lookup's steps, here to settle its chains), except at a step that carries prompt
+        tokens, whose hole would cost every later draft of the request."""
         rests = (
             self.may_rest
             and not heads_draft
@@ -265,12 +241,8 @@ class CloverProposer(EagleProposer):
     ) -> torch.Tensor:
         """The Augmenting Block over every scheduled token, writing its paged KV cache:
         h0 at each request's last accepted token, [num_reqs, hidden_size] (or [0,
-        hidden_size] when not `needed`: then the pass only fills the cache).
-
-        EAGLE's first draft pass (`SpecDecodeBaseProposer.propose`, up to its first sample),
-        without the branches Clover never takes (EAGLE-3/DFlash hidden-state combining,
-        multimodal inputs, MTP index sharing, expert load balancing).
-        """
+        hidden_size] when not `needed`: then the pass only fills the cache). EAGLE's first
+        draft pass without the branches Clover never takes (docs/design/drafting.md)."""
         num_tokens, rows, metadata = self.set_inputs_first_pass(
             target_token_ids=target_token_ids,
             next_token_ids=next_token_ids,
@@ -301,13 +273,9 @@ class CloverProposer(EagleProposer):
         return h0
 
     def initialize_attn_backend(self, kv_cache_config, kernel_block_sizes=None) -> None:
-        """Attention groups for the Augmenting Block's layers; none without the block.
-
-        vLLM asserts that a drafter's attention layers share one KV-cache group, which a
-        drafter without any fails. Pointing kv_cache_gid at group 0 makes the runner hand
-        propose() the target's common attention metadata (its query_start_loc finds each
-        request's last token); nothing else reads it for a drafter without layers.
-        """
+        """Attention groups for the Augmenting Block's layers; none without the block, whose
+        kv_cache_gid 0 still gets propose() the target's common attention metadata (why:
+        docs/design/drafting.md, "The proposer")."""
         if self._draft_attn_layer_names:
             super().initialize_attn_backend(kv_cache_config, kernel_block_sizes)
             self.may_rest = rest_applies(self.vllm_config)
@@ -315,13 +283,9 @@ class CloverProposer(EagleProposer):
             self.kv_cache_gid = 0
 
     def initialize_cudagraph_keys(self, cudagraph_mode: CUDAGraphMode) -> None:
-        """Run the Augmenting Block eagerly and unpadded, whatever the target's graph mode.
-
-        vLLM's drafter graphs are the piecewise pieces of a torch.compile'd draft model;
-        CloverDraftModel is not compiled, so a PIECEWISE dispatch would only pad the batch
-        to a capture size (and, with VLLM_USE_BREAKABLE_CUDAGRAPH=1, stream-capture the
-        block). The head loop runs after the model call and is never captured (docs/gpu.md).
-        """
+        """Run the Augmenting Block eagerly and unpadded, whatever the target's graph mode:
+        CloverDraftModel is not torch.compile'd, so a PIECEWISE dispatch would only pad the
+        batch (docs/design/drafting.md, "The proposer")."""
         super().initialize_cudagraph_keys(CUDAGraphMode.NONE)
 
     def _maybe_share_embeddings(self, target_language_model: nn.Module) -> None:

@@ -1,11 +1,9 @@
 """The target's LM head, attached to the heads' tables when vLLM loads it.
 
-vLLM asks a drafter to share the target's LM head once the target is loaded
-(`CloverProposer._maybe_share_lm_head`). Clover's heads score their drafts with that LM head
-and embed the previous token with its rows, so it must be the one the heads were trained for:
-`attach_target_tables` checks its shape and fingerprint (``modeling/checkpoint.py``),
-attaches it without a copy, and picks the format drafting scores its rows in.
-"""
+The heads score their drafts with that LM head and embed the previous token with its rows, so
+`attach_target_tables` (called from `CloverProposer._maybe_share_lm_head`) checks it is the
+one they were trained for (shape and fingerprint, ``modeling/checkpoint.py``), attaches it
+without a copy, and picks the format drafting scores its rows in."""
 
 from __future__ import annotations
 
@@ -27,11 +25,8 @@ logger = init_logger("vllm.clover.proposer")
 def attach_target_tables(model, target_language_model: nn.Module, heads_path: str, vllm_config):
     """Attach the target's LM head to `model`'s tables (a CloverDraftModel's), after checking
     that it is the one the heads at `heads_path` were trained for, and pick the format
-    drafting scores its rows in.
-
-    Under tensor parallelism each rank attaches its own rows (no copy); the full LM head is
-    gathered once, here, for the fingerprint check only.
-    """
+    drafting scores its rows in. Under tensor parallelism each rank attaches its own rows (no
+    copy); the full LM head is gathered once, here, for the fingerprint check only."""
     config, tables = model.config, model.tables
     lm_head = target_lm_head(target_language_model)
     vocab = config.vocab_size
@@ -56,9 +51,8 @@ def attach_target_tables(model, target_language_model: nn.Module, heads_path: st
 
 def drafting_line(scoring: torch.dtype, packed: bool, lm_head: torch.Tensor, setting: str) -> str:
     """The one start-up line that says how this engine drafts: the draft rows' format and,
-    on a CPU, the CPU, its family and what multiplies the bf16 products. Example: "Clover
-    drafts on AMD EPYC (AVX2): draft rows in bfloat16 (the plugin's AVX2 GEMM); head network
-    and target in bfloat16, multiplied by the plugin's AVX2 GEMM (CLOVER_DRAFT_DTYPE=auto)".
+    on a CPU, the CPU, its family and what multiplies the bf16 products (example:
+    docs/design/drafting.md, "The target's tables").
     """
     dtype = str(lm_head.dtype).removeprefix("torch.")
     rows = str(scoring).removeprefix("torch.")

@@ -1,20 +1,10 @@
 """Which source drafts a request's chain this step: the one with the longer expected accepted
 chain, from how often each source's drafts were accepted so far.
 
-A chain of m drafts is worth E = sum_{j<=m} prod_{i<=j} r_i accepted tokens, r_i the rate at
-which a draft at position i is accepted once the ones before it were (the chain model of the
-goodput budget's AcceptanceModel). Clover keeps one set of rates; the lookup one per match
-length n (a longer match repeats text more surely). Both start from a weak prior and learn
-from every verified chain; the lookup also from the candidates it was not chosen for,
-scored against the tokens the target emitted (a fixed draft is accepted exactly where it
-equals the emitted token, at T = 0 and, in distribution, at T > 0).
-
 The choice reads only the history's match, the candidates' lengths and these rates, never a
-drawn token: a choice that looked at Clover's drawn drafts would change their distribution,
-and vLLM's verification of them would no longer be exact at T > 0.
-
-Example, rates r = (0.8, 0.8, 0.8) for a 3-token lookup match (E = 0.8 + 0.64 + 0.51 = 1.95)
-against Clover's (0.5, 0.3) for a 2-draft chain (E = 0.5 + 0.15 = 0.65): the lookup.
+drawn token: looking at Clover's drawn drafts would change their distribution, and vLLM's
+verification of them would no longer be exact at T > 0.
+How it works: docs/design/drafting.md, "Choosing the source".
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """`HybridDrafter`: per request and step, Clover's chain or the prompt lookup's, in `propose`.
 
-`CloverProposer.propose` hands the drafter the step's tokens on the host (`StepTokens`), read
-before the Augmenting Block pass. For each request the drafter rebuilds its history as it
-stands after the step (the batch's tokens before the step's span, the span up to its last
-accepted token, then t0; the same whether vLLM's bookkeeping wrote the step's tokens yet or
-not), settles what its last chain earned (both sources' rates learn, ``choice.py``) and looks
-the history up (``lookup.py``): ``plan``. Where every request would take the lookup over a
-full chain from the heads, the head loop does not run (``takes_all``); otherwise each
-request keeps Clover's row or gets the lookup's continuation in its place, padded with -1
-(cut by the `draft_lengths` patch): ``choose``. A lookup row drafted at T > 0 gets a one-hot
-draft distribution: it was not drawn from the heads.
-
-Example, K = 3: Clover's row [12, 7, -1] (a confidence stop) against a lookup match of n = 4
-with continuation [40, 41, 42]: with the lookup's rates at 0.8 it is worth 1.95 accepted
-tokens against Clover's two drafts at (0.5, 0.3), 0.65: the row becomes [40, 41, 42].
+From the step's tokens on the host (`StepTokens`), ``plan`` rebuilds each request's history
+as the step leaves it, settles what its last chain earned and looks the history up;
+``takes_all`` says whether the head loop may be skipped; ``choose`` puts the lookup's
+continuation in place of Clover's row where it is worth more.
+How it works: docs/design/drafting.md, "The drafter in propose".
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """Prompt lookup: the tokens that followed the last occurrence of a request's suffix.
 
-The rule is vLLM's ngram proposer's (``vllm/v1/spec_decode/ngram_proposer.py``): the longest
-suffix n-gram of the history, min_n <= n <= max_n, that occurs earlier with at least one
-token after it, at its earliest occurrence; up to k tokens after that occurrence, never past
-max_model_len. vLLM's kernel is compiled by numba, whose import breaks later engine starts in
-a process on CPU, so this is the same rule in NumPy (tests compare the two), and it returns the
-match length n, which the choice of source reads.
-
-Example: history [5 9 2 7 5 9 2], n in 2..3: the suffix [9 2] ... [5 9 2] occurs at 0-2, so
-n = 3 and the continuation starts at 3: [7 5 9 2] for k = 4.
+vLLM's ngram proposer's rule in NumPy (its numba kernel's import breaks later engine starts
+in a process on CPU; tests compare the two), also returning the match length n, which the
+choice of source reads.
+How it works: docs/design/drafting.md, "The lookup rule".
 """
 
 from __future__ import annotations

@@ -1,30 +1,10 @@
 """Which path of a drafted tree the target accepts: greedy, and lossless at temperature > 0.
 
-Inputs are per request (M of them), over the tree's N nodes (``TokenTree``, breadth-first):
+Per request (M of them), over the tree's N nodes breadth-first: drafts (M, N), -1 where none
+was drafted, and the target at the root (column 0) and after each node (1 + i): argmax ids
+(M, N + 1) for greedy, probabilities (M, N + 1, V) at T > 0 (SpecInfer's multi-draft rule).
 
-    drafts   (M, N)          the draft token of each node, -1 where none was drafted
-    target   (M, N + 1, ...) the target at the root (column 0) and after each node (1 + i):
-                             its argmax ids for greedy, its probabilities (..., V) otherwise
-
-Both return ``TreeVerdict``: the accepted nodes (a root-to-node path, possibly empty) and the
-tokens to emit, the path's tokens followed by one token the target chose after it (the bonus,
-or the correction where the path stops short of a leaf).
-
-Greedy: a node is accepted when its parent is and its token is the target's argmax after the
-parent. Siblings carry different tokens (top-k ranks of one head step), so at most one child
-of an accepted node matches and the accepted nodes form one path.
-
-Temperature > 0, deterministic drafts (SpecInfer's multi-draft rule, as in Sequoia): at an
-accepted node u with target distribution p, try its children in rank order; child c with
-token x is accepted with probability r(x) / sum(r), where r starts as p; on rejection r(x) = 0
-and the next sibling is tried. If a child is accepted, repeat at that child; if all are
-rejected, emit a sample of r / sum(r) and stop; at a leaf, emit a sample of p. Each emitted
-token is distributed as p, so the output is distributed as the target's own samples. Worked
-example: p = (a 0.5, b 0.3, c 0.2), children drafted b then a:
-
-    P(b) = 0.3                                      (b accepted)
-    P(a) = 0.7 * 0.5 / 0.7 = 0.5                    (b rejected, r = (0.5, 0, 0.2), a accepted)
-    P(c) = 0.7 * (1 - 0.5 / 0.7) * 0.2 / 0.2 = 0.2  (both rejected, sample r = (0, 0, 0.2))
+How it works: docs/design/drafting.md, "Which path is accepted".
 """
 
 from __future__ import annotations
@@ -59,24 +39,16 @@ class TreeVerdict:
 
 def children_table(tree: TokenTree) -> torch.Tensor:
     """(N + 1, C) children of the root (row 0) and of each node (row 1 + i), in rank order,
-    -1 padded; C is the most children any node has. Example, the tree of ``spec``:
-    rows root (0, 1), n0 (2, 3), n1 (4, -1), n2 (5, -1), n3..n5 (-1, -1)."""
+    -1 padded; C is the most children any node has."""
     rows = [tree.children(ROOT), *(tree.children(i) for i in range(tree.num_nodes))]
     width = max(len(r) for r in rows)
     return torch.tensor([list(r) + [-1] * (width - len(r)) for r in rows], dtype=torch.long)
 
 
 def accept_greedy(tree: TokenTree, drafts: torch.Tensor, argmax: torch.Tensor) -> TreeVerdict:
-    """Greedy verdict: drafts (M, N), the target's argmax ids (M, N + 1) -> TreeVerdict.
-
-    Example (the tree of ``spec``; argmax after root, n0, n1, ...)::
-
-        drafts  = [[7, 8, 9, 4, 5, 6]]      n0 = 7, n1 = 8, n2 = 9, n3 = 4, ...
-        argmax  = [[8, 1, 5, 2, 3, 3, 3]]   after the root 8: n1 accepted (n0 = 7 is not)
-                                            after n1 5: n4 (= 5) accepted, a leaf
-        path    = [[1, 4, -1]]
-        tokens  = [[8, 5, 3, -1]]           8, 5, then the target's 3 after n4
-    """
+    """Greedy verdict: drafts (M, N), the target's argmax ids (M, N + 1) -> TreeVerdict. A
+    node is accepted when its parent is and its token is the target's argmax after the parent
+    (worked example: docs/design/drafting.md, "Which path is accepted")."""
     m, n = drafts.shape
     parents = torch.tensor(tree.parents, dtype=torch.long)
     ok = torch.zeros(m, n + 1, dtype=torch.bool)  # column 0: the root, always "accepted"
@@ -97,11 +69,9 @@ def accept_sampled(
     probs: torch.Tensor,
     generator: torch.Generator | None = None,
 ) -> TreeVerdict:
-    """Lossless verdict at T > 0: drafts (M, N), target probabilities (M, N + 1, V).
-
-    ``probs`` are the target's distributions after every sampling parameter (temperature,
-    top-k, top-p, penalties). The rule and its worked example are in the module docstring.
-    """
+    """Lossless verdict at T > 0: drafts (M, N), target probabilities (M, N + 1, V) after
+    every sampling parameter (temperature, top-k, top-p, penalties). The rule and its worked
+    example: docs/design/drafting.md, "Which path is accepted"."""
     m = drafts.shape[0]
     rows = torch.arange(m)
     kids = children_table(tree)  # (N + 1, C)

@@ -1,19 +1,10 @@
 """Verifying a tree in one target forward: depth-based positions and the tree mask.
 
-A request's speculative part is the root (the token the target produced last) and its N
-nodes, breadth-first, after a prefix of L tokens whose KV entries are cached. Each node's
-query and key get the RoPE position of its depth (root + depth), so a node is scored exactly
-as if its own root-to-node path had been appended alone; its KV entry keeps a slot of its own
-(the node's index), and the mask lets it see the prefix, the root, its ancestors and itself,
-never a sibling's branch. ``tree_attention`` is that attention in pure PyTorch, the reference
-for the CPU path (a GPU build would pass the same mask to a kernel that takes a custom mask,
-such as FlashInfer's); ``test_tree`` checks it against causal attention over each path.
+Each node gets the RoPE position of its depth (root + depth) and sees the prefix, the root,
+its ancestors and itself, so it is scored as if its own path had been appended alone.
+``tree_attention`` is that attention in pure PyTorch, the reference for the CPU path.
 
-Example, root at position 100 and the tree ``[(0,), (1,), (0, 0)]``::
-
-    query    root  n0   n1   n2
-    position 100   101  101  102
-    sees     ..99 + root; + n0; + n1; + n0, n2   (prefix ..99 always)
+How it works: docs/design/drafting.md, "Tree positions and the tree mask".
 """
 
 from __future__ import annotations
@@ -27,8 +18,7 @@ def tree_positions(
     tree: TokenTree, root_positions: torch.Tensor, width: int | None = None
 ) -> torch.Tensor:
     """RoPE positions of the root and the tree's first `width - 1` nodes (all N when None):
-    root positions (M,) -> (M, width). Example, root 100, the tree above, width 3: [[100,
-    101, 101]]."""
+    root positions (M,) -> (M, width)."""
     offsets = torch.tensor((0, *tree.depths))[:width]  # the root, then each node's depth
     return root_positions[:, None] + offsets
 
@@ -40,12 +30,9 @@ def tree_attention(
     tree: TokenTree,
     scale: float,
 ) -> torch.Tensor:
-    """One request's attention for its root and nodes over prefix + tree.
-
-    q (T, nh, hs) with T = N + 1 (root, then the nodes); k, v (L + T, nkv, hs): the L prefix
-    entries, then the T new ones in the same order; nh a multiple of nkv (grouped queries).
-    Returns (T, nh, hs).
-    """
+    """One request's attention for its root and nodes over prefix + tree: q (T, nh, hs) with
+    T = N + 1 (root, then the nodes); k, v (L + T, nkv, hs), the L prefix entries then the T
+    new ones in the same order; nh a multiple of nkv (grouped queries). Returns (T, nh, hs)."""
     t, nh, _ = q.shape
     prefix = k.shape[0] - t
     groups = nh // k.shape[1]

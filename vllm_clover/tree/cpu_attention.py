@@ -1,20 +1,10 @@
 """Tree attention over vLLM-CPU's paged KV cache, for the speculative part of a step.
 
-vLLM's CPU kernel (`cpu_attention_with_kv_cache`) knows causal masks only. On a tree step the
-rows of each tree request (its root and nodes) are computed here instead, in PyTorch: keys and
-values of the prefix and of the tree are read from the paged cache (vLLM writes the step's
-rows there before the attention runs), and the mask is the tree's (``TokenTree.ancestor_mask``).
-The kernel runs only when other requests (prefills, requests without drafts) share the step,
-and their rows keep its output. A GPU build would instead hand the same mask to a kernel that
-takes a custom mask (FlashInfer's, or FlexAttention's block mask).
+vLLM's CPU kernel knows causal masks only, so each tree request's rows (root and nodes) are
+computed here in PyTorch with the tree mask, from keys and values in the paged cache, whose
+per-ISA layout ``CacheLayout.probe`` learns with vLLM's own writer instead of encoding it.
 
-The kernel stores each (block, KV head) in a layout of its own per ISA (keys transposed for
-`vec`, tiled in pairs for `amx`, ...). Rather than encode those layouts, ``CacheLayout.probe``
-writes known values with vLLM's own writer (`cpu_attn_reshape_and_cache`) into a one-block
-cache and reads back where each (token, channel) landed. Every layout seen so far is a strided
-view of the block (``StridedHalf``), so a layer's keys and values are read as whole blocks (one
-``index_select``) and reordered by one strided copy; a layout that is not strided falls back
-to a gather of every entry, about twice as slow.
+How it works: docs/design/drafting.md, "Tree attention on vLLM-CPU's paged cache".
 """
 
 from __future__ import annotations
@@ -34,11 +24,8 @@ from vllm_clover.tree.spec import TokenTree
 class StridedHalf:
     """A block's key (or value) half as a strided view: token j = (j1, j0) and channel
     d = (d1, d0) in digits of sizes (block_size / q, q, head_size / p, p) sit at offset
-    ``origin + j1 * strides[0] + j0 * strides[1] + d1 * strides[2] + d0 * strides[3]``.
-
-    Example, `vec` keys (block 128, head 64): sizes (128, 1, 64, 1), strides (1, 0, 128, 0),
-    the keys stored transposed; `amx` keys in bfloat16: sizes (8, 16, 32, 2), strides
-    (1024, 2, 32, 1), tiles of 16 tokens with channels in pairs."""
+    ``origin + j1 * strides[0] + j0 * strides[1] + d1 * strides[2] + d0 * strides[3]``
+    (examples per ISA: docs/design/drafting.md)."""
 
     sizes: tuple[int, int, int, int]
     strides: tuple[int, int, int, int]
@@ -139,9 +126,7 @@ class TreePlan:
     ) -> TreePlan:
         """block_table (R, max blocks); seq_lens (R,) tokens including the root and nodes;
         num_nodes (R,) the nodes each request drafted (the tree's first, breadth-first).
-        Example, block size 4, seq_lens (10, 7), num_nodes (3, 1) of a 3-node tree: 3 blocks,
-        S = 12; the first request's tree rows see columns 0..5 and their tree part at 6..9,
-        the second's 0..4 and 5..6, columns past a request's length being padding."""
+        Columns past a request's length are padding (example: docs/design/drafting.md)."""
         block_size = layout.key_index.shape[0]
         nb = -(-int(seq_lens.max()) // block_size)
         blocks = block_table[:, :nb].long()

@@ -1,17 +1,10 @@
 """Drafting a token tree with the Clover head loop: one head step per depth, batched over
 the depth's parent nodes and the requests.
 
-A node's children come from one head step fed with that node (the Regressive Connection
-makes a child depend on its parent's token): head step ``d`` reads the state its parent's
-step produced and the node's own token, and its top-k draft tokens are the children's, by
-rank. The chain is the tree whose every rank is 0, and drafts what ``HeadLoop.propose``
-drafts (tested). No KV cache is involved: each step reads one state per node.
+A node's children are, by rank, the top-k tokens of one head step fed with that node (the
+Regressive Connection). The all-rank-0 tree drafts what ``HeadLoop.propose`` drafts (tested).
 
-Example, the tree ``[(0,), (1,), (0, 0), (0, 1), (1, 0)]`` (nodes n0..n4)::
-
-    step 0 on the root  (h0, t0)           -> top-2 of head 0: n0, n1
-    step 1 on n0, n1    (h out of step 0,   -> top-2 of head 1 after n0: n2, n3;
-                         tokens n0, n1)        top-1 after n1: n4
+How it works: docs/design/drafting.md, "Drafting a tree".
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """vLLM's rejection sampler, for token trees: the target's logits at every root and node in,
 each request's emitted tokens out (``tree.accept`` decides, greedy or lossless multi-draft).
 
-The runner hands a spec-decode step's logits as one row per scheduled token that needs one:
-for request m with n_m drafts, n_m + 1 rows (its root, then its nodes breadth-first). The
-output is what vLLM's chain sampler returns, (num_reqs, N + 1) int32 with -1 after each
+The output is what vLLM's chain sampler returns, (num_reqs, N + 1) int32 with -1 after each
 request's tokens, so the runner's bookkeeping and the scheduler read it unchanged.
 
-Sampling parameters: temperature, top-k and top-p are applied per request with vLLM's own
-`apply_sampling_constraints`, seeded requests draw from their own generator, and
-`allowed_token_ids` masks every row. What depends on the tokens before a row (penalties,
-bad words, min-tokens, logprobs) is refused at admission (``patches/trees.py``).
+How it works: docs/design/drafting.md, "The tree sampler".
 """
 
 from __future__ import annotations
@@ -57,11 +52,7 @@ def verify_trees(
 def _padded(tree: TokenTree, num_draft_tokens: list[int], draft_token_ids: torch.Tensor):
     """Drafts (M, N), -1 where a request drafted no token for a node, and the logits row of
     each request's root and nodes (M, N + 1), its root's where it has none; a request's
-    drafts are the tree's first nodes, breadth-first.
-
-    Example, N = 3, draft counts [2, 0] and flat drafts [7, 8]: drafts [[7, 8, -1],
-    [-1, -1, -1]]; rows [[0, 1, 2, 0], [3, 3, 3, 3]].
-    """
+    drafts are the tree's first nodes, breadth-first (example: docs/design/drafting.md)."""
     n = torch.tensor(num_draft_tokens)
     m, width = n.numel(), tree.num_nodes
     starts = torch.cumsum(n + 1, 0) - (n + 1)  # (M,) root rows

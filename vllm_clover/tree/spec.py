@@ -1,27 +1,10 @@
 """A token tree as users give it: paths of top-k ranks, one rank per depth.
 
-``"[(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]"`` is six draft nodes under a root (the
-token the target just produced). ``(0,)`` is head 0's best token after the root, ``(1,)`` its
-second best; ``(0, 1)`` is head 1's second-best token after ``(0,)``, and so on. A node's parent
-is its path without the last rank. This is the format vLLM and Medusa took
-(``speculative_token_tree``); ``num_speculative_tokens`` is the number of nodes.
+``"[(0,), (1,), (0, 0)]"`` is three draft nodes under a root (the token the target just
+produced): head 0's best and second-best tokens, then head 1's best after the first. This is
+the format vLLM and Medusa took (``speculative_token_tree``). Nodes are numbered breadth-first.
 
-Nodes are numbered breadth-first (by depth, then by path), so that a depth's nodes are one
-slice and a parent always comes before its children. Worked example for the tree above::
-
-    node     0     1     2       3       4       5
-    path    (0,)  (1,)  (0, 0)  (0, 1)  (1, 0)  (0, 0, 0)
-    depth    1     1     2       2       2       3
-    rank     0     1     0       1       0       0
-    parent  -1    -1     0       0       1       2         (-1: the root)
-
-          root
-         /    \\
-       0(r0)  1(r1)
-       /   \\      \\
-    2(r0) 3(r1)  4(r0)
-      |
-    5(r0)
+How it works: docs/design/drafting.md, "Token trees: the format".
 """
 
 from __future__ import annotations
@@ -41,7 +24,7 @@ class TokenTreeError(ValueError):
 
 @dataclass(frozen=True)
 class TokenTree:
-    """A validated tree of draft nodes, breadth-first (see the module docstring)."""
+    """A validated tree of draft nodes, breadth-first (parents before their children)."""
 
     paths: tuple[tuple[int, ...], ...]
 
@@ -145,15 +128,7 @@ class TokenTree:
     def ancestor_mask(self) -> torch.Tensor:
         """(N + 1, N + 1) bool, row q sees column k: the root (row 0) and the nodes (1 + i).
 
-        Each node sees the root, its ancestors and itself. For the module's example::
-
-            root  1 0 0 0 0 0 0
-            n0    1 1 0 0 0 0 0
-            n1    1 0 1 0 0 0 0
-            n2    1 1 0 1 0 0 0
-            n3    1 1 0 0 1 0 0
-            n4    1 0 1 0 0 1 0
-            n5    1 1 0 1 0 0 1
+        Each node sees the root, its ancestors and itself (example: docs/design/drafting.md).
         """
         n = self.num_nodes
         mask = torch.zeros(n + 1, n + 1, dtype=torch.bool)

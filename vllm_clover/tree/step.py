@@ -1,29 +1,10 @@
 """One engine step that verifies token trees, from input preparation to compaction.
 
-vLLM schedules a tree request like a chain: its last sampled token (the root) and its n draft
-tokens as n + 1 query rows, with KV slots at positions root + 1 .. root + n. The drafts are the
-tree's first n nodes, breadth-first (vLLM cuts a request's drafts near its token limit: a
-breadth-first prefix of a tree is still a tree), so draft row j is node j.
-``TreeStep`` changes what those rows mean, in four places of the step (``patches/trees.py``
-calls each):
-
-1. ``set_positions``: after vLLM computed slots from the row positions, each node gets the
-   RoPE position of its depth (root + depth): draft row j keeps slot root + 1 + j.
-2. ``attend``: the tree requests' rows are computed with the tree mask (``tree_attention``),
-   reading keys and values from the cache, where vLLM wrote the step's rows before the
-   attention ran; vLLM's causal kernel runs only when other requests share the step. Each
-   layer's cache is noted for step 4.
-3. ``verify_trees`` (``tree/sampler.py``): the target's logits at the root and every node
-   decide the accepted path (``tree.accept``); the emitted tokens go back to vLLM as if a
-   chain of that length had been accepted.
-4. ``compact``: the accepted path's KV entries are copied to slots root + 1 .. root + a in
-   every layer's cache, so the next step finds a chain. The proposer reorders the step's
-   hidden states the same way (``chain_order``), and vLLM's own bookkeeping (accepted
-   counts, the next step's positions, the drafter's KV cache) needs nothing else.
-
-Example, tree [(0,), (1,), (0, 0)], root at position 40 in query row 7: rows 7..10 get
-positions 40, 41, 41, 42; if the path n1 (token 5) is accepted with bonus 9, vLLM sees
-tokens [5, 9], and only n1's KV entry moves: from the slot of row 9 to that of row 8.
+vLLM schedules a tree request like a chain: root and n drafts (the tree's first n nodes) as
+n + 1 query rows with slots root + 1 .. root + n. ``TreeStep`` changes what those rows mean in
+four places that ``patches/trees.py`` calls: ``set_positions``, ``attend``, ``verify_trees``
+(``tree/sampler.py``) and ``compact``.
+How it works: docs/design/drafting.md, "One tree step in the runner".
 """
 
 from __future__ import annotations
