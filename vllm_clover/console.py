@@ -1,10 +1,7 @@
 """Output a person reads: our lines on the terminal, everything else in a log file.
 
-vLLM, PyTorch and their C++ code write start-up notices, progress bars and warnings straight
-to the process's stdout and stderr (file descriptors 1 and 2), which Python's logging and
-warnings filters cannot hold back. ``quiet_output`` points both descriptors at a log file for
-the length of a command (child processes inherit them) and hands the command a stream to the
-terminal for its own lines.
+``quiet_output`` points file descriptors 1 and 2 at a log file for a command, since vLLM,
+PyTorch and their C++ code write there directly, past Python's logging and warnings filters.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""`vllm-clover demo`: the project's main job on the bundled reference target.
-
-Generates the same MT-Bench answers twice through vLLM, once plainly and once with Clover
-speculative decoding, and prints what a user wants to know: are the outputs identical (in
-float32 they must be; in bfloat16, where one is not, a third, untimed vanilla engine shows
-that it parts from vanilla's at a rounding tie, else the demo fails: ``bench/ties.py``), how
-many tokens each verification step yields (tau), and the speedup.
-"""
+"""`vllm-clover demo`: the same MT-Bench answers through vLLM, plainly and with Clover, on the
+bundled reference target: output equality (a bfloat16 parting must be a rounding tie,
+``bench/ties.py``), tau and the speedup (docs/design/engine-layer.md, "The commands")."""
 
 from __future__ import annotations
 
@@ -29,8 +24,8 @@ TIE_NOTE = (
     "verification scores several tokens at once, where rounding may swap two near-equal "
     "tokens, docs/equivalence.md; --dtype float32 is token-exact"
 )
-# The bare "What is the capital of France?" is a rounding tie in bfloat16 for this target (its
-# first tokens "L" and "The" are one bf16 step apart); asking for one sentence is not.
+# "in one sentence": the bare question is a bfloat16 rounding tie for this target
+# (docs/design/engine-layer.md, "The commands").
 SANITY_QUESTION = "What is the capital of France? Answer in one sentence."
 SANITY_ANSWER = "Paris"
 

@@ -11,8 +11,8 @@ if TYPE_CHECKING:
 
 # vLLM on CPU refuses to start without a KV-cache budget (GiB); plenty for the reference target.
 DEFAULT_CPU_KVCACHE_GIB = "2"
-# float32: the precision in which speculative outputs must equal vanilla ones token for token.
-# enforce_eager: 17 s engine start instead of 46 s; compiled and eager give identical tokens.
+# float32: where speculative outputs must equal vanilla ones token for token; enforce_eager:
+# a faster engine start, same tokens (docs/design/engine-layer.md, "The commands").
 REFERENCE_ENGINE_ARGS: dict[str, Any] = {
     "dtype": "float32",
     "enforce_eager": True,
@@ -31,12 +31,9 @@ def start_llm(model: str, **engine_args: Any) -> LLM:
     set_cpu_env_defaults()
     from vllm import LLM, envs
 
-    # vLLM runs a full gc.collect() about seven times while it loads the models, each over
-    # every object alive (torch, vLLM, the caller's data: ~0.4 s apiece in a test process),
-    # and freezes the heap itself once it has started. Frozen now, the long-lived objects are
-    # skipped by those collections (in a forked engine-core process too). An in-process
-    # engine keeps the heap frozen, as vLLM would, until it shuts down; with a separate
-    # engine-core process nothing in vLLM unfreezes this one, so it collects as before.
+    # Frozen now, long-lived objects are skipped by the full collections vLLM runs while it
+    # loads; only an in-process engine keeps the heap frozen, as vLLM would
+    # (docs/design/engine-layer.md, "The commands").
     gc.freeze()
     args = {**REFERENCE_ENGINE_ARGS, **engine_args}
     if "max_model_len" not in engine_args:  # the default, within what the model was made for

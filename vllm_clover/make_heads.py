@@ -1,19 +1,6 @@
-"""`vllm-clover make-heads`: one command from a target to served heads, resumable.
-
-    preflight   the target loads; what can refuse the run refuses it now, in seconds
-                (Augmenting Block, Clover's fit, the draft vocabulary; a base model without
-                a chat template is run as plain-text completion, said once)
-    data        the target answers the first --samples prompts itself       OUT/data.jsonl
-    train       Clover heads distilled from it                              OUT/heads/
-    eval        held-out answers: top-1 per head, offline tau               OUT/eval.json
-    check       the next --check-prompts prompts (never trained on) through vLLM, vanilla
-                and with the heads drafting at every step: greedy equality, tau,
-                acceptance per position, tokens/s                           OUT/check.json
-
-then one results table, printed and written into the heads' model card. Run again, it reuses
-each step's output and resumes an interrupted training run (its state is saved as it goes).
-`generate-data`, `train` and `eval-heads` stay for whoever needs one step alone.
-"""
+"""`vllm-clover make-heads`: one command from a target to served heads, resumable: preflight,
+data, train, eval and a check through vLLM, then a results table in the heads' model card.
+The steps: docs/training.md, "One command: `make-heads`"."""
 
 from __future__ import annotations
 

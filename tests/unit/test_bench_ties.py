@@ -20,7 +20,7 @@ pytestmark = pytest.mark.unit
 @pytest.mark.parametrize(
     ("a", "b", "first"),
     [
-        ([5, 9, 2, 7], [5, 9, 4, 1], 2),  # the docstring's example
+        ([5, 9, 2, 7], [5, 9, 4, 1], 2),  # docs/design/engine-layer.md's tie-check example
         ([5, 9, 2], [5, 9, 2], None),  # equal
         ([5, 9], [5, 9, 2], 2),  # one ended (EOS) where the other went on
         ([], [3], 0),

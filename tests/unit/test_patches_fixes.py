@@ -11,6 +11,7 @@ from vllm_clover.patches.marking import MARKER
 pytestmark = pytest.mark.unit
 
 
+# The worked example of docs/design/engine-layer.md, "Fixes of vLLM behaviour" (cpu_float_expand).
 def test_torch_expand_matches_its_worked_example():
     output = torch.full((5,), float("nan"))
     fixes._torch_expand(output, torch.tensor([0.5, 0.0, 2.0]), torch.tensor([2, 2, 5]), 0, 1)

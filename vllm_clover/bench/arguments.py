@@ -1,8 +1,5 @@
-"""The `vllm-clover bench` command line: its flags, and the `BenchConfig` they make.
-
-Unset workload flags (None) take the full protocol's preset (or --quick's); every value is
-checked by `config.py`, before any engine starts.
-"""
+"""The `vllm-clover bench` command line: its flags, and the `BenchConfig` they make (unset
+workload flags take the preset; `config.py` checks every value)."""
 
 from __future__ import annotations
 

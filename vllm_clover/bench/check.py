@@ -1,13 +1,6 @@
-"""Heads checked through vLLM on held-out prompts: what `make-heads` ends with.
-
-Vanilla decoding and Clover with the new heads, both in float32 (where speculative decoding
-must give vanilla's tokens exactly), greedy, one request at a time, on prompts the heads never
-trained on. Clover drafts with every head at every step (``"draft_budget": "fixed"``): the
-check measures the heads, and the goodput budget would measure this machine too, drafting
-little or nothing where weak first heads do not pay for their step, so that tau would say
-more about the CPU than about the heads. A target without a chat template gets its prompts
-as plain text (completion mode, ``training/chat.py``), as it got them in training.
-"""
+"""Heads checked through vLLM on held-out prompts (what `make-heads` ends with): vanilla and
+Clover in float32, greedy, one request at a time, every head drafting at every step. Why:
+docs/design/engine-layer.md, "The make-heads check"."""
 
 from __future__ import annotations
 

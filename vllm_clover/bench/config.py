@@ -1,8 +1,5 @@
-"""Options of `vllm-clover bench`: one typed dataclass, validated before any engine starts.
-
-Every problem a user can cause (an unknown method, a missing or wrong checkpoint, a bad
-batch size) is a `BenchError` naming it, raised here, so no engine start is wasted on it.
-"""
+"""Options of `vllm-clover bench`: one typed dataclass, validated before any engine starts
+(every problem a user can cause is a `BenchError` naming it)."""
 
 from __future__ import annotations
 
@@ -23,13 +20,10 @@ NGRAM_LOOKUP = {"prompt_lookup_min": 2, "prompt_lookup_max": 4}
 # `LLM(...)` and `vllm serve` give users by default).
 ENGINE_MODES = ("in-process", "multiprocess")
 DTYPES = ("float32", "bfloat16")
-# Whether answers stop at the end-of-sequence token (--ignore-eos). At T > 0 a method's answer
-# lengths are random, so runs that stop at EOS time different amounts of work and their
-# tokens/s differ by chance; "auto" runs every answer to max_tokens at T > 0 only (at T = 0
-# every method gives vanilla's answers, EOS included).
+# Whether answers stop at the end-of-sequence token (--ignore-eos); "auto": past it at T > 0
+# only, where random answer lengths would time different amounts of work.
 EOS_POLICIES = ("auto", "always", "never")
-# The evaluation protocol (docs/history/benchmarks-2026-11.md), and a few-minute version of it for
-# 2 cores.
+# The evaluation protocol (docs/history/benchmarks-2026-11.md), and a few-minute version of it.
 FULL_PRESET = {
     "batch_sizes": (1, 4, 16, 64),
     "temperatures": (0.0, 1.0),
@@ -199,11 +193,8 @@ def resolve_methods(
     eagle3_drafter: str | None = None,
 ) -> tuple[Method, ...]:
     """Methods to run, vanilla first; checkpoints are checked here, not at engine start.
-
-    Clover methods run with Clover's defaults. A variant "NAME={json}" runs the --clover-heads
-    checkpoint (or the JSON's "model") with more speculative_config keys, as a method of its
-    own: '{"draft_budget": "fixed"}', '{"speculative_token_tree": "default"}' (`_variant`).
-    """
+    Clover methods run with Clover's defaults; each variant "NAME={json}" is a method of its
+    own (`_variant`)."""
     unknown = [n for n in names if n not in STANDARD_METHODS]
     if unknown:
         raise BenchError(
@@ -242,11 +233,8 @@ def _clover(
 
 def _variant(text: str, clover_heads: str) -> Method:
     """--clover-variant NAME={json}: a Clover checkpoint with more speculative_config keys,
-    checked as far as no engine is needed. Examples: '{"draft_budget": "fixed"}' (K = the
-    heads at every step), '{"draft_budget": "fixed", "num_speculative_tokens_per_batch_size":
-    [[1, 1048576, 0]]}' (vLLM's batch-size table at K = 0: an engine that drafts nothing),
-    '{"draft_sample_method": "greedy"}', '{"speculative_token_tree": "default"}' (the
-    checkpoint's tree; K is its node count), '{"model": DIR, ...}' (another checkpoint)."""
+    checked as far as no engine is needed, e.g. '{"draft_budget": "fixed"}' (more examples:
+    docs/design/engine-layer.md, "Options")."""
     name, sep, options = (part.strip() for part in text.partition("="))
     label = f"--clover-variant {name}"
     try:

@@ -1,12 +1,6 @@
-"""One timed generation on a vLLM engine and the speculative-decoding counters around it.
-
-Shared by `vllm-clover demo` and `vllm-clover bench`. vLLM's counters are cumulative over an
-engine's life, so every figure here is a difference of two snapshots taken around the timed
-call (warm-up and earlier runs on the same engine do not leak in).
-
-Drafting time is measured inside the engine by the ledgered hook
-`patches/hooks.py` (the model runner's `propose_draft_token_ids`, timed).
-"""
+"""One timed generation on a vLLM engine and the speculative-decoding counters around it
+(differences of snapshots of vLLM's cumulative counters), for `demo` and `bench`. How it
+works: docs/design/engine-layer.md, "Counters"."""
 
 from __future__ import annotations
 
@@ -138,7 +132,7 @@ def metric_total(llm: LLM, name: str) -> float:
 
 
 def install_drafting_timer(llm: LLM) -> None:
-    """Make `read_counters` include the time spent drafting (see the module docstring)."""
+    """Make `read_counters` include the time spent drafting (`patches/hooks.py`)."""
     from vllm_clover.patches.hooks import DRAFTING, time_methods
 
     llm.collective_rpc(time_methods, args=((DRAFTING,),))
@@ -185,8 +179,8 @@ def set_engine_mode(mode: str) -> None:
     it (so it changes no other engine)."""
     multiprocess = mode == "multiprocess"
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocess else "0"
-    if multiprocess:  # collective_rpc ships the drafting timer (a function) to the engine
-        # core by pickle; that socket only links this bench's own two processes
+    if multiprocess:  # collective_rpc pickles the drafting timer to the engine core, over
+        # a socket that links only this bench's own two processes
         os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
 
 

@@ -1,9 +1,6 @@
 """Benchmark figures: one row per timed run, their medians per configuration, JSON and
-Markdown.
-
-Every ratio compares with vanilla decoding at the same batch size, temperature, engine mode
-and round, measured in the same invocation on the same prompts (`summary.py` takes medians).
-"""
+Markdown. Every ratio is to vanilla at the same batch size, temperature, engine mode and
+round, in the same invocation (docs/design/engine-layer.md, "Medians")."""
 
 from __future__ import annotations
 
@@ -163,10 +160,8 @@ def build_rows(
     results: list[tuple[Any, dict[float, Run], dict[str, Any]]], reruns: dict | None = None
 ) -> list[dict[str, Any]]:
     """Rows for (EngineJob, runs by temperature, engine settings) results, each compared
-    with the vanilla run of its round, engine mode, batch size and temperature, wherever in
-    the round that ran. A run whose vanilla has not run yet (a report written mid-round)
-    gets no row until it has. `reruns`: the tie check's, by (engine mode, batch size), once
-    it has run (a group that parted nowhere has none)."""
+    with its round's vanilla run (none yet, mid-round: no row yet). `reruns`: the tie
+    check's, by (engine mode, batch size), once it has run."""
     vanilla = round_vanillas(results)
     return [
         run_row(
@@ -260,10 +255,9 @@ def _fmt(value: float | None, pattern: str) -> str:
 
 
 def markdown_table(summary: list[dict[str, Any]]) -> str:
-    """One line per configuration: medians over rounds with their [min-max] range, tau,
-    drafts verified per request and step that had drafts (a tree's nodes, after its
-    confidence threshold), acceptance, overheads, T=0 equality (``summarize`` rows); and,
-    where a run drafted with "lookup", the prompt lookup's share of the drafts."""
+    """One line per configuration (``summarize`` rows): medians with their [min-max] range,
+    tau, drafts verified per drafting step, acceptance, overheads, T=0 equality, and the
+    prompt lookup's share of the drafts where a run used "lookup"."""
     lookup = any(row.get("lookup_verified") for row in summary)
     lines = [
         "| method | engine | batch | T | tokens/s | vs vanilla | tau | drafts verified "
@@ -318,9 +312,8 @@ def _spread(row: dict[str, Any], name: str, pattern: str, unit: str = "") -> str
 
 
 def busy_warning(report: dict[str, Any]) -> str | None:
-    """A warning if the machine was busy with other work during the benchmark (heuristic:
-    a 1-minute load average above cores + 1 before some engine; the benchmark's own engine
-    keeps about `cores` threads busy)."""
+    """A warning if the machine was busy with other work during the benchmark (a 1-minute
+    load average above cores + 1 before some engine), else None."""
     cores = report["machine"]["usable_cores"] or 1
     loads = [row["engine"].get("load_avg_1m_before", 0.0) for row in report["runs"]]
     if not loads or max(loads) <= cores + 1:

@@ -1,13 +1,6 @@
 """Run the benchmark: one engine per (round, engine mode, batch size, method), serving every
-temperature. Rounds alternate the engines (vanilla, ngram, ..., vanilla, ngram, ...), so a
-slow spell of a shared machine hits every method alike; the report takes medians.
-
-Each engine runs in its own child process, forked from a multiprocessing fork server that
-has imported vLLM once and never computes anything: engine starts skip the import (10-20 s
-here), an engine's leftovers cannot disturb the next one (numba, which ngram imports, breaks
-every later engine start in a process), and no child is forked from a process whose OpenMP
-threads already ran (GNU OpenMP hangs such children, e.g. after an in-process engine).
-"""
+temperature, each in a child of a fork server that imported vLLM once; rounds alternate the
+engines. How it works: docs/design/engine-layer.md, "Engines in child processes"."""
 
 from __future__ import annotations
 
@@ -53,11 +46,8 @@ class EngineJob:
 
 
 def run_engine_job(job: EngineJob) -> tuple[dict[float, Run], dict[str, Any]]:
-    """Start the engine, warm it up on a full batch, time `chats` at each temperature.
-
-    The prefix cache is emptied before each timed run, so no run reuses another's prefill.
-    Returns the runs by temperature and the engine settings that matter for speed.
-    """
+    """Start the engine, warm it up on a full batch, time `chats` at each temperature (the
+    prefix cache emptied before each); the runs by temperature and the engine settings."""
     from vllm import SamplingParams
 
     set_engine_mode(job.engine_mode)  # (a child process per engine)
@@ -126,14 +116,8 @@ def run_isolated(function: Callable[[Any], Any], argument: Any) -> Any:
 
 def engine_jobs(config: BenchConfig, target: str, chats: list[Chat]) -> list[EngineJob]:
     """Every engine, round by round: per round and engine mode, each batch size's methods
-    back to back, each round starting one method later than the one before.
-
-    On a shared machine the engines of a round can slow down one after another; a fixed
-    order would put that drift on the same methods in every round. Each run is still
-    compared with its own round's vanilla (`report.build_rows`). Example, methods
-    (vanilla, clover, ngram) over 3 rounds: vanilla clover ngram | clover ngram vanilla |
-    ngram vanilla clover.
-    """
+    back to back, each round starting one method later than the one before (why, with an
+    example: docs/design/engine-layer.md, "Engines in child processes")."""
     return [
         EngineJob(
             target,
@@ -191,22 +175,9 @@ def run_bench(config: BenchConfig, command: str) -> dict[str, Any]:
 
 
 def check_ties(results: list[tuple[EngineJob, dict[float, Run], Any]]) -> dict:
-    """The tie check: where a T = 0 run's output parts from its round's vanilla output, was
-    vanilla's best token a rounding tie there, or did it clearly lead (a bug)? Vanilla's
-    reruns, by (engine mode, batch size) and chat index; untimed, after every timed engine.
-
-    In float32 no output should part; in bfloat16 some do, at rounding ties (bench/ties.py,
-    docs/equivalence.md). One vanilla engine per (engine mode, batch size) whose runs parted
-    reruns those chats greedily with two logprobs per position, with the timed engines'
-    settings, and `report.py` gives each parted prompt vanilla's top-2 gap at its first
-    differing token.
-
-    Example, batch size 1, 8 chats: round 0's clover parts from vanilla at chat 3, token 17;
-    round 1's at chat 3, token 17 and chat 5, token 40. One engine reruns chat 3 for 18 tokens
-    and chat 5 for 41, and both rounds read their gaps from those reruns. At batch size 4 it
-    reruns all 8 chats whole, so that the same requests share the same steps as in the timed
-    runs.
-    """
+    """The tie check: vanilla's untimed reruns of the chats whose T = 0 outputs parted, by
+    (engine mode, batch size) and chat index (docs/design/engine-layer.md, "The tie
+    check")."""
     reruns = {}
     for job in tie_jobs(results):
         batch, mode = job.timed.batch_size, job.timed.engine_mode

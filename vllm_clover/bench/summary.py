@@ -1,11 +1,9 @@
 """Medians over the benchmark's rounds: one summary row per (method, engine mode, batch size,
 temperature), the figures the tables show.
 
-Each round ran every engine once, in turn, and each run's ratio is to the vanilla run of the
-same round; the summary keeps the median and the [min, max] of those per-round figures.
-Example, three rounds of Clover at batch 1: ratios 1.00, 1.07, 1.05 -> 1.05, range
-[1.00, 1.07]. Acceptance is pooled (all rounds' accepted tokens over all their drafts), and
-equal_prompts and the partings counts summed over rounds.
+Each run's ratio is to its own round's vanilla; the summary keeps the median and [min, max]
+of the per-round figures, pools acceptance and sums counts (example:
+docs/design/engine-layer.md, "Medians").
 """
 
 from __future__ import annotations

@@ -1,17 +1,6 @@
-"""Where two greedy runs part, and whether vanilla's two best tokens were a rounding tie there.
-
-In float32 Clover's greedy output equals vanilla's token for token. In bfloat16 it may not:
-a verification step scores several tokens per request, matmul shapes that decoding one token
-never runs, so where vanilla's two best logits are within bfloat16 rounding of each other the
-other token can win, and the two continuations part from there (docs/equivalence.md; vanilla
-does the same between its own batch sizes). Such a parting is rounding. One where vanilla's
-best token led by more than rounding is a bug.
-
-Example: vanilla [5, 9, 2, 7] and Clover [5, 9, 4, 1] part at index 2. Vanilla, rerun up to
-index 2 with logprobs, gives {2: -0.70, 4: -0.82} there: a top-2 gap of 0.12, within
-`NEAR_TIE["bfloat16"]`, so a tie. (log-softmax shifts every logit of a position by the same
-amount, so the gap of the logprobs is the gap of the logits.)
-"""
+"""Where two greedy runs part, and whether vanilla's two best tokens were a rounding tie there
+(rounding in bfloat16) or vanilla's best token clearly led (a bug). Why, with a worked
+example: docs/design/engine-layer.md, "The tie check"."""
 
 from __future__ import annotations
 
@@ -19,8 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-# Top-2 logit gaps within rounding: float32 ties are exact up to accumulation order; bfloat16
-# ones span up to four bf16 steps at this target's logit magnitudes (16 to 32, a step 0.125).
+# Top-2 logit gaps within rounding: float32 up to accumulation order; bfloat16 up to four bf16
+# steps at the reference target's logit magnitudes (docs/design/engine-layer.md).
 NEAR_TIE = {"float32": 1e-4, "bfloat16": 0.5}
 
 
@@ -84,16 +73,10 @@ def rerun_vanilla(
     max_tokens: int | None = None,
     ignore_eos: bool = False,
 ) -> dict[int, VanillaRerun]:
-    """Greedy reruns with two logprobs per position in `llm`, a vanilla engine with the
-    vanilla run's settings, by chat index.
-
-    With `max_tokens` None the rerun is just the chats in `lengths`, each up to its length:
-    enough where each prompt ran alone (batch size 1). In bfloat16 the numerics of a step
-    depend on which requests share it, so after a run at a larger batch size pass the run's
-    `max_tokens` (and its `ignore_eos`): every chat is rerun as the run ran it, and the same
-    requests share the same steps. Example: lengths {1: 6} at batch size 1 reruns chat 1 for
-    6 tokens; with max_tokens 64 every chat reruns for 64.
-    """
+    """Greedy reruns with two logprobs per position in `llm` (vanilla), by chat index: with
+    `max_tokens` None the chats in `lengths`, each up to its length (batch size 1); else
+    every chat with the run's `max_tokens` and `ignore_eos`, as a larger batch ran it
+    (docs/design/engine-layer.md, "The tie check")."""
     from vllm import SamplingParams
 
     rerun = sorted(lengths) if max_tokens is None else list(range(len(chats)))

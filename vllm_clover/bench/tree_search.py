@@ -1,20 +1,7 @@
-"""`vllm-clover search-tree`: which token tree to draft, measured through vLLM.
-
-The target decodes the given prompts greedily while the heads draft a wide candidate tree
-(``CANDIDATE``: 12 ranks at depth 1, 6 x 6 at depth 2, 27 nodes at depth 3, 4 at depth 4,
-cut to the heads' depth), and the tree verifier counts how often each node was accepted. A
-node's greedy acceptance depends on its own path only, so its rate holds in every subtree
-that keeps the path, and the best subtree of N nodes is the N most accepted ones
-(``best_subtree``); its predicted tau is 1 + the sum of their rates. The chain's
-(the rank-0 nodes) is read off the same run. ``--write-default N`` records the best N-node
-tree in the heads' config.json (``token_tree``), which ``"speculative_token_tree":
-"default"`` then drafts; time it against the chain with ``vllm-clover bench --clover-variant
-tree='{"speculative_token_tree": "default"}'`` on other prompts than the search's.
-
-Example: ``vllm-clover search-tree --heads my-heads --prompts held-out.jsonl --sizes 4 8
---write-default 8`` prints ``chain`` and ``tree-4``, ``tree-8`` with their predicted tau and
-writes ``my-heads/tree_search.json``.
-"""
+"""`vllm-clover search-tree`: which token tree to draft, measured through vLLM. The heads draft
+a wide candidate tree (``CANDIDATE``) and the best N-node subtree is the N most accepted
+nodes; ``--write-default N`` records it as the heads' ``token_tree``. How it works:
+docs/design/engine-layer.md, "Searching a token tree"."""
 
 from __future__ import annotations
 

@@ -1,22 +1,7 @@
 """The AVX2 bfloat16 GEMM (``bf16_gemm.c``): compiled once into the cache, called with ctypes.
-
-On a CPU without bfloat16 units (AVX2 only) oneDNN creates no bf16 matmul, so
-vLLM-CPU runs bf16 linear layers through PyTorch's fallback, which reads the whole weight
-once per row of x: verifying K drafts then costs K + 1 decode steps of matmuls, and a prefill
-of M tokens M of them. The C kernel reads each weight once for all rows (float32 sums, one
-order per output element whatever M is), in the order of PyTorch's own AVX2 kernel, so its
-results equal PyTorch's fallback bit for bit (the unit tests check it where that runs).
-From LARGE_ROWS rows (prefill chunks) the weight is widened to float32 a block at a time for
-PyTorch's float32 GEMM instead: more arithmetic per byte than the kernel's passes do.
-
-The library is built with the system C compiler (``$CC``, else ``cc``) into
-``<cache>/kernels/<source hash>/``, under a temp name and renamed, so concurrent vLLM
-processes never load half a file; a machine without a compiler, or a CPU without AVX2 and
-FMA, keeps PyTorch's path (``load_kernel`` says why).
-
-Example: ``gemm = load_kernel().kernel``; ``gemm(x, w)`` with x (5, 576) and w (960, 576)
-bfloat16 -> (5, 960) bfloat16, equal to ``F.linear(x, w)`` row for row.
-"""
+It reads a weight once for all rows of x, where PyTorch's fallback reads it once per row, with
+results equal to PyTorch's bit for bit. How it works, with an example:
+docs/design/engine-layer.md, "The AVX2 bfloat16 GEMM"."""
 
 from __future__ import annotations
 
@@ -38,11 +23,10 @@ SOURCE = Path(__file__).with_name("bf16_gemm.c")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC")
 NEEDED_FLAGS = frozenset({"avx2", "fma"})  # /proc/cpuinfo flags the kernel's code uses
 SYMBOL = "clover_bf16_linear"
-# From this many rows of x (prefill chunks) the weight is widened to float32 block by block and
-# multiplied by PyTorch's float32 GEMM, which is faster there than the kernel's few-row passes;
-# below it (decode and verification steps) the kernel keeps PyTorch's bf16 sums exactly.
+# From this many rows of x (prefill chunks) the weight is widened to float32 block by block for
+# PyTorch's float32 GEMM; below it (decode, verification) the kernel keeps PyTorch's bf16 sums.
 LARGE_ROWS = 128
-WEIGHT_BLOCK = 4096  # weight rows widened at a time (9.4 MB of float32 at K = 576)
+WEIGHT_BLOCK = 4096  # weight rows widened at a time
 
 
 class Bf16Gemm:
@@ -130,8 +114,7 @@ def load_kernel() -> KernelStatus:
     if missing:
         return KernelStatus(None, f"the CPU lacks {', '.join(sorted(missing))}")
     try:
-        # torch is loaded, so the library's libgomp.so.1 resolves to torch's own OpenMP
-        # runtime: one thread pool, sized and pinned as vLLM set it.
+        # libgomp.so.1 resolves to torch's own OpenMP runtime: one thread pool, as vLLM set it
         return KernelStatus(Bf16Gemm(ctypes.CDLL(str(build()))))
     except (OSError, RuntimeError) as err:
         return KernelStatus(None, f"the kernel could not be built: {err}")

@@ -1,25 +1,7 @@
-"""The GEMMs the engine multiplies few rows with on CPU (ledger: `cpu_row_gemm`, `cpu_bf16_gemm`).
-
-A head step ends by scoring z (M, D), one row per request (or per tree node), against the
-N x D draft rows of the LM head, and its small layers (the decoder's and the next-token
-fusion's D x D projections, the heads' D x 2D ones, the layer fusion) multiply a few rows
-each; verifying K drafts multiplies K + 1 rows per request through every target layer.
-PyTorch's CPU matmul is slow at such shapes, so this module hands faster kernels to the
-pure-PyTorch head network (as a ``RowPacker`` for the draft rows and as the forward of its
-linear layers, ``pack_linears``) and to vLLM's own bf16 linear layers:
-
-- vLLM-CPU's oneDNN GEMM with the weight packed once, the kernel of its own Linear layers;
-- where oneDNN has no bfloat16 matmul (a CPU without bf16 units, AVX2 only), the plugin's
-  AVX2 GEMM for bf16 weights (``bf16_gemm.py``), which reads a weight
-  once for all rows where PyTorch's fallback reads it once per row. vLLM's linear layers
-  get it through the `cpu_bf16_gemm` patch, in every engine, so that vanilla and
-  speculative steps multiply alike; ``CLOVER_SKIP_FIXES=cpu_bf16_gemm`` turns it off.
-
-Timings per CPU are in docs/history/drafting-cost-2026-11.md.
-
-Example: ``pack = onednn_row_packer()``; ``kernel = pack(rows)`` with rows (8192, 576)
-float32; ``kernel(z)`` with z (4, 576) float32 -> (4, 8192), equal to ``z @ rows.T``.
-"""
+"""The GEMMs the engine multiplies few rows with on CPU (ledger: `cpu_row_gemm`, `cpu_bf16_gemm`):
+vLLM-CPU's packed oneDNN GEMM or, where oneDNN has no bf16 matmul, the plugin's AVX2 GEMM
+(``bf16_gemm.py``), for the head network's draft rows and linear layers and vLLM's bf16
+layers. How it works, with examples: docs/design/engine-layer.md, "Few-row GEMMs"."""
 
 from __future__ import annotations
 
@@ -130,12 +112,7 @@ def pack_linears(*modules: nn.Module | None) -> int:
     """Run the linear products of these (pure-PyTorch) modules on the packed GEMM: each
     ``nn.Linear``'s forward and each ``LinearHead``'s ``project``, with the weights as they
     are now (call it after loading them; serving never changes them after). Returns how
-    many were packed: 0 where the build has no oneDNN or the weights are not on the CPU.
-
-    Example: the shipped Clover-2 heads pack 13 products: the layer fusion's three (target
-    layers 2, 15, 27), the next-token fusion's one, the decoder's q, k and v, and the four
-    heads' projections.
-    """
+    many were packed: 0 where the build has no oneDNN or the weights are not on the CPU."""
     from vllm import _custom_ops as ops
 
     if not getattr(ops, "_supports_onednn", False):

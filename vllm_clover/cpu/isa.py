@@ -1,16 +1,6 @@
-"""What this CPU multiplies in hardware, read once from /proc/cpuinfo (no vLLM, no torch ops).
-
-The families vLLM-CPU users serve on, by the flags that decide what multiplies bfloat16:
-
-    AVX2 only (Zen 2/3 EPYC, older Xeons)    no bf16 units: oneDNN has no bf16 matmul
-    AVX-512 (Skylake-X, Ice Lake)            oneDNN emulates bf16
-    AVX512-BF16 (Zen 4/5, Cooper Lake)       bf16 dot products in hardware
-    AMX (Sapphire / Granite Rapids)          bf16 tiles
-
-``ONEDNN_MAX_CPU_ISA`` and ``ATEN_CPU_CAPABILITY`` make oneDNN and PyTorch behave as a lesser
-CPU; ``CLOVER_CPU_FLAGS`` (a space-separated flag list) does the same for the choices made
-here, so a forced family can be tested on any machine.
-"""
+"""What this CPU multiplies in hardware, read once from /proc/cpuinfo (no vLLM, no torch ops);
+``CLOVER_CPU_FLAGS`` forces the flags. The families: docs/design/engine-layer.md, "CPU
+families"."""
 
 from __future__ import annotations
 
@@ -47,10 +37,8 @@ def cpu_model() -> str:
 
 
 def isa_family(flags: frozenset[str]) -> str:
-    """The family of the table above: "AMX", "AVX512-BF16", "AVX-512", "AVX2" or "pre-AVX2".
-
-    Examples: {"avx2", "fma"} -> "AVX2"; {"avx512f", "avx512_bf16"} -> "AVX512-BF16".
-    """
+    """The CPU family: "AMX", "AVX512-BF16", "AVX-512", "AVX2" or "pre-AVX2".
+    Example: {"avx2", "fma"} -> "AVX2"."""
     if "amx_bf16" in flags:
         return "AMX"
     if "avx512_bf16" in flags:

@@ -1,19 +1,6 @@
 """Keep freed large buffers in the process heap (glibc's ``mallopt``), for CPU processes that
-allocate and free the same large tensors at every step.
-
-glibc serves a block above its mmap threshold with a fresh ``mmap`` and unmaps it on free, so
-a step that allocates tens of MB of activations, logits or gradients page-faults all of it in
-again, zeroed, at every step: kernel time beside the arithmetic. Two tunables keep such blocks
-in the heap instead (what a preloaded tcmalloc or jemalloc would do):
-
-    M_MMAP_MAX = 0             large blocks come from the heap, not from fresh mappings
-    M_TRIM_THRESHOLD = 2 GiB   freed heap memory is kept for the next step, not returned
-
-Used by vLLM engines on CPU (the ledger's ``cpu_malloc``) and by the trainers on CPU. A
-trainer's tensors change size from step to step (sequence lengths), so the heap fragments:
-freed holes stay resident and the heap grows past the live set. ``trim_heap`` hands the
-holes' pages back (glibc's ``malloc_trim``); the trainers call it every few steps.
-"""
+allocate and free the same large tensors at every step: vLLM engines (``cpu_malloc``) and the
+trainers. Why: docs/design/engine-layer.md, "Large blocks kept in the heap"."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
-"""The `block_rest` patch: at a step with nothing to draft, the Augmenting Block rests (see
-the ledger and ``CloverProposer.idle_step``).
-
-Heads with an Augmenting Block would pay for its pass at every step, drafting or not, to keep
-its paged KV cache whole. At a K = 0 step the runner's `propose_draft_token_ids` asks the
-drafter's `idle_step` first; where it answers, the runner skips what it would prepare for
-`propose` (the next tokens, the target's rows) and the block its pass, over prompt chunks
-too. The draft budget prices K = 0 at what such a step costs, since every K = 0 step rests.
-"""
+"""The `block_rest` patch: at a step with nothing to draft, the Augmenting Block rests
+(``CloverProposer.idle_step``; docs/design/engine-layer.md, "The resting block")."""
 
 from __future__ import annotations
 
@@ -15,9 +8,7 @@ from vllm_clover.patches.marking import CLOVER_METHOD, patch_attribute
 
 def rest_applies(vllm_config) -> bool:
     """Whether this engine's block may rest: Clover chains whose heads have an Augmenting
-    Block, one step in flight at a time (no async scheduling, no batch queue: the runner's
-    next step must not read what a skipped `propose` would have prepared). The target's
-    KV-cache groups do not matter: a rest skips only the block's own pass."""
+    Block, one step in flight at a time (no async scheduling, no batch queue)."""
     spec = vllm_config.speculative_config
     if spec is None or spec.method != CLOVER_METHOD:
         return False

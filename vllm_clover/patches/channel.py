@@ -1,15 +1,6 @@
-"""The plugin's one typed channel on vLLM's objects (ledger entry `clover_channel`).
-
-A Clover engine keeps state beside vLLM's own: the draft budget beside the scheduler, the
-token-tree verifier beside the model runner, a tree step's layout beside the attention
-metadata that carries it to the attention backend. Each is one dataclass below, attached to
-the vLLM object under the one attribute name ``CHANNEL``; the patches read it back with
-``channel_of``. Nothing else of the plugin's is set on vLLM's objects (a test checks it).
-
-Example: the goodput patch does ``scheduler_channel(scheduler).budget = budget``; later
-``channel_of(scheduler, SchedulerChannel).budget`` is that controller, and
-``channel_of(scheduler, RunnerChannel)`` is None.
-"""
+"""The plugin's one typed channel on vLLM's objects (ledger entry `clover_channel`): one
+dataclass per vLLM object, under the attribute ``CHANNEL``, read back with ``channel_of``.
+How it works: docs/design/engine-layer.md, "The typed channel"."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """A ledger entry, and the vLLM module paths its targets are written against.
 
-The ledger itself (which entries, and why the plugin needs each) is `patches/__init__.py`
-(patches) and `patches/reliances.py` (what the plugin overrides, relies on or hooks).
+The entries are `patches/ledger.py` (patches) and `patches/reliances.py` (what the plugin
+overrides, relies on or hooks).
 """
 
 from __future__ import annotations

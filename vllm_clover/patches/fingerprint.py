@@ -1,12 +1,5 @@
-"""What the ledger records of a vLLM internal: where it is, and a fingerprint of its source.
-
-A target is written "module:qualified.name", e.g.
-"vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer.set_inputs_first_pass". Its
-fingerprint is the first 12 hex digits of the sha256 of its source text (functions, methods,
-classes; a patch's wrapper is looked through to the original) or of its repr (values such as
-a `Literal` of method names). Any edit to the code we patch or rely on changes it, which is
-what the ledger test checks against the installed vLLM.
-"""
+"""What the ledger records of a vLLM internal: where it is ("module:qualified.name"), and a
+fingerprint of its source (docs/design/engine-layer.md, "Fingerprints")."""
 
 from __future__ import annotations
 

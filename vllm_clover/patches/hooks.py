@@ -1,13 +1,6 @@
-"""Hooks the benchmarks install on a running engine's model runner (see the ledger).
-
-`time_methods` wraps some of one model runner's methods in wall-clock timers: the bench
-times `propose_draft_token_ids` (everything vLLM does to draft one step: for Clover the
-Augmenting Block and the K head steps, for Medusa the heads, for ngram the lookup), the step
-profile (benchmarks/step_profile.py) the phases of a step listed in `STEP_PHASES`. On CPU
-every call is synchronous, so the wall time inside a method is its cost. Each wrapper is an
-instance attribute of that runner only; nothing else changes. Run these functions in the
-worker (`LLM.collective_rpc`).
-"""
+"""Hooks the benchmarks install on a running engine's model runner (see the ledger): wall-clock
+timers on some of its methods, run in the worker (`LLM.collective_rpc`). How it works:
+docs/design/engine-layer.md, "Benchmark hooks"."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """The ledger's patches: every vLLM internal the plugin replaces, one `Entry` each (applied by
-`apply_patches` in ``patches/__init__.py``, which also holds the ledger's overview table)."""
+`apply_patches` in ``patches/__init__.py``; the overview table is docs/design/engine-layer.md,
+"The patches ledger")."""
 
 from __future__ import annotations
 

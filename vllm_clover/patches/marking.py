@@ -30,12 +30,8 @@ def is_patched(obj: object, name: str) -> bool:
 def patch_attribute(owner: object, attribute: str, name: str) -> Callable[[Callable], Callable]:
     """Decorator of a patch's wrapper, called as `wrapper(original, *args, **kwargs)`: puts it
     in place of `owner.attribute` unless the patch `name` is in already. The replacement
-    looks through to the original (functools.wraps: `__wrapped__`, which fingerprints and
-    `is_patched` follow) and carries the mark `name`. Example::
-
-        @patch_attribute(Medusa, "load_weights", "medusa_token_map")
-        def load_weights(original, self, weights): ...
-    """
+    looks through to the original (`__wrapped__`) and carries the mark `name` (example:
+    docs/design/engine-layer.md, "Marking and wrapping")."""
 
     def install(wrapper: Callable) -> Callable:
         original = getattr(owner, attribute)

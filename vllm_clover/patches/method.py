@@ -1,10 +1,6 @@
-"""The patches that make "clover" a speculative method of vLLM 0.32 (see the ledger).
-
-vLLM 0.32 has no registry for speculative methods: the method is a closed `Literal`, the
-proposer is picked by an if/elif in the model runner, and "uses the target's hidden states
-and a draft KV cache" is hard-wired to EAGLE-like methods. Each patch here opens one of those
-doors, and nothing else.
-"""
+"""The patches that make "clover" a speculative method of vLLM 0.32 (see the ledger): each
+opens one closed door (the method `Literal`, the runner's proposer choice, the EAGLE-only
+paths), and nothing else. How: docs/design/engine-layer.md, "The method patches"."""
 
 from __future__ import annotations
 
@@ -40,9 +36,8 @@ def patch_method_literal() -> None:
 
 
 # --------------------------------------------------------------------------- clover_fields
-# Clover's own `speculative_config` keys: name -> (type, default). vLLM 0.32's SpeculativeConfig
-# is a closed pydantic dataclass, so `speculative_config={"draft_confidence": ...}` would be
-# refused as an unexpected keyword without them.
+# Clover's own `speculative_config` keys: name -> (type, default); without them the closed
+# pydantic SpeculativeConfig refuses them as unexpected keywords.
 CLOVER_FIELDS: dict[str, tuple[object, object]] = {
     "draft_confidence": (float | list[float] | None, None),
     "draft_budget": (Literal["goodput", "fixed"] | None, None),
@@ -84,10 +79,8 @@ VLLM_DEFAULT = "vllm_clover.vllm_default"  # field metadata key: vLLM's own defa
 
 def patch_draft_sample_default() -> None:
     """`SpeculativeConfig.draft_sample_method: DraftSampleMethod | None = None`, with vLLM's
-    default ("greedy") kept in the field's metadata. vLLM gives every method "greedy" when
-    the key is absent, so a user's "greedy" could not be told from no setting; with None for
-    "not given", `post_init` resolves it: Clover's chains draw their drafts
-    (`checks.resolve_draft_sampling`), every other method gets vLLM's default back."""
+    default ("greedy") kept in the field's metadata, so that `post_init` can tell a user's
+    "greedy" from no setting (docs/design/engine-layer.md, "The method patches")."""
     from pydantic.dataclasses import rebuild_dataclass
     from vllm.config import speculative
 
@@ -202,12 +195,9 @@ def _check_lookup(spec, tree: bool) -> None:
 
 
 def _keep_last_prefix_block(spec, config) -> None:
-    """On a prefix-cache hit vLLM recomputes the last cached block for EAGLE-like drafters,
-    whose draft KV at the block's last slot was computed with the token that followed it
-    then. Heads that read H alone (no Augmenting Block, or one without the next-token fusion)
-    have draft KV that the prefix fixes, like the target's: they keep that block. Heads with
-    the fusion give it up only where the token after the hit differs (the prefix_block_drop
-    patch, ``prefix_blocks.py``), so vLLM's drop is off for every Clover engine."""
+    """Turn vLLM's EAGLE block drop off for every Clover engine: heads that read H alone keep
+    a hit's last block, heads with the next-token fusion give it up only where the
+    prefix_block_drop patch says (docs/design/engine-layer.md, "The method patches")."""
     if spec.disable_eagle_block_drop:
         return
     spec.disable_eagle_block_drop = True
@@ -263,10 +253,8 @@ def patch_runner_drafter() -> None:
 
 
 def request_target_layers(runner, config) -> None:
-    """Heads with ``target_layers``: ask the target for those layers as EAGLE-3 does. vLLM's
-    load_model then sets them on the target (``_setup_eagle3_aux_hidden_state_outputs``, which
-    reads ``eagle_aux_hidden_state_layer_ids`` from the draft config), and the target_signal
-    patch hands them to the proposer after H."""
+    """Heads with ``target_layers``: ask the target for those layers as EAGLE-3 does (vLLM's
+    load_model sets them on the target; the target_signal patch hands them over after H)."""
     if not getattr(config, "target_layers", None):
         return
     config.eagle_aux_hidden_state_layer_ids = tuple(config.target_layers)
@@ -275,12 +263,8 @@ def request_target_layers(runner, config) -> None:
 
 # --------------------------------------------------------------------------- target_signal
 def patch_target_signal() -> None:
-    """Give Clover heads with target layers the signal [H | L_a ...], not the layers alone.
-
-    With aux outputs on, vLLM hands a drafter ``torch.cat(aux_hidden_states)`` in place of H
-    (EAGLE-3 reads the layers only); Clover reads H first. Putting H at the head of the list
-    lets every row selection vLLM makes apply to H and the layers alike.
-    """
+    """Give Clover heads with target layers the signal [H | L_a ...], not the layers alone:
+    H goes at the head of vLLM's aux list, so every row selection applies to both."""
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     signature = inspect.signature(GPUModelRunner.propose_draft_token_ids)
@@ -311,14 +295,8 @@ def patch_v1_runner_only() -> None:
 
 # --------------------------------------------------------------------------- async_scheduling
 def patch_async_scheduling() -> None:
-    """Count Clover among the EAGLE-style methods `VllmConfig` allows async scheduling for.
-
-    vLLM 0.32 turns async scheduling off (or refuses it) for any method not in
-    `EagleModelTypes`, a Literal read by name in `vllm/config/vllm.py` only for that check.
-    Clover drafts through `EagleProposer.propose` (same inputs, on-device drafts), which is
-    what async scheduling needs; without this, vanilla decoding would keep an advantage that
-    has nothing to do with speculation.
-    """
+    """Count Clover among the EAGLE-style methods `VllmConfig` allows async scheduling for
+    (rebinds `EagleModelTypes`, read by name in `vllm/config/vllm.py` only for that check)."""
     from typing import get_args
 
     from vllm.config import vllm as config_module
@@ -330,15 +308,9 @@ def patch_async_scheduling() -> None:
 
 # --------------------------------------------------------------------------- draft_lengths
 def patch_draft_lengths() -> None:
-    """Cut each request's Clover draft at its first -1 before the scheduler sees it.
-
-    The proposer returns [num_reqs, K] with -1 after a request's confidence stop
-    (`HeadLoop.propose`) or a lookup chain shorter than K; vLLM's scheduler takes
-    per-request draft lists of any length (ngram relies on it), so a row [12, 7, -1, -1]
-    becomes [12, 7] and that request verifies two drafts next step. Under async scheduling
-    the runner reads the on-device draft tensor instead, so the proposer never stops early
-    there (see `CloverProposer`).
-    """
+    """Cut each request's Clover draft at its first -1 before the scheduler sees it: a row
+    [12, 7, -1, -1] becomes [12, 7]. Not under async scheduling, where the proposer never
+    stops early (docs/design/engine-layer.md, "The method patches")."""
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     @patch_attribute(GPUModelRunner, "take_draft_token_ids", "draft_lengths")

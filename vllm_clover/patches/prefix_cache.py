@@ -1,20 +1,6 @@
 """The `prefix_block_drop` patch: Clover-2 engines give up a prefix-cache hit's last block
-only where its draft KV is stale (see the ledger and ``prefix_blocks.py``).
-
-vLLM drops the last block of every hit for EAGLE-like drafters (`use_eagle_block_drop`).
-For heads with the next-token fusion, post_init turns vLLM's drop off
-(`disable_eagle_block_drop`) and this patch does it where it is needed: it wraps the
-scheduler's KV-cache manager, on that instance only, so that
-
-- `allocate_slots` and `cache_blocks`, after vLLM caches a request's full blocks, record the
-  token that followed each (`BlockFollowers.record`);
-- `free` records the followers its last step sampled before the request's blocks go;
-- `get_computed_blocks` gives up the hit's last block unless the request's token after the
-  hit is that block's follower.
-
-A user's `disable_eagle_block_drop` cannot be told from post_init's: with these heads the
-rule above applies either way, and it only gives up blocks whose draft KV is stale.
-"""
+only where its draft KV is stale (``prefix_blocks.py``). How it works:
+docs/design/engine-layer.md, "Prefix-cache blocks"."""
 
 from __future__ import annotations
 

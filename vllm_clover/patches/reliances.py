@@ -1,6 +1,6 @@
 """The ledger's overrides, reliances and hooks: the vLLM internals the plugin's proposer,
-draft model and tools call, read or wrap without replacing them (see `patches/__init__.py`
-for the ledger as a whole and its patches).
+draft model and tools call, read or wrap without replacing them (the ledger as a whole:
+docs/design/engine-layer.md, "The patches ledger").
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
-"""The `goodput_budget` patch: a Clover engine's scheduler picks each step's K (see the ledger).
-
-vLLM 0.32's scheduler already drafts a per-step K when `num_speculative_tokens_per_batch_size`
-is set: it looks K up as `dynamic_sd_lookup[number of requests scheduled]`, sends it to the
-runner as `SchedulerOutput.num_spec_tokens_to_schedule`, and stops padding resumed decodes to
-K + 1 tokens. The patch puts a `GoodputLookup` in that slot, so the same code path asks the
-`GoodputController` instead of a table, and times every step (from `schedule` to
-`update_from_output`, which on the synchronous scheduler spans the whole forward, sampling
-and drafting) to teach it. A table the user gives stays vLLM's (draft_budget "fixed"). The
-controller and the step's start time travel in the scheduler's `SchedulerChannel`.
-"""
+"""The `goodput_budget` patch: a Clover engine's scheduler picks each step's K through vLLM's
+own dynamic-K slot (`dynamic_sd_lookup`), and times every step to teach the controller.
+How it works: docs/design/engine-layer.md, "The goodput budget's hook"."""
 
 from __future__ import annotations
 
@@ -28,9 +20,8 @@ SUMMARY_EVERY = 1000  # steps between the controller's log lines
 
 class GoodputLookup:
     """Stands in for the scheduler's dense batch-size -> K table: `lookup[B]` asks the
-    controller for the K of a step with B requests, and tells it whether the step carries
-    prompt tokens: a running request with more than its last token still to compute (read
-    while `schedule` runs, before it advances `num_computed_tokens`)."""
+    controller for the K of a step with B requests, telling it whether the step carries
+    prompt tokens (read while `schedule` runs, before `num_computed_tokens` advances)."""
 
     def __init__(self, controller: GoodputController, scheduler) -> None:
         self.controller = controller
@@ -44,8 +35,7 @@ class GoodputLookup:
 
 def goodput_controller(vllm_config) -> GoodputController | None:
     """The controller for this engine's scheduler, or None where K stays vLLM's (not Clover,
-    draft_budget "fixed", as a token tree's is, or a scheduler that does not run one step at
-    a time)."""
+    draft_budget "fixed", a tree, or more than one step at a time)."""
     spec = vllm_config.speculative_config
     if spec is None or spec.method != CLOVER_METHOD or spec.draft_budget != "goodput":
         return None

@@ -1,7 +1,6 @@
-"""Patches that let vLLM verify token trees (``speculative_token_tree``), on the V1 runner
-and vLLM-CPU's attention backend. What each step does is in ``tree/step.py``;
-here is only where it plugs in. Every patch is a no-op for engines without a tree.
-"""
+"""Patches that let vLLM verify token trees (``speculative_token_tree``) on the V1 runner and
+vLLM-CPU's attention; no-ops without a tree. What a tree step does: ``tree/step.py`` and
+docs/design.md, "Token trees"."""
 
 from __future__ import annotations
 
