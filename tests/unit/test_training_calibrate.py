@@ -9,7 +9,8 @@ from vllm_clover.training.calibrate import calibrate_confidence, chain_value
 
 pytestmark = pytest.mark.unit
 
-# The module docstring's two starts: p = [0.9, 0.2] h = [yes, no]; p = [0.3, 0.6] h = [no, yes]
+# The two starts of the worked example in docs/design/training-internals.md, "Draft-confidence
+# calibration": p = [0.9, 0.2] h = [yes, no]; p = [0.3, 0.6] h = [no, yes]
 CONFIDENCE = torch.tensor([[0.9, 0.2], [0.3, 0.6]])
 HITS = torch.tensor([[True, False], [False, True]])
 

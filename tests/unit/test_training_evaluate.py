@@ -48,7 +48,8 @@ def test_chain_acceptance_worked_example() -> None:
 
 
 def test_decode_steps_skip_the_positions_an_accepted_run_covers() -> None:
-    """The docstring's example: steps at t = 0 and 2 only, step tau 3.0 against 3.17."""
+    """The decode-steps worked example of docs/design/training-internals.md, "Offline
+    evaluation": steps at t = 0 and 2 only, step tau 3.0 against 3.17."""
     runs = [1, 3, 3, 3, 2, 1]  # accepted drafts of a step started at t = 0..5
     ok = torch.tensor([[i < a for i in range(K)] for a in runs])  # (6, K)
     ok[0, 2] = True  # a hit after a miss is never accepted

@@ -153,7 +153,8 @@ def test_cache_round_trip_and_reuse(tiny, teacher) -> None:
 
 
 def test_padded_batch_pads_rows_and_width() -> None:
-    """The docstring example: lengths [3, 2], width 4, 3 rows -> one filler row, all valid."""
+    """The worked example of docs/design/training-internals.md, "The hidden-state cache":
+    lengths [3, 2], width 4, 3 rows -> one filler row, all valid."""
     group = [
         TokenizedSequence(str(n), torch.arange(1, n + 1), torch.ones(n, dtype=torch.bool))
         for n in (3, 2)

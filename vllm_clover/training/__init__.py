@@ -1,10 +1,7 @@
 """Training and offline evaluation of Clover heads (pure PyTorch + transformers; no vLLM).
 
-    from vllm_clover.training import TrainConfig, train
-    result = train(TrainConfig(target="smollm2-135m-instruct", out="my-heads", max_samples=500))
-
-See docs/training.md. Only ``generate_data`` imports vLLM, lazily, inside its functions.
-Importing this package is cheap; ``train`` / ``TrainResult`` load torch on first use.
+``train(TrainConfig(target=..., out=...))`` runs one job (docs/training.md). Only
+``generate_data`` imports vLLM, lazily; ``train`` / ``TrainResult`` load torch on first use.
 """
 
 from __future__ import annotations

@@ -1,21 +1,8 @@
 """Content-addressed on-disk cache of the target's hidden states (bf16), reused across runs.
 
-Layout under the cache root (default ``<vllm-clover cache>/hidden-states``)::
-
-    <digest>/index.json              the fingerprint this folder is keyed by (see below)
-    <digest>/shard-<uuid>.safetensors
-        hidden  (sum T, D) bfloat16   post-norm last hidden states, sequences back to back
-        top1    (sum T,)   int32      argmax of the target's logits at each position (over
-                                      the draft rows only in a folder keyed by argmax_rows)
-        metadata: {"keys": [...], "lengths": [...]}  one key per sequence, in order
-
-``<digest>`` hashes (format version, target weight fingerprint, teacher dtype, hidden size,
-vocab size, and the argmax's rows when not the whole vocabulary). A sequence's key is the
-sha256 of its token ids, so tokenizer, chat template, data file and max length are all
-covered: different tokens are a different key, and a different target or teacher precision
-is a different folder. A stale entry can therefore never be hit. Shards are written to a
-temp file and renamed, so a crash or a full disk never leaves a shard that looks complete;
-rank r of a distributed run writes its own shards.
+One folder per fingerprint (target weights, teacher dtype, sizes), one key per sequence (the
+sha256 of its token ids), so a stale entry can never be hit; shards are written atomically.
+Layout and rules: docs/design/training-internals.md, "The hidden-state cache".
 """
 
 from __future__ import annotations
@@ -72,12 +59,8 @@ class HiddenStateCache:
     def refresh(self) -> None:
         """(Re)scan the shard headers (after another process added shards).
 
-        Two processes filling the same folder at once can both compute a sequence; their
-        copies differ by rounding (another batch shape, a compiled teacher). The copy in the
-        earliest-written shard is the one read, whatever order the shards are found in, so a
-        resumed run reads the signal its first process read. Example: shards A (written
-        12:00) and B (12:05) both hold key k -> k is read from A, in this process and any later.
-        """
+        A key held by several shards is read from the earliest-written one, in every process,
+        so a resumed run reads the signal its first process read."""
         found = {s: written_order(s) for s in self.dir.glob("shard-*.safetensors")}
         for shard, order in sorted(found.items(), key=lambda item: item[1]):
             if shard in self._handles:
@@ -157,13 +140,10 @@ class HiddenStateCache:
         progress: Callable[[int], None] | None = None,
         length_bucket: int = 1,
     ) -> int:
-        """Compute and store every sequence not yet cached; return the number computed.
+        """Compute and store every sequence not yet cached, longest first; return how many.
 
-        Sequences go longest first into right-padded batches of at most ``batch_tokens``
-        padded tokens; ``forward(ids (B, T), mask (B, T)) -> (H (B, T, D), top1 (B, T))``.
-        With ``length_bucket`` > 1 every batch has one of few shapes, for a compiled forward
-        (``padded_batch``).
-        """
+        ``forward(ids (B, T), mask (B, T)) -> (H (B, T, D), top1 (B, T))`` on batches of at most
+        ``batch_tokens`` padded tokens; ``length_bucket`` > 1: few shapes, for a compiled one."""
         todo = sorted(self.missing(sequences), key=len, reverse=True)
         pending: tuple[list[str], list[torch.Tensor], list[torch.Tensor]] = ([], [], [])
         i = 0
@@ -189,10 +169,7 @@ class HiddenStateCache:
 
 
 def shard_bytes(num_tokens: int, hidden_size: int) -> int:
-    """Disk the shards take for ``num_tokens``: H (bfloat16) + argmax (int32) per token.
-
-    Example: 1M tokens at D = 576 -> 1e6 * (2 * 576 + 4) B = 1.08 GiB.
-    """
+    """Disk the shards take for ``num_tokens``: H (bfloat16) + argmax (int32) per token."""
     return num_tokens * (hidden_size * 2 + 4)
 
 
@@ -212,9 +189,7 @@ def padded_batch(
     """(ids (rows, T), mask (rows, T)) of ``group`` right-padded to T = max(width, longest).
 
     Rows past the group are filler (token 0, mask all True: a row with no key to attend to
-    would give NaN), so a bucketed batch always has the same shape. Example: lengths [3, 2],
-    width 4, rows 3 -> mask [[1 1 1 0] [1 1 0 0] [1 1 1 1]].
-    """
+    would give NaN), so a bucketed batch always has the same shape."""
     width = max(width, max(len(s) for s in group))
     ids = torch.zeros(rows, width, dtype=torch.long)
     mask = torch.ones(rows, width, dtype=torch.bool)

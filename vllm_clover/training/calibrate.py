@@ -1,25 +1,6 @@
-"""Per-head draft-confidence thresholds (the checkpoint's ``draft_confidence``), calibrated
-on held-out chains.
-
-A request's draft chain stops at the first head whose best token has probability below that
-head's threshold (``HeadLoop.propose``). Every drafted token takes a verification slot in the
-target's forward whether or not it is accepted; every accepted one saves part of a step.
-Calibration picks the thresholds that maximise, over the chain starts ``evaluate`` collects,
-
-    value(theta) = E[accepted] - cost * E[drafted]
-
-where a start has head probabilities p_i and hits h_i (draft i equals the target's argmax),
-``drafted`` is its number of leading heads with p_i >= theta_i and ``accepted`` its number of
-leading heads with p_i >= theta_i and h_i. ``cost`` is the price of one verified draft in
-accepted tokens (``eval-heads --draft-token-cost``). Worked example, cost 0.25, two starts::
-
-    p = [0.9, 0.2], h = [yes, no]     p = [0.3, 0.6], h = [no, yes]
-    theta = [0, 0]     : drafted 2 + 2, accepted 1 + 0 -> value (1 - 0.25 * 4) / 2 = 0
-    theta = [0.5, 0.5] : drafted 1 + 0, accepted 1 + 0 -> value (1 - 0.25 * 1) / 2 = 0.375
-
-The search is coordinate ascent over each head's threshold, candidates being quantiles of
-that head's probabilities, 0 (always draft) and 1 (only a certain token), a few sweeps. It
-starts from theta = 0 (draft every head), so it never returns a worse value than that.
+"""Per-head draft-confidence thresholds (the checkpoint's ``draft_confidence``) maximising
+E[accepted] - cost * E[drafted] on held-out chains, by coordinate ascent from theta = 0 (draft
+every head). How it works: docs/design/training-internals.md, "Draft-confidence calibration".
 """
 
 from __future__ import annotations
@@ -55,7 +36,7 @@ def chain_value(
 def calibrate_confidence(
     confidence: torch.Tensor, hits: torch.Tensor, cost: float
 ) -> tuple[list[float], ChainValue]:
-    """(thresholds (K,) maximising ``chain_value``, their ChainValue); see module docstring."""
+    """(thresholds (K,) maximising ``chain_value``, their ChainValue)."""
     if cost < 0:
         raise ValueError(f"draft-token cost must be >= 0, got {cost}")
     k = confidence.shape[-1]

@@ -1,16 +1,8 @@
 """Training data: read conversations, apply the chat template, mask the assistant tokens.
 
-Accepted files (.json = one JSON array, .jsonl = one record per line):
-
-    {"conversations": [{"from": "human", "value": ...}, {"from": "gpt", ...}]}   ShareGPT
-    {"id": ..., "messages": [{"role": "user", "content": ...}, ...]}            our cache format
-    {"prompt": ..., "response": ...}  (or "completion")                         prompt/answer pair
-    {"prompt": ...}                    prompt only: feed it to `vllm-clover generate-data` first
-
-Every sequence is the target's chat template rendered over the whole conversation (plain
-text for a base model without one: ``chat.py``) and tokenised once; ``loss_mask`` is True
-exactly on the tokens of the assistant turns (their content and the end-of-turn marker, e.g.
-``<|im_end|>``), never on system/user text or on the template's role headers.
+``loss_mask`` is True exactly on the assistant turns' tokens (content and end-of-turn marker),
+never on system/user text or the template's role headers. Record formats and how the spans
+are found: docs/design/training-internals.md, "Data".
 """
 
 from __future__ import annotations
@@ -135,13 +127,9 @@ def assistant_spans(
 ) -> tuple[str, list[tuple[int, int]]]:
     """Render the chat and return (text, character spans of the assistant turns).
 
-    Turn j's span starts where ``render(chat[:j], add_generation_prompt=True)`` ends (the
-    template's assistant header is not trained on) and ends at the end of
-    ``render(chat[:j+1])`` with trailing whitespace stripped. ChatML example::
-
-        <|im_start|>user\\nHi<|im_end|>\\n<|im_start|>assistant\\nHello!<|im_end|>\\n
-                                                          [-------------------]  span
-    """
+    Turn j's span runs from the end of ``render(chat[:j], add_generation_prompt=True)`` to the
+    end of ``render(chat[:j+1])``, trailing whitespace stripped. TrainingError when the
+    template does not render prefixes as prefixes."""
 
     def render(messages: list[dict[str, str]], prompt: bool = False) -> str:
         return render_chat(tokenizer, messages, add_generation_prompt=prompt)
@@ -168,11 +156,8 @@ def assistant_spans(
 def tokenize_conversation(
     tokenizer: Any, conversation: Conversation, max_len: int
 ) -> TokenizedSequence | None:
-    """Chat template + tokenisation + assistant mask, truncated to ``max_len`` tokens.
-
-    Returns None when no assistant token is left to train on (a head needs at least the
-    token x_{t+2} to be an assistant token, so fewer than 2 such tokens is useless too).
-    """
+    """Chat template + tokenisation + assistant mask, truncated to ``max_len`` tokens; None
+    when no token from x_2 on is an assistant token (no head has a label to learn)."""
     chat = conversation.as_chat()
     if not any(m["role"] == "assistant" for m in chat):
         return None
@@ -194,28 +179,23 @@ def sequence_key(ids: torch.Tensor) -> str:
     return hashlib.sha256(ids.to(torch.int64).numpy().tobytes()).hexdigest()[:32]
 
 
-# Below this many conversations one process tokenises them all: a pool's start-up (each
-# worker imports torch and transformers) costs more than it saves on a few hundred.
-PARALLEL_MIN_CONVERSATIONS = 2000
-# Conversations per pool task: large enough that pickling the tokenizer per task is noise.
-PARALLEL_CHUNK = 500
+PARALLEL_MIN_CONVERSATIONS = 2000  # below this, a pool's start-up costs more than it saves
+PARALLEL_CHUNK = 500  # conversations per pool task: pickling the tokenizer per task is noise
 
 
 def tokenize_many(
     tokenizer: Any, conversations: Sequence[Conversation], max_len: int
 ) -> list[TokenizedSequence | None]:
     """``tokenize_conversation`` over all of them, in order, on up to 8 processes when there
-    are many (rendering the chat template is Python: the whole bundled set takes minutes on
-    one core)."""
+    are many (the chat template renders in Python)."""
     workers = min(8, os.cpu_count() or 1)
     if len(conversations) < PARALLEL_MIN_CONVERSATIONS or workers < 2:
         return [tokenize_conversation(tokenizer, c, max_len) for c in conversations]
     chunks = [
         conversations[i : i + PARALLEL_CHUNK] for i in range(0, len(conversations), PARALLEL_CHUNK)
     ]
-    # spawn, not fork: the caller may hold a CUDA context and OpenMP threads, which forked
-    # children would inherit (with fork, three trainers on an H200 machine hung right after
-    # tokenising, cause not established; without the pool one ran through)
+    # spawn, not fork: forked children would inherit the caller's CUDA context and OpenMP
+    # threads (docs/design/training-internals.md, "Data")
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(workers, mp_context=context) as pool:
         parts = pool.map(partial(_tokenize_chunk, tokenizer, max_len=max_len), chunks)
@@ -304,10 +284,8 @@ def plan_steps(
     """The whole run's optimizer steps, each a list of ``global_batch`` sequence indices.
 
     Epoch e visits the sequences in ``randperm(n, seed + e)`` order; an incomplete last batch
-    is dropped (every process must see the same number of micro-batches). The run stops after
-    the step at which ``max_tokens`` (sum of sequence lengths) is reached. Example:
-    lengths [5, 5, 5, 5, 5], global_batch 2, epochs 1 -> 2 steps of 2 indices.
-    """
+    is dropped (every process needs the same number of micro-batches); the run stops after the
+    step at which ``max_tokens`` (sum of sequence lengths) is reached."""
     if len(lengths) < global_batch:
         raise TrainingError(
             f"{len(lengths)} training sequence(s) but one optimizer step needs "

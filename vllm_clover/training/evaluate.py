@@ -1,25 +1,7 @@
-"""Offline head quality: per-head top-1/top-5 accuracy and the implied greedy-chain acceptance.
-
-Accuracy is measured against what vLLM's verifier checks at T=0: head i at position t is
-right when its top-1 (top-5) guess for x_{t+2+i} equals the target's own argmax at t+1+i.
-
-Chain acceptance simulates one greedy speculative step from every position t that greedy
-decoding could be in (the data token x_{t+1} is the target's argmax at t, i.e. t0). The heads
-draft d_0..d_{K-1} teacher-forced on the data; draft i is accepted when all earlier ones were
-and ``d_i == argmax_target(t+1+i) == x_{t+2+i}`` (the second equality keeps the teacher-forced
-inputs equal to what the heads would have fed themselves). Worked example, K = 3, one t::
-
-    d_i == target argmax      yes  yes  no     -> accepted = 2, tokens this step = 3
-    expected_accepted = mean over start positions of accepted;  tau = 1 + expected_accepted
-
-On self-distilled greedy data (`vllm-clover generate-data`) every data token is the target's
-argmax, and this is the acceptance of a step started at every position of those sequences.
-
-Decoding does not start a step at every position: a step that accepts a drafts moves on by
-a + 1, so the positions inside an accepted run are never starts. Easy stretches (where long
-runs are accepted) are crossed in few steps and hard ones one token per step, so the mean
-over the steps decoding takes (``decode_steps``, what vLLM counts) is below the mean over
-all positions. Both are reported: ``tau`` (every start) and ``step_tau`` (the decode walk).
+"""Offline head quality: per-head top-1/top-5 accuracy and the implied greedy-chain acceptance,
+graded against the target's own argmax (what vLLM verifies at T = 0): ``tau`` over a chain
+started at every position decoding could be in, ``step_tau`` over the steps it takes.
+How it works: docs/design/training-internals.md, "Offline evaluation".
 """
 
 from __future__ import annotations
@@ -53,8 +35,7 @@ def chain_hits(
     """(start positions (B, T) bool, draft i equals the target's argmax there (B, T, K) bool).
 
     preds: (B, T, K) head argmax as target ids; tokens/valid from ``graded_positions``.
-    A start's accepted drafts are its leading run of hits (``ok.cumprod``).
-    """
+    A start's accepted drafts are its leading run of hits (``ok.cumprod``)."""
     k, mask = preds.shape[-1], batch.attention_mask  # the argmax at t+1+i, a head's input's
     top1_next = shift_tokens_for_heads(batch.target_top1, k, mask).input_ids  # (B, T, K)
     ok = valid & (preds == top1_next) & (top1_next == tokens.target_ids)  # (B, T, K)
@@ -66,14 +47,8 @@ def decode_steps(start: torch.Tensor, ok: torch.Tensor, domain: torch.Tensor) ->
     """The chain steps greedy speculative decoding takes through one sequence: (S, K) hits.
 
     start (T,) and ok (T, K) are one row of ``chain_hits``; domain (T,) bool marks where a
-    step can begin (t0 = x_{t+1} is an answer token and draft 0 has a label). Decoding
-    begins at the first such t; a step at t accepts the leading run a of ok[t] (0 where t is
-    no start: the target's argmax leaves the data there) and the next begins at t + a + 1.
-    Worked example, K = 3, ok rows for t = 0..5 accepting 1, 3, 3, 3, 2, 1::
-
-        steps at t = 0 (a = 1) -> t = 2 (a = 3) -> t = 6: past the domain, stop
-        2 steps accept 4 drafts: step tau 3.0; over all 6 starts tau = 1 + 13 / 6 = 3.17
-    """
+    step can begin. A step at t accepts the leading run a of ok[t] (0 where t is no start)
+    and the next begins at t + a + 1 (worked example: docs/design/training-internals.md)."""
     accepted = (ok.long().cumprod(dim=-1).sum(dim=-1) * start).tolist()  # (T,)
     steps, next_start = [], 0
     for t in domain.nonzero().flatten().tolist():
@@ -125,7 +100,7 @@ def evaluate(
     batch_size: int,
     device: torch.device,
 ) -> EvalResult:
-    """Teacher-forced metrics of ``model`` over ``sequences`` (see module docstring)."""
+    """Teacher-forced metrics of ``model`` over ``sequences`` (module docstring)."""
     k = model.config.num_heads
     was_training = model.training
     model.eval()
@@ -176,10 +151,8 @@ def format_table(results: dict[str, dict[str, object]]) -> str:
 
 
 def eval_heads(cfg: EvalConfig) -> dict[str, dict]:
-    """Evaluate every checkpoint on the held-out split; print a table; return the metrics.
-
-    With the trainer's data/seed/eval-fraction/max-seq-len this is exactly its held-out set.
-    """
+    """Evaluate every checkpoint on the held-out split (the trainer's, given its data, seed,
+    eval fraction and max length); print a table; return the metrics."""
     runtime = init_runtime(cfg.device)
     if runtime.distributed:
         raise TrainingError("eval-heads runs in one process; do not launch it with torchrun")

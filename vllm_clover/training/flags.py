@@ -1,12 +1,7 @@
 """The flags of the training commands, built from their config dataclasses so that the two
 can never drift apart: ``num_heads`` -> ``--num-heads``; a bool that defaults to True becomes
-``--no-<name>`` (``attention_decoder`` -> ``--no-attention-decoder``), one that defaults to
-False becomes ``--<name>``::
-
-    parser = argparse.ArgumentParser(); add_arguments(parser, TrainConfig)
-    args = parser.parse_args(["--target", "T", "--out", "O", "--num-heads", "4"])
-    cfg = from_args(args, TrainConfig)
-    assert cfg.num_heads == 4 and cfg.attention_decoder
+``--no-<name>``, one that defaults to False ``--<name>``.
+Examples: docs/design/training-internals.md, "Flags".
 """
 
 from __future__ import annotations
@@ -29,7 +24,7 @@ def _flag(name: str) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
-    """One flag per field of the dataclass ``cls`` (see the module docstring for the naming)."""
+    """One flag per field of the dataclass ``cls`` (the module docstring says how it is named)."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         meta = dict(f.metadata)
@@ -52,12 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
 
 
 def to_command_line(config: Any, command: str = "vllm-clover train") -> str:
-    """The flags that rebuild ``config`` (a dataclass), by the rules of ``add_arguments``.
-
-    Only fields that differ from their default are written. Example:
-    TrainConfig(target="t", out="o", medusa=True) -> "vllm-clover train --target t --out o
-    --medusa"; attention_decoder=False -> "--no-attention-decoder".
-    """
+    """The flags that rebuild ``config`` (a dataclass), by the rules of ``add_arguments``;
+    only fields that differ from their default are written."""
     hints = typing.get_type_hints(type(config))
     words = command.split()
     for f in dataclasses.fields(config):

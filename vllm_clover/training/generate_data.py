@@ -1,22 +1,10 @@
 """`vllm-clover generate-data`: regenerate the assistant turns with the target itself.
 
-Heads are verified against the target's own distribution, so they should learn from text the
-target would write. Every assistant turn is replaced by the target's reply to the conversation
-so far (earlier turns already regenerated), one round of turns at a time, each round one
-batched call across all conversations::
-
-    round 0:  [sys, user1] -> reply1        (every conversation at once)
-    round 1:  [sys, user1, reply1, user2] -> reply2
-    ...
-
-Prompt-only records (``{"prompt": ...}``) get one reply. A prompt that does not fit the
-engine's context ends its conversation after the previous reply; a conversation left without
-any assistant turn is dropped. Output: our ``{"id", "messages"}`` JSONL, written atomically.
-
-Backends: ``vllm`` (default; fast, batched; vLLM is imported only inside ``vllm_generator``)
-and ``hf`` (transformers, for machines without vLLM such as a GPU box with PyTorch alone:
-``--hf-batching static``, the target's own layers over a static KV cache, or ``padded``,
-``generate`` in batches of similar prompt length; their speed is in docs/training.md).
+Heads are verified against the target's own distribution, so they learn from text the target
+would write: every assistant turn becomes the target's reply to the conversation so far, one
+round of turns at a time across all conversations. Backends: ``vllm`` (default; imported only
+inside ``vllm_generator``) and ``hf`` (transformers, for machines without vLLM). Rounds,
+dropped prompts and the backends' speed: docs/training.md, "Self-distillation".
 """
 
 from __future__ import annotations

@@ -1,28 +1,9 @@
 """Distillation loss of the Clover heads against the target's own distribution.
 
-Indexing (see vllm_clover/modeling/head_loop.py): head i (0-based) at position t reads
-x_{t+1+i} and guesses x_{t+2+i}. The target's distribution for that token is
-``softmax(W_lm @ H_{t+1+i})``, so the soft label of head i at t comes from the *cached hidden
-state at t+1+i* through the LM head; no logits are cached. Worked example, K = 2, T = 6::
-
-    t                      0     1     2     3     4     5
-    head 0 guesses         x2    x3    x4    x5    -     -
-    its soft label from    H1    H2    H3    H4    -     -
-    head 1 guesses         x3    x4    x5    -     -     -
-    its soft label from    H2    H3    H4    -     -     -
-
-A position is graded for head i only if x_{t+2+i} exists and is an assistant token.
-
-Per head:  CE_i = sum_t -sum_v p_T(v) log q_i(v)   (soft-label cross-entropy, temperature 1)
-           HL_i = sum_t mean_d SmoothL1(z_i, H_{t+1+i})     (optional, Clover-2 style)
-Total:     L = sum_i w_i (CE_i + lambda HL_i) / n_i,   w_i = base**i,
-where n_i counts head i's graded positions over the *whole optimizer step* (all micro-batches
-and processes), so gradient accumulation and DDP give the same gradient as one big batch.
-With a draft vocabulary of N ids both p_T and q_i are softmaxes over those N rows of W_lm
-(the target distribution renormalised over the draft vocabulary). With ``label_top_k`` k,
-p_T keeps its k likeliest tokens, renormalised (a top-k KL, up to p_T's own entropy; k = 1:
-hard labels, the target's argmax): example, p_T = (0.5, 0.3, 0.2) and k = 2 -> (0.625,
-0.375, 0).
+Head i at position t reads x_{t+1+i} and guesses x_{t+2+i}, graded where that token is an
+assistant token; its soft label is softmax(W_lm H_{t+1+i}), recomputed from the cached hidden
+state (no logits are cached). L = sum_i w_i (CE_i + lambda HL_i) / n_i, with n_i counted over
+the whole optimizer step. How it works: docs/design/training-internals.md, "Loss".
 """
 
 from __future__ import annotations
@@ -85,12 +66,9 @@ class HeadStats:
 def target_distributions(
     batch: Batch, valid: torch.Tensor, vocab_weight: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The target's distribution at every position some head is graded against, once.
-
-    Position s serves head 0 at t = s-1, head 1 at t = s-2, ...: one LM-head product per
-    position instead of one per head. Returns (rows (B, T) int64: row of position (b, s) in
-    probs or -1; probs (P, N) = softmax(W_lm[draft] @ H_s)).
-    """
+    """The target's distribution at every position some head is graded against, computed
+    once (position s serves head i at t = s-1-i): (rows (B, T) int64, the row of position
+    (b, s) in probs or -1; probs (P, N) = softmax(W_lm[draft] @ H_s))."""
     b_size, t_size, k = valid.shape
     need = torch.zeros(b_size, t_size, dtype=torch.bool, device=valid.device)  # (B, T)
     for i in range(k):
@@ -104,8 +82,7 @@ def target_distributions(
 
 
 def top_k_renormalised(probs: torch.Tensor, k: int) -> torch.Tensor:
-    """(P, N) distributions cut to their k likeliest entries and renormalised (see the
-    module's example)."""
+    """(P, N) distributions cut to their k likeliest entries and renormalised."""
     top = probs.topk(min(k, probs.shape[-1]), dim=-1)
     kept = top.values / top.values.sum(dim=-1, keepdim=True)
     return torch.zeros_like(probs).scatter_(-1, top.indices, kept)
@@ -124,9 +101,8 @@ def head_cross_entropy(
     """One head's soft-label cross-entropy sum_m -sum_v p(v) log q(v), q = softmax(z W^T), and
     its TOP_K best rows (log q and row index, for the stats; no gradient).
 
-    z (M, D), W (N, D), p_target (M, N). The (M, N) log q is the largest tensor of a training
-    step; ``--compile-heads`` runs this function under torch.compile, which fuses the log-softmax,
-    the product and the sum (and their backward) into a few passes over it."""
+    z (M, D), W (N, D), p_target (M, N). ``--compile-heads`` compiles it: the (M, N) log q is
+    a training step's largest tensor."""
     log_q = F.log_softmax(F.linear(z, weight).float(), dim=-1)  # (M, N)
     top = log_q.detach().topk(min(TOP_K, log_q.shape[-1]), dim=-1)
     return -(p_target * log_q).sum(), top.values, top.indices
@@ -152,17 +128,11 @@ def distill_loss(
     cross_entropy: HeadCrossEntropy | None = None,
     label_top_k: int | None = None,
 ) -> tuple[torch.Tensor, HeadStats, torch.Tensor, torch.Tensor]:
-    """Loss of one micro-batch (see module docstring), its stats and the head predictions.
+    """Loss of one micro-batch (module docstring), its stats and the head predictions.
 
-    features: (B, T, K, D) head features z from ``model.head_features``; valid: (B, T, K)
-    from ``graded_positions``; weights, normaliser: (K,). ``soft_labels=False`` is the
-    Medusa-1 ablation: one-hot labels x_{t+2+i} from the data instead of the target's
-    distribution (a label outside the draft vocabulary contributes nothing). Returns (scalar
-    loss to backward, HeadStats, predictions (B, T, K) int64 target ids, -1 where not graded,
-    their probabilities under the head (B, T, K) float32, 0 where not graded).
-    ``cross_entropy``: ``head_cross_entropy`` or a compiled copy of it (``--compile-heads``);
-    ``label_top_k``: the soft labels cut to their k likeliest tokens (module docstring).
-    """
+    features (B, T, K, D) from ``model.head_features``; valid (B, T, K); weights, normaliser (K,).
+    ``soft_labels=False``: the data's one-hot tokens (Medusa-1). Returns (scalar loss, HeadStats,
+    predictions (B, T, K) target ids or -1, their head probabilities (B, T, K) float32 or 0)."""
     cross_entropy = cross_entropy or head_cross_entropy
     k = features.shape[2]
     tables = model.tables

@@ -1,18 +1,8 @@
 """Medusa export: Medusa-configured heads as a vLLM-native ``MedusaModel`` folder, and back.
 
-``vllm-clover export-medusa`` turns heads trained with ``train --medusa`` (all Clover
-components off) into what vLLM 0.32's own Medusa proposer loads, so the Medusa baseline runs
-without any plugin code. Weights (vLLM ``model_executor/models/medusa.py`` layout)::
-
-    full vocabulary    blocks.{i}.layers.0.{weight,bias}, one lm_heads.{i}.weight (V, D)
-                       copy per head
-    draft vocabulary   blocks.{i}.*, one lm_heads.0.weight (N, D) = W_lm[draft_vocab_ids],
-                       token_map (N,), config truncated_vocab_size = N, original_lm_head
-                       (vLLM scatters the N logits back to the V target ids)
-
-``read_medusa`` reads such a folder back as Clover heads (``train --init-from`` a Medusa
-baseline): the LM-head rows are the target's own and are dropped, ``token_map`` becomes
-``draft_vocab_ids``.
+``export-medusa`` lets the Medusa baseline run on vLLM 0.32's own Medusa proposer, without any
+plugin code; ``read_medusa`` reads such a folder back as Clover heads (``train --init-from``).
+Weight layout: docs/checkpoint-format.md, "Medusa export".
 """
 
 from __future__ import annotations
@@ -49,10 +39,8 @@ def export_medusa(
     overwrite: bool = False,
     dtype: torch.dtype | None = None,
 ) -> Path:
-    """Write the vLLM Medusa folder (config.json + model.safetensors) of Medusa heads.
-
-    Only allowed when all Clover components are off (``model.config.is_medusa``).
-    """
+    """Write the vLLM Medusa folder (config.json + model.safetensors) of Medusa heads; a
+    ValueError unless all Clover components are off (``model.config.is_medusa``)."""
     config = model.config
     if not config.is_medusa:
         raise ValueError(
@@ -109,13 +97,10 @@ def medusa_state(
 def read_medusa(
     path: str | os.PathLike,
 ) -> tuple[CloverConfig, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """A vLLM-native Medusa folder (what ``export_medusa`` writes) as Clover Medusa heads.
-
-    Returns the config, the Clover tensors (``blocks.{i}.layers.0.*``, and ``draft_vocab_ids``
-    = ``token_map`` with a draft vocabulary) and the stored ``lm_heads.*`` rows, which the
-    caller checks against the target's LM head (Clover's Medusa trains none of its own).
-    CloverCheckpointError names what is not an exported single-layer Medusa folder.
-    """
+    """A vLLM-native Medusa folder (what ``export_medusa`` writes) as Clover Medusa heads:
+    (config, Clover tensors ``blocks.{i}.layers.0.*`` and ``draft_vocab_ids`` = ``token_map``,
+    the stored ``lm_heads.*`` rows for the caller to check against the target's LM head).
+    CloverCheckpointError names what is not an exported single-layer Medusa folder."""
     raw = read_config_json(path, "medusa")
     if raw.get("num_hidden_layers", 1) != 1 or not raw.get("medusa_fc_bias", False):
         raise CloverCheckpointError(

@@ -14,10 +14,9 @@ from vllm_clover.training.teacher import Teacher, augmenting_init, check_block_m
 
 
 def preflight(cfg: TrainConfig, teacher: Teacher) -> None:
-    """Everything about the target that can refuse a run, checked as soon as it is loaded
-    and before any data is tokenised or cached: the Augmenting Block's copy of its last
-    layer(s) (TrainingError naming --no-augmenting-block), the Clover configuration for it
-    (logits, shapes), the draft vocabulary's size."""
+    """TrainingError, before any data is tokenised or cached, for what about the target
+    refuses a run: the Augmenting Block's copy of its last layer(s) (naming
+    --no-augmenting-block), the Clover configuration for it, the draft vocabulary's size."""
     vocab = int(teacher.lm_head.shape[0])
     if cfg.draft_vocab_size and cfg.draft_vocab_size > vocab:
         raise TrainingError(

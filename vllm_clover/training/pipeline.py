@@ -1,16 +1,8 @@
 """Shared front half of `train` and `eval-heads`: target, tokenised data, filled cache.
 
-prepared = prepare(DataSpec(target="T", data="d.jsonl"), runtime, dtype)
-prepared.train, prepared.eval   # TokenizedSequence lists (seeded split)
-prepared.batch(sequences)       # Batch with (hidden (T, D) bf16, top1 (T,)) from the cache
-
-With ``target_layers`` every "hidden" is the target signal [H | L_j ...] (T, (1 + A) * D)
-of ``modeling/layer_fusion.py``, cached under a fingerprint of its own.
-
-The held-out split's cached argmax is always over the full vocabulary, so every reported
-evaluation is exact. The training split's may cover only the draft vocabulary's rows
-(``train_argmax``): with a 262k vocabulary the full LM-head product costs more than the
-whole target forward, and training reads the argmax only for its progress statistics.
+``prepare`` returns the seeded split and ``batch(sequences)`` with their teacher signal; the
+held-out split's argmax is always over the full vocabulary, so every evaluation is exact.
+How it works: docs/design/training-internals.md, "Pipeline".
 """
 
 from __future__ import annotations
@@ -77,11 +69,9 @@ class DataSpec:
         return hidden_size * (1 + len(self.target_layers))
 
 
-# `train_argmax="auto"` covers only the draft rows above this vocabulary size (Gemma 3,
-# Qwen2: yes; Llama 3, SmolLM2: no); docs/training.md has the teacher throughput of both.
+# `train_argmax="auto"` covers only the draft rows above this vocabulary size (Gemma 3, Qwen2)
 DRAFT_ARGMAX_MIN_VOCAB = 131072
-# Padded lengths of a compiled teacher's batches are multiples of this: at most ~10% padding
-# on 576-1024-token sequences, and one compile (~25 s on this CPU) per multiple.
+# Padded lengths of a compiled teacher's batches are multiples of this (one compile each)
 COMPILE_LENGTH_BUCKET = 128
 
 
@@ -146,14 +136,10 @@ def prepare(
 ) -> Prepared:
     """Load the target, tokenise and split the data, and cache the hidden states it needs.
 
-    The draft vocabulary is ``draft_ids`` when given (``train --init-from``: the
-    checkpoint's), else the most frequent tokens of the training split.
-    ``check`` runs on the loaded target before any data is read (``network.preflight``:
-    what can refuse the run refuses it in seconds, not after the cache is filled).
-    With ``cache_train=False`` only the held-out split is cached (``eval-heads``). The caller
-    releases the full target (``prepared.release_teacher()``) once it has what it needs.
-    Past STREAM_ABOVE_GIB of new shards the training split is streamed instead (``stream``).
-    """
+    Draft vocabulary: ``draft_ids`` (``--init-from``), else the training split's most frequent
+    tokens. ``check`` runs on the target before any data is read (``network.preflight``).
+    ``cache_train=False`` caches the held-out split only (``eval-heads``); past STREAM_ABOVE_GIB
+    the training split streams. The caller then calls ``prepared.release_teacher()``."""
     teacher = load_teacher(spec.target, runtime.device, dtype)
     check_layers_exist(spec, teacher)
     if check is not None:
@@ -248,10 +234,8 @@ def streams(spec: DataSpec, missing: list[TokenizedSequence], width: int) -> boo
 
 
 def compiled_teacher(teacher: Teacher, spec: DataSpec) -> tuple[torch.nn.Module | None, int]:
-    """(the target under torch.compile, the length bucket of its batches), or (None, 1).
-
-    Compiled, the target runs one graph per padded shape, so lengths go up in steps of
-    COMPILE_LENGTH_BUCKET."""
+    """(the target under torch.compile, the length bucket of its batches), or (None, 1):
+    one graph per padded shape, so lengths go up in steps of COMPILE_LENGTH_BUCKET."""
     if not spec.compile_teacher:
         return None, 1
     return torch.compile(teacher.model, dynamic=False), COMPILE_LENGTH_BUCKET
@@ -267,9 +251,8 @@ def fill_cache(
 ) -> None:
     """Process r computes the missing ones among sequences r, r + world, ...; then all re-scan.
 
-    The share is taken from the full list (not from what is missing when this process looks,
-    which a faster process may already have changed), so every sequence has exactly one owner.
-    """
+    Shares come from the full list, not from what is missing when a process looks (a faster
+    process may have changed that), so every sequence has exactly one owner."""
     mine = cache.missing(sequences[runtime.rank :: runtime.world_size])
     bar = tqdm(
         total=sum(len(s) for s in mine),

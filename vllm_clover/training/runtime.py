@@ -58,8 +58,7 @@ def resolve_device(arg: str, local_rank: int = 0) -> torch.device:
 
 def init_runtime(device_arg: str) -> Runtime:
     """Join torchrun's process group if launched by it; otherwise a single process. On CPU,
-    freed large blocks stay in the heap (`vllm_clover.cpu.malloc`): each training step
-    allocates and frees the same large activations and gradients."""
+    freed large blocks stay in the heap (`vllm_clover.cpu.malloc`; docs/training.md)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     device = resolve_device(device_arg, local)
@@ -128,18 +127,16 @@ HEAP_TRIM_EVERY = 100  # steps between two trims of a CPU trainer's heap
 
 
 def trim_heap_after(step: int, device: torch.device) -> None:
-    """On CPU, every HEAP_TRIM_EVERY steps, hand back the pages of the heap's free holes
-    (``vllm_clover.cpu.malloc``): tensors whose sizes change from step to step leave them,
-    and kept, they grow the process past its live set."""
+    """On CPU, every HEAP_TRIM_EVERY steps, hand back the pages of the heap's free holes,
+    which tensors whose sizes change from step to step leave (``vllm_clover.cpu.malloc``)."""
     if device.type == "cpu" and step % HEAP_TRIM_EVERY == 0:
         trim_heap()
 
 
 def return_freed_memory() -> None:
     """Collect, then hand the freed heap back to the system where the C library can (glibc's
-    ``malloc_trim``; elsewhere a no-op). glibc otherwise keeps what large tensors freed, e.g.
-    the signal a cache fill held before writing each shard, and training then runs with that
-    much less page cache for the shards it reads."""
+    ``malloc_trim``; elsewhere a no-op), e.g. after a cache fill, so the page cache keeps
+    room for the shards training reads."""
     gc.collect()
     trim_heap()
 

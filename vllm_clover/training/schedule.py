@@ -1,17 +1,7 @@
-"""The learning-rate schedule over a step plan, and `train --time-budget`, which ends a run
-within a wall-clock budget with its learning rate annealed.
-
-The schedule (linear warmup, then cosine to 0) is laid over the step plan, so a run killed
-at an arbitrary step ends at a high learning rate, and ``--max-tokens`` must be guessed from
-a throughput nobody has measured on a new machine. Instead, after PROBE_STEPS steps the
-budget measures the wall time per step and cuts the plan to the steps that fit; the
-schedule reads ``len(plan)`` on every step, so the shorter run still warms up and anneals to
-0. Every RECHECK_STEPS it looks again and cuts further only if the run would overrun.
-
-Worked example: a 600 s budget, of which 5% (30 s) is kept for the final evaluation and
-checkpoint; at step 10, 100 s have gone (80 s of start-up, data and teacher, then 2 s a
-step): ``fit_steps(10, 2.0, 600 - 30 - 100, 0.9)`` = 10 + int(470 / 2 * 0.9) = 221, so a
-plan of 1,000 steps is cut to 221 and a plan of 200 is left alone.
+"""The learning-rate schedule over a step plan, and `train --time-budget`: after PROBE_STEPS
+steps the budget times a step and cuts the plan to the steps that fit; the schedule reads
+``len(plan)`` every step, so a cut run still warms up and anneals to 0.
+Worked example: docs/design/training-internals.md, "Schedule and time budget".
 """
 
 from __future__ import annotations
@@ -30,10 +20,8 @@ RESERVE_FRACTION = 0.05  # of the budget, for the final evaluation and checkpoin
 
 
 def lr_factor(step: int, total: int, warmup: int) -> float:
-    """Linear warmup over ``warmup`` steps to 1, then cosine to 0 at ``total``.
-
-    Example (total 10, warmup 2): step 0 -> 0.5, 1 -> 1.0, 2 -> 1.0, 6 -> 0.5, 9 -> ~0.04.
-    """
+    """Linear warmup over ``warmup`` steps to 1, then cosine to 0 at ``total``. Example
+    (total 10, warmup 2): step 0 -> 0.5, 1 -> 1.0, 2 -> 1.0, 6 -> 0.5, 9 -> ~0.04."""
     if step < warmup:
         return (step + 1) / warmup
     progress = (step - warmup) / max(1, total - warmup)
@@ -54,9 +42,7 @@ def warmup_cosine(
 
 def fit_steps(step: int, seconds_per_step: float, seconds_left: float, safety: float) -> int:
     """The plan length that ends in time: ``step`` done plus the steps that fit, at least 1.
-
-    Example: fit_steps(10, 2.0, 470.0, 0.9) = 221; fit_steps(10, 2.0, -5.0, 0.9) = 11.
-    """
+    Example: fit_steps(10, 2.0, 470.0, 0.9) = 221; fit_steps(10, 2.0, -5.0, 0.9) = 11."""
     more = int(seconds_left / seconds_per_step * safety) if seconds_left > 0 else 0
     return step + max(1, more)
 

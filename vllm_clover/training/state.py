@@ -1,11 +1,6 @@
-"""Resumable training state, kept apart from the final Clover checkpoint.
-
-``<out>.train-state/`` (or the folder given to ``--resume``)::
-
-    state.pt       heads state_dict, AdamW + LR-scheduler state, step, tokens seen, RNG states
-    trainer.json   step, total steps, tokens seen and the TrainConfig (human readable)
-
-Written with ``atomic_directory``: a crash while saving leaves the previous state intact.
+"""Resumable training state in ``<out>.train-state/`` (state.pt, trainer.json), kept apart
+from the final Clover checkpoint and written with ``atomic_directory``: a crash while saving
+leaves the previous state intact. Layout: docs/design/training-internals.md, "Resumable state".
 """
 
 from __future__ import annotations

@@ -1,22 +1,9 @@
 """Decoding over a KV cache allocated once per wave of prompts: the hf engine's fast path.
 
-transformers' ``generate`` on a padded batch spends most of a step outside the model's own
-arithmetic: its cache grows by concatenation (each step copies the whole cache), and with a
-padding mask grouped-query attention repeats every key/value head before SDPA. Here the
-target's own decoder layers run unchanged, over a cache allocated once per wave, with an
-attention that reads each key/value head once; rows whose reply has ended leave the batch, so
-a wave gets cheaper as its replies finish::
-
-    a wave: B prompts of similar length, left-padded to P slots
-      prefill   slots [0, P)      the padded prompts, a few rows at a time
-      step t    slot P + t        one token per live row, every row at the same slot
-      compact   every few steps   rows that drew EOS or reached max_new_tokens leave
-
-Slot s of row b holds the token at position s - pad[b]; slots before pad[b] are masked.
-Example: prompts [5, 9] and [7] -> P = 2, pad = [0, 1]::
-
-    row 0  slots: 5 9 | a ...   positions 0 1 | 2
-    row 1  slots: _ 7 | b ...   positions - 0 | 1
+The target's own decoder layers run over a cache allocated once per wave of left-padded
+prompts, with an attention that reads each key/value head once; finished rows leave the
+wave. Slot s of row b holds the token at position s - pad[b]; slots before pad[b] are
+masked. Why and the layout: docs/training.md, "Self-distillation".
 """
 
 from __future__ import annotations
@@ -52,11 +39,9 @@ def grouped_attention(module, query, key, value, attention_mask, scaling=None, *
     """Grouped-query attention that reads each key/value head once (no ``repeat_kv``).
 
     query (B, nh, T, hs), key and value (B, nkv, L, hs), attention_mask (B, 1, T, L) bool
-    (True: attend). Query head h uses key/value head h // g (g = nh // nkv), so the g query
-    heads of a group become g * T rows against the same keys. Example: nh 9, nkv 3, T 1 ->
-    q (B, 3, 3, hs) @ k^T (B, 3, hs, L) -> scores (B, 3, 3, L). Returns ((B, T, nh, hs), None),
-    as transformers' attention functions do.
-    """
+    (True: attend). Query head h uses key/value head h // (nh // nkv): a group's query heads
+    become rows against the same keys. Returns ((B, T, nh, hs), None), as transformers'
+    attention functions do."""
     B, nh, T, hs = query.shape
     nkv, L = key.shape[1], key.shape[2]
     g = nh // nkv
@@ -178,8 +163,7 @@ def draw(logits: torch.Tensor, temperature: float, generator) -> torch.Tensor:
 
 @torch.inference_mode()
 def decode_wave(model, prompts: Sequence[Sequence[int]], sampling: Sampling, generator=None):
-    """The new tokens of each prompt (EOS included where drawn), in order (see the module
-    docstring for the layout)."""
+    """The new tokens of each prompt (EOS included where drawn), in order."""
     device = next(model.parameters()).device
     B, P = len(prompts), max(len(p) for p in prompts)
     ids = torch.full((B, P), sampling.pad_id, dtype=torch.long)

@@ -1,17 +1,8 @@
-"""The training split's teacher signal computed batch by batch, for data too large to cache.
-
-The hidden-state cache costs 1.08 GiB per million tokens at D = 576 (H in bfloat16 and an
-int32 argmax), so the whole bundled ShareGPT set at 1,024 tokens (14M) would take 15 GiB and a
-larger target or data set far more. Past ``STREAM_ABOVE_GIB`` of new shards (or with
-``--teacher-signal stream``) ``prepare`` keeps the target loaded and the trainer asks this
-stream for each micro-batch instead; the held-out split is still cached (it is small and
-evaluated many times).
-
-A streamed signal is what the cache would hold: H rounded to the cache's bfloat16, the argmax
-as int32, the same padding-invariant forward, so a streamed run trains the same heads as a
-cached one (``tests/unit/test_training_trainer.py``). It costs one target forward per
-sequence per epoch instead of one per data set: with one epoch, the usual budget at this
-scale, the two cost the same.
+"""The training split's teacher signal computed batch by batch, for data too large to cache:
+past ``STREAM_ABOVE_GIB`` of new shards (or ``--teacher-signal stream``) the trainer asks it
+for each micro-batch. A streamed signal is what the cache would hold, so a streamed run
+trains the same heads as a cached one.
+How it works: docs/design/training-internals.md, "Streaming the teacher signal".
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """The frozen target ("teacher"): loading without a network, checks, and its hidden states.
 
-The teacher signal is the target's last-layer hidden state after the final norm, ``H``
-(B, T, D) - exactly what vLLM hands a proposer. The trainer never caches logits: the target's
-distribution for the token after position s is ``softmax(W_lm @ H_s)``, recomputed from the
-cached H. ``check_architecture`` proves on a probe input that this identity holds for the
-loaded target (``logits == H @ W_lm^T``): a target with a biased, scaled or soft-capped LM
-head, or whose last hidden state is not post-norm, is refused with a message naming it.
+The teacher signal is H, the target's post-norm last hidden state (what vLLM hands a
+proposer); logits are never cached. ``check_architecture`` proves on a probe input that
+logits == H @ W_lm^T. How it works: docs/design/training-internals.md, "The teacher".
 """
 
 from __future__ import annotations
@@ -41,10 +38,8 @@ class Teacher:
 
 
 def resolve_target(target: str) -> tuple[str, dict[str, Any]]:
-    """(path or id, from_pretrained kwargs). A folder loads as is; an id from the local HF cache.
-
-    'smollm2-135m-instruct' means the bundled reference target (must be fetched already).
-    """
+    """(path or id, from_pretrained kwargs): a folder as is, an id from the local HF cache,
+    'smollm2-135m-instruct' the bundled reference target (fetched already)."""
     from vllm_clover.assets.target import MARKER, REFERENCE_TARGET, reference_target_dir
 
     if target == REFERENCE_TARGET:
@@ -145,11 +140,8 @@ def logit_transform(config: Any) -> str:
 
 
 def model_fingerprint(model: nn.Module, samples: int = 64) -> str:
-    """sha256 over every tensor's name, shape and a strided sample of its values (float32).
-
-    Cheap on a 70B model (a few values per tensor) and sensitive to any retraining; it keys
-    the hidden-state cache together with the teacher dtype.
-    """
+    """sha256 over every tensor's name, shape and a strided sample of its values (float32):
+    cheap on any model, changed by any retraining; part of the hidden-state cache's key."""
     digest = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
         flat = tensor.detach().reshape(-1)
@@ -160,8 +152,7 @@ def model_fingerprint(model: nn.Module, samples: int = 64) -> str:
     return digest.hexdigest()[:32]
 
 
-# Logits materialised at once by `argmax_rows`: 2**26 (256 MB in float32), whatever the vocabulary
-# and batch; larger chunks were barely faster (docs/training.md).
+# Logits materialised at once by `argmax_rows`, whatever the vocabulary and batch (256 MB in fp32)
 ARGMAX_CHUNK_ELEMENTS = 1 << 26
 
 
@@ -176,15 +167,9 @@ def teacher_forward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, T) right-padded ids -> (H (B, T, D) post-norm, argmax of the logits (B, T) int64).
 
-    ``layers``: the target layers the heads also read (``CloverConfig.target_layers``); the
-    first tensor is then the target signal [H | L_j ...] (B, T, (1 + A) * D) of
-    ``modeling/layer_fusion.py``, L_j = ``hidden_states[j]``, the input of decoder layer j.
-    The argmax is always H's.
-
-    ``rows`` (N,) sorted target ids: the argmax over those LM-head rows only, as target ids.
-    With a 262k vocabulary the full product costs more than the whole forward (``pipeline``
-    uses it for the training split only). Example: rows [5, 9, 40], best row 2 -> id 40.
-    ``compiled``: ``torch.compile(teacher.model)`` to run instead of the eager model.
+    With ``layers`` (A target layers) the first is [H | L_j ...] (B, T, (1 + A) * D), L_j the
+    input of decoder layer j; the argmax is always H's, over the LM-head ``rows`` (N,) only
+    when given (as target ids). ``compiled``: ``torch.compile(teacher.model)``, run instead.
     """
     if teacher.model is None:
         raise RuntimeError("teacher model already released")
@@ -207,8 +192,7 @@ def argmax_rows(
     hidden: torch.Tensor, weight: torch.Tensor, max_elements: int = ARGMAX_CHUNK_ELEMENTS
 ) -> torch.Tensor:
     """argmax_v (H @ W^T)[..., v] for H (..., D), W (V, D) -> (...,) int64, computing at most
-    ``max_elements`` logits at a time: a 262k-token vocabulary takes 256 positions per chunk
-    instead of materialising (positions x V) logits. Example: V = 49152 -> 1365 rows a chunk."""
+    ``max_elements`` logits at a time (max_elements // V positions a chunk)."""
     flat = hidden.reshape(-1, hidden.shape[-1])  # (N, D)
     rows = max(1, max_elements // weight.shape[0])
     top1 = [F.linear(chunk, weight).argmax(-1) for chunk in flat.split(rows)]
@@ -216,11 +200,9 @@ def argmax_rows(
 
 
 def augmenting_init(teacher: Teacher, num_layers: int) -> tuple[list[dict], torch.Tensor]:
-    """The target's last ``num_layers`` decoder layer states and final-norm weight.
-
-    TrainingError naming what does not fit when the Augmenting Block cannot start as a copy
-    of those layers (``target_layers.mirror_problems``), suggesting --no-augmenting-block.
-    """
+    """The target's last ``num_layers`` decoder layer states and final-norm weight; a
+    TrainingError naming what does not fit (``target_layers.mirror_problems``) when the
+    Augmenting Block cannot start as a copy of them, suggesting --no-augmenting-block."""
     from vllm_clover.modeling.target_layers import (
         mirror_problems,
         parameter_names,

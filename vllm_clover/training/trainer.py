@@ -1,13 +1,9 @@
 """`vllm-clover train`: distil Clover (or Medusa) heads from a frozen target.
 
-    train(TrainConfig(target="smollm2-135m-instruct", out="heads", max_samples=2000))
-
-Flow: load target -> tokenise + split data -> fill the hidden-state cache -> build heads
-(Augmenting Block copied from the target's last layer(s)) -> AdamW with warmup + cosine over
-a precomputed step plan -> periodic eval and resumable state -> final checkpoint + model card.
-The same call runs under ``torchrun --nproc_per_node N`` (DDP): rank r takes its slice of
-every global batch and the loss is normalised by the global token count, so N processes with
-batch B give the same update as one process with batch N*B (tests/unit/test_training_ddp.py).
+Flow: target -> tokenised split -> hidden-state cache -> heads -> AdamW over a precomputed
+step plan -> periodic eval and state -> final checkpoint + model card. Under torchrun (DDP)
+N processes at batch B give the update of one at batch N*B.
+How it works: docs/design/training-internals.md, "The training loop".
 """
 
 from __future__ import annotations
@@ -99,7 +95,7 @@ class HeadFeatures(nn.Module):
 
 
 def train(cfg: TrainConfig) -> TrainResult:
-    """Run (or resume) one training job; see the module docstring."""
+    """Run (or resume) one training job and return what it did."""
     started = time.monotonic()  # --time-budget counts from here
     runtime = init_runtime(cfg.device)
     try:

@@ -1,22 +1,7 @@
-"""`train --init-from`: continue training a saved Clover checkpoint on new data.
-
-DIR is a Clover checkpoint folder, or a vLLM-native Medusa folder written by
-``export-medusa`` (continued as Clover Medusa heads, ``train --medusa``).
-
-A run normally builds a fresh network (Augmenting Block copied from the target, heads
-seeded, draft vocabulary counted on its own data). With ``--init-from DIR`` it starts from
-DIR's weights and keeps DIR's draft vocabulary instead, so that training can go on where a
-finished run stopped, on data that run never saw, with a new optimizer and lr schedule.
-That is how a budget too large for one working session is reached in several (each one
-fills the teacher cache of its own slice of the data)::
-
-    vllm-clover train ... --data part1.jsonl --out heads-1
-    vllm-clover train ... --data part2.jsonl --init-from heads-1 --out heads-2
-
-The network flags of the second run must describe heads-1's network (the run rebuilds the
-network from its flags, then loads the weights into it, strictly); any difference is an
-error that names the field, raised before the teacher cache is filled. One addition is
-allowed: ``--target-layers`` on heads that read H alone starts their layer fusion at zero.
+"""`train --init-from DIR`: continue a Clover checkpoint (or an ``export-medusa`` folder) on
+new data, from DIR's weights and draft vocabulary, with a new optimizer and lr schedule. The
+run's network flags must describe DIR's network (the weights load strictly); each difference
+is named before any teacher work. How it works: docs/training.md, "Continued training".
 """
 
 from __future__ import annotations
